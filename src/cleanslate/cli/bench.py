@@ -1,0 +1,3 @@
+"""``cleanslate bench``: the benchmark client (filled in by the bench issue)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""``cleanslate check`` (being written)."""
+
+from __future__ import annotations

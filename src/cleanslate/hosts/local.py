@@ -1,0 +1,70 @@
+"""Run commands on this machine with asyncio subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from cleanslate.hosts.base import CommandResult
+
+
+class LocalExecutor:
+    """The :class:`~cleanslate.hosts.base.Executor` of this machine.
+
+    Each command runs in a new session, so a timeout can end the command and everything it
+    started (its own process group) without touching anything else.
+    """
+
+    name = "local"
+    is_local = True
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        start = time.monotonic()
+        full_env = None if env is None else {**os.environ, **env}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=full_env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return CommandResult(
+                tuple(argv), None, b"", b"", time.monotonic() - start, error=str(exc)
+            )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except TimeoutError:
+            # The command runs in its own session: its process group is exactly what it started.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), 2.0)
+            return CommandResult(
+                tuple(argv), None, b"", b"", time.monotonic() - start, timed_out=True
+            )
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        return CommandResult(tuple(argv), proc.returncode, out, err, time.monotonic() - start)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,3 @@
+"""Placeholder: being written in this session."""
+
+from __future__ import annotations

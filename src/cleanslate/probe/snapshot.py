@@ -1,0 +1,175 @@
+"""The snapshot of a host: frozen, JSON-serializable value objects.
+
+A snapshot is what independent sources said about one host at one moment. Every reading says
+where it came from (``source``) and an unknown is explicit: a value the source could not give is
+``None`` *and* named in ``unknown_fields`` (GPUs) or the source's ``error`` (sources); it is never
+turned into a zero. Units are in the field names (``_mib``, ``_s``, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class SourceStatus(Frozen):
+    """Outcome of one probe source (``processes``, ``gpu``, ``ports``, ``shm``, ``kmsg`` ...).
+
+    ``critical`` sources (processes, GPUs, ports in scope) make the verdict UNKNOWN when they
+    fail; the others (kernel log, ``/dev/shm``) only add a warning, since they are read "where
+    readable".
+    """
+
+    name: str
+    ok: bool
+    critical: bool = True
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+
+class ProcessInfo(Frozen):
+    """One process, read from ``/proc`` (the equivalent of ``ps -eo pid,ppid,pgid,sid,stat,comm,args``).
+
+    ``comm`` is the kernel's name (what ``prctl(PR_SET_NAME)`` sets, 15 characters at most);
+    ``cmdline`` is the argv as the process last wrote it. ``run_marker`` is the value of the
+    ``CLEANSLATE_RUN`` environment variable, ``None`` when absent *or* unreadable
+    (``environ_readable`` tells which). ``create_time`` is seconds since the epoch.
+    """
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    comm: str
+    cmdline: tuple[str, ...] = ()
+    create_time: float
+    uid: int | None = None
+    run_marker: str | None = None
+    environ_readable: bool = False
+    threads: int | None = None
+
+    @property
+    def command(self) -> str:
+        """The command line as ``ps -o args`` shows it, or ``[comm]`` for kernel threads."""
+        return " ".join(self.cmdline) if self.cmdline else f"[{self.comm}]"
+
+
+class DeviceHolder(Frozen):
+    """A process with ``/dev/nvidia*`` files open (``ls -l /proc/PID/fd``)."""
+
+    pid: int
+    devices: tuple[str, ...]
+
+
+class ListeningSocket(Frozen):
+    """A TCP socket listening on a port in scope (``ss -ltnp sport = :PORT``).
+
+    ``pids`` is empty when the owner is not visible (another PID namespace, no permission).
+    """
+
+    port: int
+    address: str
+    inode: int
+    pids: tuple[int, ...] = ()
+
+
+class ShmEntry(Frozen):
+    """A file in ``/dev/shm`` whose name matches an engine or NCCL pattern."""
+
+    name: str
+    size_bytes: int
+    mtime: float
+    pattern: str
+
+
+class KernelEvent(Frozen):
+    """A kernel log line about the GPU driver (``dmesg | grep 'NVRM: Xid'``).
+
+    ``monotonic_us`` is the record's time since boot in microseconds.
+    """
+
+    monotonic_us: int
+    message: str
+    xid: int | None = None
+
+
+class GpuProcess(Frozen):
+    """A compute process on a GPU (``nvidia-smi --query-compute-apps=pid,used_memory``)."""
+
+    pid: int
+    used_mib: int | None = None
+    name: str | None = None
+
+
+class Gpu(Frozen):
+    """One GPU as a backend read it.
+
+    ``memory_used_mib`` excludes driver-reserved memory where the source separates it (NVML v2,
+    ``nvidia-smi`` of drivers that print ``memory.reserved``), so an idle H200 reads 0-4 MiB and
+    not ~615 MiB. ``health`` lists problems the source reported (``GPU is lost``, uncorrected ECC
+    errors, pending row remapping); ``unknown_fields`` lists fields the source answered with
+    ``[N/A]``, ``[Unknown Error]`` or an unparsable value.
+    """
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+    memory_reserved_mib: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    ecc_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    health: tuple[str, ...] = ()
+    unknown_fields: tuple[str, ...] = ()
+    source: str
+
+
+class GpuReading(Frozen):
+    """What a GPU backend returned for a whole host.
+
+    ``ok`` is false when the backend failed as a whole (the command exited non-zero, timed out,
+    or NVML could not initialise): then ``gpus`` may be empty and ``error`` says why, quoting the
+    tool's own message.
+    """
+
+    backend: str
+    ok: bool
+    gpus: tuple[Gpu, ...] = ()
+    error: str | None = None
+    driver_version: str | None = None
+    note: str | None = None
+    elapsed_s: float = 0.0
+
+
+class Snapshot(Frozen):
+    """Everything the probe saw on one host. See the module docstring."""
+
+    host: str
+    taken_at: str = Field(description="ISO 8601 UTC time the probe started")
+    elapsed_s: float
+    boot_time: float | None = None
+    collector_pid: int | None = None
+    exclude_pids: tuple[int, ...] = ()
+    ports_in_scope: tuple[int, ...] = ()
+    processes: tuple[ProcessInfo, ...] = ()
+    device_holders: tuple[DeviceHolder, ...] = ()
+    sockets: tuple[ListeningSocket, ...] = ()
+    shm: tuple[ShmEntry, ...] = ()
+    kernel_events: tuple[KernelEvent, ...] = ()
+    kmsg_last_us: int | None = None
+    gpu: GpuReading
+    sources: tuple[SourceStatus, ...] = ()
+
+    def process(self, pid: int) -> ProcessInfo | None:
+        for proc in self.processes:
+            if proc.pid == pid:
+                return proc
+        return None
