@@ -36,8 +36,19 @@ def _sig(engine: str, comm: str, cmdline: str, description: str) -> ProcessSigna
     return ProcessSignature(engine, re.compile(comm), re.compile(cmdline), description)
 
 
-# A token boundary in a command line: start, whitespace, a path separator, '=' or quote.
-_B = r"(?:^|[\s/=\"'])"
+# The engine's executable as the program run: ``vllm ...``, ``/opt/venv/bin/vllm ...`` or
+# ``python3 -u /opt/venv/bin/vllm ...`` (not ``pip install vllm`` nor ``echo vllm``).
+_PY = r"(?:\S*/)?(?:python[\d.]*|uv\s+run)\s+(?:-\S+\s+)*"
+
+
+def _exe(name: str) -> str:
+    return r"^(?:" + _PY + r")?(?:\S*/)?" + name + r"(?:\s|$)"
+
+
+# ``python -m module`` or ``python -m module.sub``.
+def _mod(name: str) -> str:
+    return r"(?:^|\s)-m\s*" + name + r"(?:\.\S*)?(?:\s|$)"
+
 
 _REGISTRY: dict[str, ProcessSignature] = {}
 
@@ -52,37 +63,38 @@ for _signature in (
     _sig(
         "sglang",
         r"^sglang(::|$)",
-        _B + r"sglang(?:[.:_/-]\w+)*(?:\s|$)|" + _B + r"-m\s+sglang\b|^sglang::",
+        "|".join([_exe("sglang"), _mod("sglang"), r"^sglang::"]),
         "SGLang launcher, schedulers (sglang::scheduler_TP0) and detokenizer",
     ),
     _sig(
         "vllm",
         r"^(VLLM::|vllm$|vllm::)",
-        _B + r"vllm(?:[.:_/-]\w+)*(?:\s|$)|" + _B + r"-m\s+vllm\b|^VLLM::",
+        "|".join([_exe("vllm"), _mod("vllm"), r"^VLLM::"]),
         "vLLM API server, VLLM::EngineCore and VLLM::Worker processes",
     ),
     _sig(
         "trtllm",
-        r"^(trtllm-serve|trtllm-llmapi|trtllm)",
-        _B + r"(?:trtllm-serve|trtllm-llmapi-launch|tensorrt_llm)(?:[.\w/-]*)(?:\s|$)",
+        r"^(trtllm-serve|trtllm-llmapi)",
+        "|".join([_exe("trtllm-serve"), _exe("trtllm-llmapi-launch"), _mod("tensorrt_llm")]),
         "TensorRT-LLM trtllm-serve and its MPI workers",
     ),
     _sig(
         "transformers",
         r"^transformers$",
-        _B + r"transformers\s+serve\b|" + _B + r"transformers[-_]cli\s+serve\b",
+        _exe(r"transformers(?:-cli)?\s+serve"),
         "Hugging Face `transformers serve`",
     ),
     _sig(
         "llamacpp",
         r"^llama-server$",
-        _B + r"llama-server(?:\s|$)",
+        _exe("llama-server"),
         "llama.cpp llama-server",
     ),
     _sig(
         "sim",
         r"^sim::",
-        _B + r"cleanslate\s+sim\s+serve\b|-m\s+cleanslate\.sim\b|^sim::",
+        _exe(r"cleanslate\s+sim\s+serve") + "|"
+        r"(?:^|\s)-m\s*cleanslate(?:\.sim\S*)?\s+(?:sim\s+)?serve(?:\s|$)|^sim::",
         "cleanslate's simulated engine (a test double, not a real server)",
     ),
 ):

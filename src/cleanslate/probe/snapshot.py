@@ -31,7 +31,9 @@ class SourceStatus(Frozen):
 
 
 class ProcessInfo(Frozen):
-    """One process, read from ``/proc`` (the equivalent of ``ps -eo pid,ppid,pgid,sid,stat,comm,args``).
+    """One process, read from ``/proc``.
+
+    The equivalent command: ``ps -eo pid,ppid,pgid,sid,stat,comm,args``.
 
     ``comm`` is the kernel's name (what ``prctl(PR_SET_NAME)`` sets, 15 characters at most);
     ``cmdline`` is the argv as the process last wrote it. ``run_marker`` is the value of the

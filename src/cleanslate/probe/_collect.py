@@ -1,0 +1,321 @@
+"""The host collector: a self-contained, stdlib-only script.
+
+This module is imported by nothing at run time. Its *source* is run by the host's Python
+(``python3 -I -``, the source on stdin), locally as a child process of the checker and remotely
+over SSH, so that both give the same snapshot JSON by construction and a read of ``/proc`` that
+blocks (a process in uninterruptible sleep can block reads of its ``cmdline``) is ended by the
+caller's timeout instead of hanging the checker. It must therefore import nothing outside the
+standard library and must run on any Python 3 that a GPU host may have (3.8 and newer).
+
+Input: one JSON object on the last line of stdin after the source, see :func:`main`.
+Output: one JSON object on stdout, the raw form of :class:`cleanslate.probe.snapshot.Snapshot`
+(without the GPU reading, which a GPU backend adds).
+
+Equivalent commands, for a person checking a reading by hand:
+processes ``ps -eo pid,ppid,pgid,sid,stat,comm,args``; device holders
+``ls -l /proc/*/fd | grep /dev/nvidia``; sockets ``ss -ltnp``; shm ``ls -la /dev/shm``;
+kernel ``dmesg | grep 'NVRM: Xid'``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+#: File names in /dev/shm that engines, PyTorch, Python multiprocessing and NCCL leave behind.
+SHM_PATTERNS = (
+    "nccl-*",
+    "psm_*",
+    "sem.mp-*",
+    "torch_*",
+    "sglang*",
+    "vllm*",
+    "trtllm*",
+    "cleanslate-sim-*",
+    "cuda.shm.*",
+)
+
+_XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
+
+
+def _read(path: str, limit: int = 1 << 20) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(limit)
+
+
+def _boot_time() -> float | None:
+    for line in _read("/proc/stat").splitlines():
+        if line.startswith(b"btime "):
+            return float(line.split()[1])
+    return None
+
+
+def _processes(marker: str, errors: list[str]) -> list[dict[str, Any]]:
+    """Every process from /proc/PID/{stat,cmdline,environ}."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot = _boot_time() or 0.0
+    needle = marker.encode() + b"="
+    out: list[dict[str, Any]] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        base = "/proc/" + name
+        try:
+            stat = _read(base + "/stat").decode("utf-8", "replace")
+            st_uid = os.stat(base).st_uid
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
+        except OSError as exc:
+            errors.append(f"pid {pid}: {exc}")
+            continue
+        # comm may contain spaces and parentheses: it lies between the first '(' and last ')'.
+        lpar = stat.find("(")
+        rpar = stat.rfind(")")
+        comm = stat[lpar + 1 : rpar]
+        fields = stat[rpar + 2 :].split()
+        try:
+            cmdline_raw = _read(base + "/cmdline")
+        except OSError:
+            cmdline_raw = b""
+        cmdline = [a.decode("utf-8", "replace") for a in cmdline_raw.split(b"\0")]
+        while cmdline and cmdline[-1] == "":
+            cmdline.pop()
+        run_marker: str | None = None
+        environ_readable = False
+        try:
+            env = _read(base + "/environ", 1 << 22)
+            environ_readable = True
+            at = env.find(needle)
+            while at > 0 and env[at - 1] != 0:
+                at = env.find(needle, at + 1)
+            if at >= 0:
+                end = env.find(b"\0", at)
+                run_marker = env[at + len(needle) : end if end >= 0 else None].decode(
+                    "utf-8", "replace"
+                )
+        except OSError:
+            pass
+        out.append(
+            {
+                "pid": pid,
+                "ppid": int(fields[1]),
+                "pgid": int(fields[2]),
+                "sid": int(fields[3]),
+                "state": fields[0],
+                "comm": comm,
+                "cmdline": cmdline,
+                "create_time": round(boot + int(fields[19]) / ticks, 2),
+                "uid": st_uid,
+                "run_marker": run_marker,
+                "environ_readable": environ_readable,
+                "threads": int(fields[17]),
+            }
+        )
+    return out
+
+
+def _listening(ports: set[int]) -> dict[int, tuple[int, str]]:
+    """LISTEN sockets on the given ports from /proc/net/tcp and tcp6: {inode: (port, addr)}."""
+    found: dict[int, tuple[int, str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = _read(table, 1 << 26).decode().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) < 10 or parts[3] != "0A":  # 0A: TCP_LISTEN
+                continue
+            addr_hex, port_hex = parts[1].split(":")
+            port = int(port_hex, 16)
+            if port not in ports:
+                continue
+            found[int(parts[9])] = (port, _addr(addr_hex))
+    return found
+
+
+def _addr(hexaddr: str) -> str:
+    if len(hexaddr) == 8:
+        return ".".join(str(b) for b in reversed(bytes.fromhex(hexaddr)))
+    words = [bytes.fromhex(hexaddr[i : i + 8])[::-1].hex() for i in range(0, 32, 8)]
+    full = "".join(words)
+    return ":".join(full[i : i + 4] for i in range(0, 32, 4))
+
+
+def _fd_scan(
+    pids: list[int], socket_inodes: set[int]
+) -> tuple[list[dict[str, Any]], dict[int, set[int]]]:
+    """Device files /dev/nvidia* each process holds, and the owners of the given sockets."""
+    holders: list[dict[str, Any]] = []
+    owners: dict[int, set[int]] = {}
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        devices: set[str] = set()
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir + "/" + fd)
+            except OSError:
+                continue
+            if target.startswith("/dev/nvidia"):
+                devices.add(target)
+            elif socket_inodes and target.startswith("socket:["):
+                inode = int(target[8:-1])
+                if inode in socket_inodes:
+                    owners.setdefault(inode, set()).add(pid)
+        if devices:
+            holders.append({"pid": pid, "devices": sorted(devices)})
+    return holders, owners
+
+
+def _shm(directory: str = "/dev/shm") -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name in sorted(os.listdir(directory)):
+        for pattern in SHM_PATTERNS:
+            if fnmatch.fnmatchcase(name, pattern):
+                try:
+                    st = os.lstat(os.path.join(directory, name))
+                except OSError:
+                    break
+                out.append(
+                    {"name": name, "size_bytes": st.st_size, "mtime": st.st_mtime,
+                     "pattern": pattern}
+                )
+                break
+    return out
+
+
+def _kmsg(
+    since_us: int | None, deadline: float
+) -> tuple[list[dict[str, Any]], int | None]:
+    """GPU driver lines from /dev/kmsg (needs root or kernel.dmesg_restrict=0).
+
+    Returns (events, last_us): Xid lines newer than ``since_us`` and the newest record's time.
+    """
+    events: list[dict[str, Any]] = []
+    last_us: int | None = None
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == 32:  # EPIPE: the ring buffer overwrote the record; go on
+                    continue
+                raise
+            if not record:
+                break
+            head, _, message = record.decode("utf-8", "replace").partition(";")
+            meta = head.split(",")
+            ts_us = int(meta[2]) if len(meta) > 2 else 0
+            last_us = ts_us
+            if "NVRM" not in message or (since_us is not None and ts_us <= since_us):
+                continue
+            text = message.splitlines()[0] if message else ""
+            match = _XID.search(text)
+            events.append(
+                {"monotonic_us": ts_us, "message": text.strip(),
+                 "xid": int(match.group(1)) if match else None}
+            )
+    finally:
+        os.close(fd)
+    return events, last_us
+
+
+def _source(
+    name: str, critical: bool, started: float, error: str | None = None
+) -> dict[str, Any]:
+    return {"name": name, "ok": error is None, "critical": critical, "error": error,
+            "elapsed_s": round(time.monotonic() - started, 4)}
+
+
+def collect(options: dict[str, Any]) -> dict[str, Any]:
+    """Collect every source; a failing source yields an explicit error, never a zero."""
+    ports = set(options.get("ports") or ())
+    marker = options.get("marker") or "CLEANSLATE_RUN"
+    deadline = time.monotonic() + float(options.get("budget_s") or 10.0)
+    t_all = time.monotonic()
+    result: dict[str, Any] = {
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "collector_pid": os.getpid(),
+        "ports_in_scope": sorted(ports),
+    }
+    sources: list[dict[str, Any]] = []
+    result["sources"] = sources
+
+    started = time.monotonic()
+    try:
+        result["boot_time"] = _boot_time()
+        errors: list[str] = []
+        procs = _processes(marker, errors)
+        result["processes"] = procs
+        # Unreadable single processes are common (races, permissions); a failed listing is not.
+        sources.append(_source("processes", True, started))
+    except Exception as exc:
+        procs = []
+        sources.append(_source("processes", True, started, f"{type(exc).__name__}: {exc}"))
+
+    started = time.monotonic()
+    sockets: dict[int, tuple[int, str]] = {}
+    sockets_error: str | None = None
+    try:
+        sockets = _listening(ports) if ports else {}
+        if ports and not os.path.exists("/proc/net/tcp"):
+            raise OSError("/proc/net/tcp is not readable")
+    except Exception as exc:
+        sockets_error = f"{type(exc).__name__}: {exc}"
+
+    try:
+        holders, owners = _fd_scan([p["pid"] for p in procs], set(sockets))
+        result["device_holders"] = holders
+        sources.append(_source("device_files", True, started))
+    except Exception as exc:
+        owners = {}
+        sources.append(_source("device_files", True, started,
+                               f"{type(exc).__name__}: {exc}"))
+    result["sockets"] = [
+        {"port": port, "address": addr, "inode": inode, "pids": sorted(owners.get(inode, ()))}
+        for inode, (port, addr) in sorted(sockets.items())
+    ]
+    sources.append(_source("ports", True, started, sockets_error))
+
+    started = time.monotonic()
+    try:
+        result["shm"] = _shm(options.get("shm_dir") or "/dev/shm")
+        sources.append(_source("shm", False, started))
+    except Exception as exc:
+        sources.append(_source("shm", False, started, f"{type(exc).__name__}: {exc}"))
+
+    started = time.monotonic()
+    if options.get("kmsg", True):
+        try:
+            events, last_us = _kmsg(options.get("kmsg_since_us"), deadline)
+            result["kernel_events"] = events
+            result["kmsg_last_us"] = last_us
+            sources.append(_source("kmsg", False, started))
+        except Exception as exc:
+            sources.append(_source("kmsg", False, started, f"{type(exc).__name__}: {exc}"))
+
+    result["elapsed_s"] = round(time.monotonic() - t_all, 4)
+    return result
+
+
+def main() -> None:
+    options = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    json.dump(collect(options), sys.stdout, separators=(",", ":"))
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

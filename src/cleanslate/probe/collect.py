@@ -1,0 +1,46 @@
+"""Run the stdlib-only collector (:mod:`cleanslate.probe._collect`) on a host and read its JSON."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from cleanslate.hosts.base import CommandResult, Executor
+
+
+@cache
+def collector_source() -> bytes:
+    """The collector's source, as shipped to a host's Python on stdin."""
+    return resources.files("cleanslate.probe").joinpath("_collect.py").read_bytes()
+
+
+async def run_collector(
+    executor: Executor,
+    *,
+    ports: list[int],
+    timeout: float,
+    kmsg_since_us: int | None = None,
+    shm_dir: str | None = None,
+) -> tuple[dict[str, Any] | None, CommandResult]:
+    """Run the collector with ``timeout`` seconds. Returns the parsed JSON (``None`` on failure)
+    and the command's result, whose :meth:`~CommandResult.describe_failure` says what went wrong."""
+    options = {
+        "ports": ports,
+        "kmsg_since_us": kmsg_since_us,
+        "budget_s": max(0.5, timeout * 0.5),
+        "shm_dir": shm_dir,
+    }
+    result = await executor.run(
+        [executor.python, "-I", "-", json.dumps(options)],
+        timeout=timeout,
+        stdin=collector_source(),
+    )
+    if not result.ok:
+        return None, result
+    try:
+        data = json.loads(result.stdout)
+    except ValueError:
+        return None, result
+    return (data if isinstance(data, dict) else None), result

@@ -1,0 +1,90 @@
+"""Findings and verdicts: the value objects the rules produce."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cleanslate.probe.snapshot import Gpu
+
+
+class Verdict(StrEnum):
+    """CLEAN, DIRTY or UNKNOWN. UNKNOWN is never reported as CLEAN."""
+
+    CLEAN = "clean"
+    DIRTY = "dirty"
+    UNKNOWN = "unknown"
+
+    @property
+    def exit_code(self) -> int:
+        return {"clean": 0, "dirty": 1, "unknown": 3}[self.value]
+
+    @staticmethod
+    def worst(verdicts: list[Verdict]) -> Verdict:
+        """DIRTY beats UNKNOWN beats CLEAN; no verdicts at all is UNKNOWN."""
+        if not verdicts:
+            return Verdict.UNKNOWN
+        if Verdict.DIRTY in verdicts:
+            return Verdict.DIRTY
+        if Verdict.UNKNOWN in verdicts:
+            return Verdict.UNKNOWN
+        return Verdict.CLEAN
+
+
+class Severity(StrEnum):
+    """``error`` makes a host DIRTY, ``unknown`` makes it UNKNOWN, ``warning`` is shown but does
+    not change the verdict (unless ``--strict``), ``info`` appears only in JSON."""
+
+    ERROR = "error"
+    UNKNOWN = "unknown"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class FindingKind(StrEnum):
+    STRAY_PROCESS = "stray_process"
+    GPU_MEMORY_HELD = "gpu_memory_held"
+    GPU_PROCESS = "gpu_process"
+    DEVICE_FILE_HOLDER = "device_file_holder"
+    ZOMBIE = "zombie"
+    D_STATE = "d_state"
+    PORT_IN_USE = "port_in_use"
+    SHM_LEFTOVER = "shm_leftover"
+    GPU_HEALTH = "gpu_health"
+    GPU_COUNT_CHANGED = "gpu_count_changed"
+    PROBE_ERROR = "probe_error"
+
+
+class Finding(BaseModel):
+    """One reason a host is not (or may not be) a clean slate, with its evidence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: FindingKind
+    severity: Severity
+    message: str
+    gpu: int | None = None
+    pid: int | None = None
+    port: int | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class HostVerdict(BaseModel):
+    """The verdict on one host: the ``hosts[]`` entry of ``check --json``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    verdict: Verdict
+    gpu_backend: str
+    gpus: tuple[Gpu, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    probed_at: str
+    probe_elapsed_s: float
+
+    @property
+    def problems(self) -> list[Finding]:
+        """Findings that are shown to a person (everything but ``info``)."""
+        return [f for f in self.findings if f.severity != Severity.INFO]

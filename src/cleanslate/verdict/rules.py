@@ -1,0 +1,377 @@
+"""The verdict rules: snapshot (+ baseline) -> findings -> CLEAN / DIRTY / UNKNOWN.
+
+The rules, each one a small function below:
+
+- the probe excludes itself and everything it started (the ``pgrep -af`` self-match);
+- a source that failed or timed out is an *unknown*, never a zero;
+- a process matching an engine signature, or carrying a ``CLEANSLATE_RUN`` marker, is a stray;
+- a process holding GPU memory is an error whatever its name;
+- an idle GPU is not 0 MiB: used memory is compared with the baseline plus a tolerance;
+- ``[N/A]`` in a field the verdict needs (memory used) is unknown; health problems are errors;
+- an open ``/dev/nvidia*`` alone is a warning, with held memory an error;
+- a listening socket on a port in scope is an error naming its owner;
+- ``/dev/shm`` leftovers are warnings (errors with ``strict``), Xid lines since the baseline errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cleanslate.engines.signatures import match_engine
+from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot
+from cleanslate.verdict.baseline import Baseline
+from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
+
+#: MiB above the baseline (or above 0 without one) that an idle GPU may show. An idle H200 reads
+#: 0-4 MiB through NVML v2 / nvidia-smi; the smallest CUDA context is several hundred MiB.
+DEFAULT_IDLE_TOLERANCE_MIB = 64
+
+#: Long-lived daemons that keep ``/dev/nvidia*`` open on healthy hosts.
+GPU_DAEMONS = frozenset({"nvidia-persiste", "nv-hostengine", "nvidia-smi", "dcgm-exporter"})
+
+_K = FindingKind
+_S = Severity
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a verdict is about.
+
+    ``gpus``: GPU indices in scope (``None``: all). ``exclude_roots``: PIDs whose whole process
+    trees are the checker's own (locally, the checker's PID). ``engines``: engines whose
+    signatures count as strays (``None``: all known). ``strict``: warnings make a host DIRTY.
+    """
+
+    gpus: frozenset[int] | None = None
+    exclude_roots: frozenset[int] = frozenset()
+    engines: tuple[str, ...] | None = None
+    idle_tolerance_mib: int = DEFAULT_IDLE_TOLERANCE_MIB
+    strict: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def has_gpu(self, index: int) -> bool:
+        return self.gpus is None or index in self.gpus
+
+
+def excluded_pids(snapshot: Snapshot, roots: Iterable[int]) -> set[int]:
+    """The checker's own processes: the trees under ``roots``, plus the collector and those of its
+    ancestors that share its session (over SSH: the remote shell and ``timeout`` wrapping it)."""
+    children: dict[int, list[int]] = {}
+    by_pid = {p.pid: p for p in snapshot.processes}
+    for proc in snapshot.processes:
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    out: set[int] = set()
+    stack = list(roots)
+    if snapshot.collector_pid is not None:
+        stack.append(snapshot.collector_pid)
+        collector = by_pid.get(snapshot.collector_pid)
+        if collector is not None:
+            parent = by_pid.get(collector.ppid)
+            while parent is not None and parent.sid == collector.sid and parent.pid not in out:
+                out.add(parent.pid)
+                parent = by_pid.get(parent.ppid)
+    while stack:
+        pid = stack.pop()
+        if pid in out and pid not in roots:
+            continue
+        out.add(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None) -> HostVerdict:
+    """Apply every rule and return the host's verdict."""
+    own = excluded_pids(snapshot, scope.exclude_roots)
+    gpu_pids = _gpu_memory_by_pid(snapshot.gpu.gpus)
+    findings: list[Finding] = []
+    findings += _source_rules(snapshot)
+    findings += _process_rules(snapshot, scope, own, gpu_pids)
+    findings += _gpu_rules(snapshot, scope, baseline, own)
+    findings += _device_file_rules(snapshot, scope, baseline, own, gpu_pids)
+    findings += _port_rules(snapshot, own)
+    findings += _shm_rules(snapshot, scope, baseline)
+    findings += _kernel_rules(snapshot, baseline)
+    gpus = tuple(g for g in snapshot.gpu.gpus if scope.has_gpu(g.index))
+    return HostVerdict(
+        host=snapshot.host,
+        verdict=_verdict(findings, scope.strict),
+        gpu_backend=snapshot.gpu.backend,
+        gpus=gpus,
+        findings=tuple(findings),
+        probed_at=snapshot.taken_at,
+        probe_elapsed_s=snapshot.elapsed_s,
+    )
+
+
+def _verdict(findings: list[Finding], strict: bool) -> Verdict:
+    severities = {f.severity for f in findings}
+    if _S.ERROR in severities or (strict and _S.WARNING in severities):
+        return Verdict.DIRTY
+    if _S.UNKNOWN in severities:
+        return Verdict.UNKNOWN
+    return Verdict.CLEAN
+
+
+def _gpu_memory_by_pid(gpus: Iterable[Gpu]) -> dict[int, dict[int, int | None]]:
+    """pid -> {gpu index: MiB used (None when the source could not say)}."""
+    out: dict[int, dict[int, int | None]] = {}
+    for gpu in gpus:
+        for proc in gpu.processes:
+            out.setdefault(proc.pid, {})[gpu.index] = proc.used_mib
+    return out
+
+
+def _describe(proc: ProcessInfo | None, pid: int) -> str:
+    if proc is None:
+        return f"PID {pid} (not visible in this PID namespace)"
+    command = proc.command
+    if len(command) > 120:
+        command = command[:117] + "..."
+    return f"PID {pid} `{proc.comm}` ({command})"
+
+
+def _evidence(proc: ProcessInfo | None) -> dict[str, object]:
+    if proc is None:
+        return {}
+    return {
+        "comm": proc.comm,
+        "cmdline": list(proc.cmdline),
+        "ppid": proc.ppid,
+        "pgid": proc.pgid,
+        "sid": proc.sid,
+        "state": proc.state,
+        "create_time": proc.create_time,
+        "run_marker": proc.run_marker,
+    }
+
+
+def _source_rules(snapshot: Snapshot) -> list[Finding]:
+    out = []
+    for source in snapshot.sources:
+        if source.ok:
+            continue
+        severity = _S.UNKNOWN if source.critical else _S.WARNING
+        what = "could not be read" if source.critical else "was not readable"
+        out.append(Finding(
+            kind=_K.PROBE_ERROR, severity=severity,
+            message=f"{source.name} {what}: {source.error}",
+            evidence={"source": source.name, "error": source.error},
+        ))
+    if snapshot.gpu.note and snapshot.gpu.ok:
+        out.append(Finding(kind=_K.PROBE_ERROR, severity=_S.INFO, message=snapshot.gpu.note,
+                           evidence={"source": f"gpu:{snapshot.gpu.backend}"}))
+    return out
+
+
+def _process_rules(
+    snapshot: Snapshot, scope: Scope, own: set[int], gpu_pids: dict[int, dict[int, int | None]]
+) -> list[Finding]:
+    out = []
+    for proc in snapshot.processes:
+        if proc.pid in own:
+            continue
+        engine = match_engine(proc.comm, proc.cmdline, scope.engines)
+        owned = engine is not None or proc.run_marker is not None
+        what = engine or f"run {proc.run_marker}"
+        evidence = {**_evidence(proc), "engine": engine}
+        if proc.state == "Z":
+            out.append(Finding(
+                kind=_K.ZOMBIE, severity=_S.ERROR if owned else _S.INFO, pid=proc.pid,
+                message=f"zombie {what} process {_describe(proc, proc.pid)}: exited, not reaped "
+                        f"by its parent {proc.ppid}" if owned else
+                        f"zombie process {_describe(proc, proc.pid)}",
+                evidence=evidence,
+            ))
+            continue
+        if proc.state == "D" and (owned or proc.pid in gpu_pids):
+            out.append(Finding(
+                kind=_K.D_STATE, severity=_S.ERROR, pid=proc.pid,
+                message=f"{_describe(proc, proc.pid)} is in uninterruptible sleep (D): "
+                        "it cannot be killed until the kernel call returns",
+                evidence=evidence,
+            ))
+        if not owned:
+            continue
+        on_gpus = gpu_pids.get(proc.pid, {})
+        outside = bool(on_gpus) and scope.gpus is not None and not (set(on_gpus) & scope.gpus)
+        out.append(Finding(
+            kind=_K.STRAY_PROCESS, severity=_S.WARNING if outside else _S.ERROR, pid=proc.pid,
+            message=f"{what} process {_describe(proc, proc.pid)} is running"
+                    + (" (its GPUs are outside --gpus)" if outside else ""),
+            evidence=evidence,
+        ))
+    return out
+
+
+def _gpu_rules(
+    snapshot: Snapshot, scope: Scope, baseline: Baseline | None, own: set[int]
+) -> list[Finding]:
+    reading = snapshot.gpu
+    out: list[Finding] = []
+    if not reading.ok:
+        return out  # reported by _source_rules as an unknown
+    by_pid = {p.pid: p for p in snapshot.processes}
+    present = {g.index for g in reading.gpus}
+    if scope.gpus is not None:
+        for missing in sorted(scope.gpus - present):
+            out.append(Finding(
+                kind=_K.GPU_COUNT_CHANGED, severity=_S.ERROR, gpu=missing,
+                message=f"GPU {missing} is in scope but the {reading.backend} backend does not "
+                        f"see it (GPUs seen: {sorted(present) or 'none'})",
+            ))
+    if baseline is not None and baseline.gpus:
+        before = {g.uuid or str(g.index) for g in baseline.gpus}
+        now = {g.uuid or str(g.index) for g in reading.gpus}
+        if before != now:
+            out.append(Finding(
+                kind=_K.GPU_COUNT_CHANGED, severity=_S.ERROR,
+                message=f"GPU set changed since the baseline of {baseline.saved_at}: "
+                        f"{len(before)} GPUs then, {len(now)} now"
+                        + (f"; missing {sorted(before - now)}" if before - now else "")
+                        + (f"; new {sorted(now - before)}" if now - before else ""),
+                evidence={"missing": sorted(before - now), "new": sorted(now - before)},
+            ))
+    for gpu in reading.gpus:
+        if scope.has_gpu(gpu.index):
+            out += _one_gpu(gpu, scope, baseline, own, by_pid)
+    return out
+
+
+def _one_gpu(
+    gpu: Gpu, scope: Scope, baseline: Baseline | None, own: set[int],
+    by_pid: dict[int, ProcessInfo],
+) -> list[Finding]:
+    out = []
+    label = f"GPU {gpu.index}"
+    for problem in gpu.health:
+        out.append(Finding(kind=_K.GPU_HEALTH, severity=_S.ERROR, gpu=gpu.index,
+                           message=f"{label}: {problem}", evidence={"source": gpu.source}))
+    base = baseline.gpu(gpu.index) if baseline else None
+    if gpu.ecc_uncorrected:
+        before = base.ecc_uncorrected if base and base.ecc_uncorrected is not None else 0
+        if gpu.ecc_uncorrected > before:
+            out.append(Finding(
+                kind=_K.GPU_HEALTH, severity=_S.ERROR, gpu=gpu.index,
+                message=f"{label}: {gpu.ecc_uncorrected} uncorrected ECC errors (volatile)"
+                        + (f", {before} at the baseline" if before else ""),
+            ))
+    if gpu.remapped_rows_pending:
+        out.append(Finding(kind=_K.GPU_HEALTH, severity=_S.ERROR, gpu=gpu.index,
+                           message=f"{label}: row remapping pending: the GPU needs a reset"))
+    if gpu.remapped_rows_failure:
+        out.append(Finding(kind=_K.GPU_HEALTH, severity=_S.ERROR, gpu=gpu.index,
+                           message=f"{label}: row remapping failed: the GPU needs service"))
+    if gpu.retired_pages_pending:
+        out.append(Finding(kind=_K.GPU_HEALTH, severity=_S.WARNING, gpu=gpu.index,
+                           message=f"{label}: retired pages pending (a reset applies them)"))
+    if gpu.memory_used_mib is None:
+        out.append(Finding(
+            kind=_K.GPU_HEALTH, severity=_S.UNKNOWN, gpu=gpu.index,
+            message=f"{label}: memory used is unknown ({gpu.source} gave no value)",
+            evidence={"unknown_fields": list(gpu.unknown_fields)},
+        ))
+    else:
+        idle = base.memory_used_mib if base and base.memory_used_mib is not None else 0
+        limit = idle + scope.idle_tolerance_mib
+        if gpu.memory_used_mib > limit:
+            holders = [p.pid for p in gpu.processes]
+            out.append(Finding(
+                kind=_K.GPU_MEMORY_HELD, severity=_S.ERROR, gpu=gpu.index,
+                message=f"{label}: {gpu.memory_used_mib} MiB in use (idle is {idle} MiB, "
+                        f"tolerance {scope.idle_tolerance_mib} MiB)"
+                        + (f"; held by PIDs {', '.join(map(str, holders))}" if holders
+                           else "; no process visible holds it (another PID namespace, or "
+                                "memory still being released)"),
+                evidence={"memory_used_mib": gpu.memory_used_mib, "idle_mib": idle,
+                          "pids": holders, "source": gpu.source},
+            ))
+    for gp in gpu.processes:
+        if gp.pid in own:
+            continue
+        proc = by_pid.get(gp.pid)
+        amount = f"{gp.used_mib} MiB" if gp.used_mib is not None else "an unknown amount of memory"
+        out.append(Finding(
+            kind=_K.GPU_PROCESS, severity=_S.ERROR, gpu=gpu.index, pid=gp.pid,
+            message=f"{label}: {_describe(proc, gp.pid)} holds {amount}",
+            evidence={**_evidence(proc), "used_mib": gp.used_mib, "gpu_process_name": gp.name},
+        ))
+    return out
+
+
+def _device_index(path: str) -> int | None:
+    tail = path.removeprefix("/dev/nvidia")
+    return int(tail) if tail.isdigit() else None
+
+
+def _device_file_rules(
+    snapshot: Snapshot, scope: Scope, baseline: Baseline | None, own: set[int],
+    gpu_pids: dict[int, dict[int, int | None]],
+) -> list[Finding]:
+    out = []
+    by_pid = {p.pid: p for p in snapshot.processes}
+    known = set(baseline.device_holders) if baseline else set()
+    for holder in snapshot.device_holders:
+        proc = by_pid.get(holder.pid)
+        if holder.pid in own or proc is None or proc.comm in GPU_DAEMONS:
+            continue
+        if (proc.pid, proc.create_time) in known:
+            continue
+        indices = {i for i in map(_device_index, holder.devices) if i is not None}
+        if scope.gpus is not None and indices and not (indices & scope.gpus):
+            continue
+        holds = holder.pid in gpu_pids
+        out.append(Finding(
+            kind=_K.DEVICE_FILE_HOLDER, severity=_S.ERROR if holds else _S.WARNING,
+            pid=holder.pid,
+            message=f"{_describe(proc, holder.pid)} has {', '.join(holder.devices)} open"
+                    + (" and holds GPU memory" if holds else ""),
+            evidence={**_evidence(proc), "devices": list(holder.devices)},
+        ))
+    return out
+
+
+def _port_rules(snapshot: Snapshot, own: set[int]) -> list[Finding]:
+    out = []
+    by_pid = {p.pid: p for p in snapshot.processes}
+    for sock in snapshot.sockets:
+        owners = [pid for pid in sock.pids if pid not in own]
+        if sock.pids and not owners:
+            continue
+        who = "; ".join(_describe(by_pid.get(pid), pid) for pid in owners) or \
+            "an owner that is not visible (another PID namespace, or no permission)"
+        out.append(Finding(
+            kind=_K.PORT_IN_USE, severity=_S.ERROR, port=sock.port,
+            pid=owners[0] if owners else None,
+            message=f"port {sock.port} is bound ({sock.address}) by {who}",
+            evidence={"address": sock.address, "pids": owners, "inode": sock.inode},
+        ))
+    return out
+
+
+def _shm_rules(snapshot: Snapshot, scope: Scope, baseline: Baseline | None) -> list[Finding]:
+    known = set(baseline.shm) if baseline else set()
+    return [
+        Finding(
+            kind=_K.SHM_LEFTOVER, severity=_S.ERROR if scope.strict else _S.WARNING,
+            message=f"/dev/shm/{entry.name} ({entry.size_bytes} bytes) is left over "
+                    f"(matches {entry.pattern})",
+            evidence={"name": entry.name, "size_bytes": entry.size_bytes,
+                      "pattern": entry.pattern},
+        )
+        for entry in snapshot.shm
+        if entry.name not in known
+    ]
+
+
+def _kernel_rules(snapshot: Snapshot, baseline: Baseline | None) -> list[Finding]:
+    out = []
+    for event in snapshot.kernel_events:
+        since_baseline = baseline is not None and baseline.kmsg_last_us is not None
+        out.append(Finding(
+            kind=_K.GPU_HEALTH, severity=_S.ERROR if since_baseline else _S.WARNING,
+            message=(f"Xid {event.xid} since the baseline: " if since_baseline
+                     else "kernel log (no baseline to date it against): ") + event.message,
+            evidence={"xid": event.xid, "monotonic_us": event.monotonic_us},
+        ))
+    return out
