@@ -1,11 +1,63 @@
 """Engines: how each inference server is recognised, launched and diagnosed.
 
 :mod:`cleanslate.engines.signatures` says how to recognise an engine's processes; the engine
-adapters (launch argv, readiness, crash signatures) build on it.
+adapters (launch argv, readiness, crash signatures, flag validation) build on it. One module per
+engine (``sglang``, ``vllm``, ``trtllm``, ``transformers``, ``llamacpp``, ``command``, ``sim``),
+registered under the name users write in YAML::
+
+    adapter = get_engine("vllm", launch=[python, "-m", "vllm.entrypoints.openai.api_server"])
+    argv = adapter.build_argv(model, port, {"max-model-len": 512, "enforce-eager": True})
+    ready = adapter.readiness_url(port)            # GET -> 200 when ready
+    crash = adapter.classify_log(log_text)         # Crash(cause, line, line_number) | None
+    await validate_flags(adapter, flags, executor) # InputError on unknown flags
+    result = await smoke_test(adapter.base_url(port), model,
+                              chat=adapter.supports_chat, completions=adapter.supports_completions)
 """
 
 from __future__ import annotations
 
+# The engine modules register their adapters when imported.
+from cleanslate.engines import command as command
+from cleanslate.engines import llamacpp as llamacpp
+from cleanslate.engines import sglang as sglang
+from cleanslate.engines import sim as sim
+from cleanslate.engines import transformers as transformers
+from cleanslate.engines import trtllm as trtllm
+from cleanslate.engines import vllm as vllm
+from cleanslate.engines._base import (
+    EngineAdapter,
+    Leftovers,
+    engine_class,
+    engine_names,
+    get_engine,
+    register_engine,
+)
+from cleanslate.engines._crash import (
+    CRASH_CAUSES,
+    GENERIC_PATTERNS,
+    Crash,
+    CrashCause,
+    CrashPattern,
+    classify_text,
+    crash_pattern,
+    log_message,
+)
+from cleanslate.engines._flags import Flags, FlagValue, flag_args, option_name
+from cleanslate.engines._help import (
+    FlagValidation,
+    check_flags,
+    engine_help_options,
+    parse_help_options,
+    validate_flags,
+)
+from cleanslate.engines._smoke import (
+    PromptOutput,
+    SmokeCause,
+    SmokeResult,
+    has_nan_marker,
+    is_degenerate,
+    smoke_test,
+)
 from cleanslate.engines.signatures import (
     ProcessSignature,
     get_signature,
@@ -14,10 +66,53 @@ from cleanslate.engines.signatures import (
     signatures,
 )
 
+
+def classify_log(engine: str, text: str, *, returncode: int | None = None) -> Crash | None:
+    """Classify a failure of ``engine`` from its log ``text`` (and exit status, if known).
+
+    Returns the cause and the root-cause line, or ``None`` when the log shows no failure. The
+    engine's own patterns are used with the generic ones; an unknown engine name is an
+    :class:`~cleanslate.errors.InputError`. Usable on a partial log (while a server starts).
+    """
+    adapter_cls = engine_class(engine)
+    patterns = (*adapter_cls.crash_patterns, *GENERIC_PATTERNS)
+    return classify_text(text, patterns, returncode=returncode, engine=engine)
+
+
 __all__ = [
+    "CRASH_CAUSES",
+    "GENERIC_PATTERNS",
+    "Crash",
+    "CrashCause",
+    "CrashPattern",
+    "EngineAdapter",
+    "FlagValidation",
+    "FlagValue",
+    "Flags",
+    "Leftovers",
     "ProcessSignature",
+    "PromptOutput",
+    "SmokeCause",
+    "SmokeResult",
+    "check_flags",
+    "classify_log",
+    "classify_text",
+    "crash_pattern",
+    "engine_class",
+    "engine_help_options",
+    "engine_names",
+    "flag_args",
+    "get_engine",
     "get_signature",
+    "has_nan_marker",
+    "is_degenerate",
+    "log_message",
     "match_engine",
+    "option_name",
+    "parse_help_options",
+    "register_engine",
     "register_signature",
     "signatures",
+    "smoke_test",
+    "validate_flags",
 ]

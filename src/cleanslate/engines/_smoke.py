@@ -1,0 +1,360 @@
+"""The smoke test: a few real requests after ``/health`` says ready (DESIGN section 6).
+
+A server that answers ``/health`` but cannot complete a request is not ready (the real vLLM
+log ``crash_enginedead_first_request.log`` is one: ``/health`` 200, then HTTP 500 on the first
+completion). :func:`smoke_test` sends each prompt to ``/v1/completions`` and
+``/v1/chat/completions`` (where the engine supports them), once plain and once streaming, and
+fails with the first cause it sees:
+
+- ``http_error``: a status >= 400, a connection error, or an ``error`` object in the body or an
+  SSE event (the detail has the status and the tail of the body);
+- ``timeout``: a request took longer than ``request_timeout`` seconds;
+- ``nan``: the output contains NaN/inf markers (a standalone ``nan``, ``NaN``, ``inf``,
+  ``Infinity`` word, or a bare ``NaN``/``Infinity`` JSON literal in the response);
+- ``empty``: the output is empty or whitespace;
+- ``degenerate``: the output is one short unit repeated (``!!!!!!!!``, ``by by by by``) or a
+  single word makes up most of it (see :func:`is_degenerate`).
+
+Requests are sent one at a time with sampling on (``temperature`` 0.8 by default): greedy
+decoding of random weights repeats at once, while a model emitting NaN collapses to one token
+whatever the sampling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict
+
+SmokeCause = Literal["nan", "empty", "degenerate", "http_error", "timeout"]
+Endpoint = Literal["completions", "chat"]
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "The capital of France is",
+    "Write one sentence about the ocean.",
+)
+
+_NAN_WORD = re.compile(
+    r"(?<![\w.])(?:nan|NaN|NAN|[+-]?inf|[+-]?Inf|[+-]?INF|[+-]?Infinity|[+-]?infinity)(?![\w.])"
+)
+_REPEAT = re.compile(r"(.{1,16}?)\1{3,}(.{0,16})", re.S)
+_NAN_JSON = re.compile(r"[:\[,]\s*-?(?:NaN|Infinity)\s*[,}\]]")
+
+
+class PromptOutput(BaseModel):
+    """One request of the smoke test and what came back. ``elapsed_s`` in seconds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: Endpoint
+    stream: bool
+    prompt: str
+    text: str = ""
+    status: int | None = None
+    elapsed_s: float = 0.0
+    cause: SmokeCause | None = None
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.cause is None
+
+
+class SmokeResult(BaseModel):
+    """Outcome of :func:`smoke_test`: ``passed``, else the first ``cause`` with its ``detail``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    passed: bool
+    cause: SmokeCause | None = None
+    detail: str | None = None
+    url: str
+    model: str
+    outputs: tuple[PromptOutput, ...] = ()
+    elapsed_s: float = 0.0
+
+
+def has_nan_marker(text: str) -> bool:
+    """True when ``text`` contains a standalone NaN/inf word."""
+    return bool(_NAN_WORD.search(text))
+
+
+def is_degenerate(text: str, *, min_chars: int = 12) -> bool:
+    """True when ``text`` is degenerate repetition.
+
+    Degenerate: at least ``min_chars`` non-space characters, and either one unit of up to 16
+    characters repeated to make the whole text (``!!!!!!!!``, ``ababab``, `` by by by``), or at
+    least 6 words of which one makes up 75 % or more.
+    """
+    body = text.strip()
+    if len(body.replace(" ", "")) < min_chars:
+        return False
+    if len(set(body)) <= 2:
+        return True
+    unit = _REPEAT.fullmatch(body)
+    if unit and unit.group(1).startswith(unit.group(2)):
+        return True  # the unit repeated, then a prefix of it ("ab ab ab ab a")
+    words = body.split()
+    if len(words) >= 6:
+        _, count = Counter(words).most_common(1)[0]
+        if count / len(words) >= 0.75:
+            return True
+    return False
+
+
+def judge_text(text: str) -> tuple[SmokeCause, str] | None:
+    """The content checks (nan, empty, degenerate) on one output, or ``None`` if it looks fine."""
+    if has_nan_marker(text):
+        return "nan", f"output contains a NaN/inf marker: {text[:120]!r}"
+    if not text.strip():
+        return "empty", "output is empty"
+    if is_degenerate(text):
+        return "degenerate", f"output is degenerate repetition: {text[:120]!r}"
+    return None
+
+
+def _tail(body: str, n: int = 300) -> str:
+    body = body.strip()
+    return body if len(body) <= n else "..." + body[-n:]
+
+
+def _error_in(payload: Any) -> str | None:
+    if isinstance(payload, dict) and payload.get("error"):
+        error = payload["error"]
+        if isinstance(error, dict):
+            return str(error.get("message") or error)
+        return str(error)
+    return None
+
+
+def _text_of(payload: Any, endpoint: Endpoint, stream: bool) -> str:
+    if not isinstance(payload, dict):
+        return ""
+    pieces = []
+    for choice in payload.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        if endpoint == "completions":
+            pieces.append(choice.get("text") or "")
+        else:
+            part = choice.get("delta" if stream else "message") or {}
+            if isinstance(part, dict):
+                pieces.append(part.get("content") or "")
+    return "".join(str(piece) for piece in pieces)
+
+
+def _body(
+    endpoint: Endpoint, model: str, prompt: str, stream: bool, max_tokens: int, temperature: float
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": stream,
+    }
+    if endpoint == "completions":
+        body["prompt"] = prompt
+    else:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    return body
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    endpoint: Endpoint,
+    prompt: str,
+    stream: bool,
+    *,
+    max_tokens: int,
+    temperature: float,
+    timeout: float,
+) -> PromptOutput:
+    path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+    start = time.monotonic()
+    status: int | None = None
+    fields: dict[str, Any] = {"endpoint": endpoint, "stream": stream, "prompt": prompt}
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.post(
+                url.rstrip("/") + path,
+                json=_body(endpoint, model, prompt, stream, max_tokens, temperature),
+            ) as response:
+                status = response.status
+                if status >= 400:
+                    body = await response.text(errors="replace")
+                    return PromptOutput(
+                        **fields,
+                        status=status,
+                        elapsed_s=time.monotonic() - start,
+                        cause="http_error",
+                        detail=f"POST {path} -> HTTP {status}: {_tail(body)}",
+                    )
+                if stream:
+                    text, raw, error = await _read_stream(response, endpoint)
+                else:
+                    raw = await response.text(errors="replace")
+                    error = None
+                    try:
+                        payload = json.loads(raw)
+                    except ValueError:
+                        payload, error = None, f"response is not JSON: {_tail(raw, 120)!r}"
+                    error = error or _error_in(payload)
+                    text = _text_of(payload, endpoint, stream=False)
+    except TimeoutError:
+        return PromptOutput(
+            **fields,
+            status=status,
+            elapsed_s=time.monotonic() - start,
+            cause="timeout",
+            detail=f"POST {path} took longer than {timeout:g} s",
+        )
+    except (aiohttp.ClientError, OSError) as exc:
+        return PromptOutput(
+            **fields,
+            status=status,
+            elapsed_s=time.monotonic() - start,
+            cause="http_error",
+            detail=f"POST {path} failed: {type(exc).__name__}: {exc}",
+        )
+    elapsed = time.monotonic() - start
+    if error is not None:
+        return PromptOutput(
+            **fields,
+            text=text,
+            status=status,
+            elapsed_s=elapsed,
+            cause="http_error",
+            detail=f"POST {path} -> HTTP {status} with an error: {_tail(error)}",
+        )
+    verdict = judge_text(text)
+    if verdict is None and _NAN_JSON.search(raw):
+        verdict = ("nan", "the response contains a NaN/Infinity JSON literal")
+    if verdict is not None:
+        return PromptOutput(
+            **fields,
+            text=text,
+            status=status,
+            elapsed_s=elapsed,
+            cause=verdict[0],
+            detail=f"POST {path}{' (stream)' if stream else ''}: {verdict[1]}",
+        )
+    return PromptOutput(**fields, text=text, status=status, elapsed_s=elapsed)
+
+
+async def _read_stream(
+    response: aiohttp.ClientResponse, endpoint: Endpoint
+) -> tuple[str, str, str | None]:
+    """Concatenate the content of an SSE stream: (text, raw events, error message or None)."""
+    pieces: list[str] = []
+    raw: list[str] = []
+    error: str | None = None
+    buffer = b""
+    async for chunk in response.content.iter_any():
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line_bytes in lines:
+            line = line_bytes.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                continue
+            raw.append(data)
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                error = error or f"stream event is not JSON: {data[:120]!r}"
+                continue
+            error = error or _error_in(payload)
+            pieces.append(_text_of(payload, endpoint, stream=True))
+    if buffer.strip().startswith(b"data:"):
+        data = buffer.decode(errors="replace").strip()[5:].strip()
+        if data and data != "[DONE]":
+            raw.append(data)
+            try:
+                pieces.append(_text_of(json.loads(data), endpoint, stream=True))
+            except ValueError:
+                error = error or f"stream event is not JSON: {data[:120]!r}"
+    if not raw and error is None:
+        error = "the stream ended without any event"
+    return "".join(pieces), "\n".join(raw), error
+
+
+async def smoke_test(
+    url: str,
+    model: str,
+    *,
+    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    completions: bool = True,
+    chat: bool = True,
+    stream: bool = True,
+    max_tokens: int = 16,
+    temperature: float = 0.8,
+    request_timeout: float = 60.0,
+    session: aiohttp.ClientSession | None = None,
+) -> SmokeResult:
+    """Send the smoke requests to the server at ``url`` (``http://host:port``) and judge them.
+
+    For each prompt and each enabled endpoint: one plain request and, with ``stream``, one
+    streaming request. Stops at the first failure (its output is the last in ``outputs``).
+    ``request_timeout`` is in seconds per request. Never raises for a server's misbehaviour.
+    """
+    if not (completions or chat):
+        raise ValueError("smoke_test needs at least one of completions, chat")
+    if not prompts:
+        raise ValueError("smoke_test needs at least one prompt")
+    endpoints: list[Endpoint] = []
+    if completions:
+        endpoints.append("completions")
+    if chat:
+        endpoints.append("chat")
+    modes = (False, True) if stream else (False,)
+    start = time.monotonic()
+    outputs: list[PromptOutput] = []
+    own = session is None
+    client = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+    try:
+        for endpoint in endpoints:
+            for streaming in modes:
+                for prompt in prompts:
+                    output = await _one(
+                        client,
+                        url,
+                        model,
+                        endpoint,
+                        prompt,
+                        streaming,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        timeout=request_timeout,
+                    )
+                    outputs.append(output)
+                    if not output.ok:
+                        return SmokeResult(
+                            passed=False,
+                            cause=output.cause,
+                            detail=output.detail,
+                            url=url,
+                            model=model,
+                            outputs=tuple(outputs),
+                            elapsed_s=time.monotonic() - start,
+                        )
+    finally:
+        if own:
+            await client.close()
+    return SmokeResult(
+        passed=True,
+        url=url,
+        model=model,
+        outputs=tuple(outputs),
+        elapsed_s=time.monotonic() - start,
+    )

