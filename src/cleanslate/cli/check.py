@@ -12,6 +12,7 @@ from rich.table import Table
 
 from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_INPUT, console, console_err, parse_int_list
+from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
 from cleanslate.probe.gpu.base import backend_names
@@ -35,6 +36,8 @@ def check(
         help="GPU indices in scope, e.g. 0,1 (default: all).")] = None,
     port: Annotated[list[int] | None, typer.Option(
         "--port", help="Port that must be free (repeatable).")] = None,
+    engine: Annotated[list[str] | None, typer.Option(
+        "--engine", help="Only these engines' processes count as strays (repeatable).")] = None,
     gpu_backend: Annotated[str, typer.Option(
         help="auto, nvml, nvidia-smi, sim or none.")] = "auto",
     baseline: Annotated[Path | None, typer.Option(
@@ -67,7 +70,10 @@ def check(
             raise InputError(f"must be positive, got {value:g}", where=name)
     gpu_list = parse_int_list(gpus, option="--gpus")
     loaded = Baseline.load(baseline) if baseline else None
+    for name in engine or ():
+        get_signature(name)  # unknown engine: an input error naming the known ones
     scope = Scope(
+        engines=tuple(engine) if engine else None,
         gpus=frozenset(gpu_list) if gpu_list is not None else None,
         exclude_roots=frozenset({os.getpid()}),
         idle_tolerance_mib=tolerance_mib,

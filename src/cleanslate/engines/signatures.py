@@ -111,6 +111,7 @@ def get_signature(engine: str) -> ProcessSignature:
     except KeyError:
         raise InputError(
             f"unknown engine {engine!r}",
+            where="--engine",
             hint="known engines: " + ", ".join(sorted(_REGISTRY)),
         ) from None
 

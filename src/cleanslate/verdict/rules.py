@@ -176,13 +176,7 @@ def _process_rules(
         what = engine or f"run {proc.run_marker}"
         evidence = {**_evidence(proc), "engine": engine}
         if proc.state == "Z":
-            out.append(Finding(
-                kind=_K.ZOMBIE, severity=_S.ERROR if owned else _S.INFO, pid=proc.pid,
-                message=f"zombie {what} process {_describe(proc, proc.pid)}: exited, not reaped "
-                        f"by its parent {proc.ppid}" if owned else
-                        f"zombie process {_describe(proc, proc.pid)}",
-                evidence=evidence,
-            ))
+            out.append(_zombie(proc, what if owned else None, evidence))
             continue
         if proc.state == "D" and (owned or proc.pid in gpu_pids):
             out.append(Finding(
@@ -202,6 +196,26 @@ def _process_rules(
             evidence=evidence,
         ))
     return out
+
+
+def _zombie(proc: ProcessInfo, what: str | None, evidence: dict[str, object]) -> Finding:
+    """A zombie whose threads all exited holds nothing but its PID: a warning (info when it is
+    not an engine's). A zombie *leader* with live threads is a process whose main thread exited
+    while worker threads still run and may hold GPU memory: an error."""
+    threads = proc.threads or 0
+    if threads > 1:
+        return Finding(
+            kind=_K.ZOMBIE, severity=_S.ERROR, pid=proc.pid, evidence=evidence,
+            message=f"{_describe(proc, proc.pid)}: main thread exited but {threads} threads "
+                    "still run",
+        )
+    return Finding(
+        kind=_K.ZOMBIE, severity=_S.WARNING if what else _S.INFO, pid=proc.pid,
+        evidence=evidence,
+        message=(f"zombie {what} process {_describe(proc, proc.pid)}: exited, not reaped by "
+                 f"its parent {proc.ppid}") if what else
+                f"zombie process {_describe(proc, proc.pid)}",
+    )
 
 
 def _gpu_rules(

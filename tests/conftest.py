@@ -1,0 +1,71 @@
+"""Shared fixtures: processes that a test starts and ends by PID, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+
+class Processes:
+    """Starts processes for a test and ends exactly those, by PID, when the test ends."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs.setdefault("stdout", subprocess.DEVNULL)
+        kwargs.setdefault("stderr", subprocess.DEVNULL)
+        proc = subprocess.Popen(list(argv), **kwargs)
+        self.started.append(proc)
+        return proc
+
+    def python(self, code: str, *extra_args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+        return self.start([sys.executable, "-c", code, *extra_args], **kwargs)
+
+    def end_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    p = Processes()
+    try:
+        yield p
+    finally:
+        p.end_all()
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    """Run ``cleanslate ARGS`` as a user would, in a child process."""
+    full_env = {**os.environ, **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-m", "cleanslate", *args],
+        capture_output=True, text=True, env=full_env, timeout=timeout, check=False,
+    )
+    return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def cli() -> Any:
+    return run_cli
