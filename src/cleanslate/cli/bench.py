@@ -1,3 +1,332 @@
-"""``cleanslate bench``: the benchmark client (filled in by the bench issue)."""
+"""``cleanslate bench``: load-test a running OpenAI-compatible server (DESIGN section 7).
+
+Exit codes: 0 every level completed with no failed request, 1 a level ended early (the server
+died, Ctrl-C) or requests failed, 2 bad input.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from cleanslate.bench import (
+    SLO,
+    BenchConfig,
+    BenchResult,
+    ClosedLoop,
+    OpenLoop,
+    ShareGPTWorkload,
+    WorkloadSpec,
+    parse_workload,
+    run_benchmark,
+)
+from cleanslate.bench._live import LiveView, summary_table
+from cleanslate.cli import app
+from cleanslate.cli._common import EXIT_FAILED, EXIT_OK, console, console_err
+from cleanslate.errors import InputError
+
+
+def parse_slo(text: str | None) -> SLO:
+    """``ttft_ms=500,tpot_ms=50,e2e_ms=10000`` -> :class:`SLO` (InputError on bad input)."""
+    if text is None or not text.strip():
+        return SLO()
+    values: dict[str, float] = {}
+    allowed = ("ttft_ms", "tpot_ms", "e2e_ms")
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq:
+            raise InputError(f"{part!r} is not key=value", where="--slo", hint="e.g. ttft_ms=500")
+        if key not in allowed:
+            raise InputError(
+                f"unknown SLO {key!r}", where="--slo", hint=f"one of {', '.join(allowed)}"
+            )
+        try:
+            number = float(value)
+        except ValueError:
+            raise InputError(f"{value.strip()!r} is not a number", where=f"--slo {key}") from None
+        if not math.isfinite(number) or number <= 0:
+            raise InputError(
+                f"{key} must be a positive number of milliseconds, not {value.strip()}",
+                where="--slo",
+            )
+        values[key] = number
+    return SLO(**values)
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"1,2.5,inf"`` -> request rates per second."""
+    out: list[float] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            rate = float(part)
+        except ValueError:
+            raise InputError(
+                f"{part!r} is not a rate", where="--rate", hint="e.g. 4 or inf"
+            ) from None
+        if not rate > 0:
+            raise InputError(f"the rate must be positive, not {part}", where="--rate")
+        out.append(rate)
+    if not out:
+        raise InputError("no rate given", where="--rate")
+    return out
+
+
+def parse_concurrency(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise InputError(
+                f"{part!r} is not an integer", where="--concurrency", hint="e.g. 1,16,64,256"
+            ) from None
+        if value < 1:
+            raise InputError(f"concurrency must be at least 1, not {value}", where="--concurrency")
+        out.append(value)
+    if not out:
+        raise InputError("no concurrency given", where="--concurrency")
+    return out
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option("--url", help="server base URL, e.g. http://127.0.0.1:8000")],
+    model: Annotated[str, typer.Option("--model", help="model name sent in each request")],
+    concurrency: Annotated[
+        str | None,
+        typer.Option(help="closed loop: requests in flight per level, e.g. 1,16,64,256"),
+    ] = None,
+    rate: Annotated[
+        str | None, typer.Option(help="open loop: requests/s per level, e.g. 2,4,8 or inf")
+    ] = None,
+    arrival: Annotated[str, typer.Option(help="open loop arrivals: poisson|constant|gamma")] = (
+        "poisson"
+    ),
+    burstiness: Annotated[float, typer.Option(help="gamma shape (1 = Poisson)")] = 1.0,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="open loop: cap on requests in flight")
+    ] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option(help="requests per level (default 5 per slot, at least 50)")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="seconds of sending per level (instead of a count)")
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="unmeasured requests before the first level")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of prompts and arrivals")] = 0,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            help="random:input_len=1024,output_len=128,range_ratio=0.1 | "
+            "shared-prefix:num_prefixes=8,prefix_len=1024,suffix_len=128,output_len=128 | "
+            "sharegpt:path=FILE"
+        ),
+    ] = None,
+    dataset: Annotated[
+        Path | None, typer.Option(help="ShareGPT-format JSON file (same as sharegpt:path=FILE)")
+    ] = None,
+    endpoint: Annotated[str, typer.Option(help="completions | chat")] = "completions",
+    tokenizer: Annotated[
+        str | None, typer.Option(help="local Hugging Face tokenizer directory: exact token counts")
+    ] = None,
+    slo: Annotated[
+        str | None, typer.Option(help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000")
+    ] = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="write the result JSON here ('-' for stdout)")
+    ] = None,
+    request_timeout: Annotated[
+        float, typer.Option(help="seconds a request may wait for its next byte")
+    ] = 600.0,
+    ignore_eos: Annotated[
+        bool, typer.Option(help="ask for exactly output_len tokens (ignore_eos, min_tokens)")
+    ] = True,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token", show_default=False)
+    ] = None,
+    live: Annotated[bool, typer.Option(help="live view on a terminal")] = True,
+) -> None:
+    """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
+    (--rate), streaming, with TTFT/TPOT/ITL/E2E percentiles, throughputs and goodput."""
+    config = build_config(
+        url=url,
+        model=model,
+        concurrency=concurrency,
+        rate=rate,
+        arrival=arrival,
+        burstiness=burstiness,
+        max_concurrency=max_concurrency,
+        num_prompts=num_prompts,
+        duration=duration,
+        warmup=warmup,
+        seed=seed,
+        workload=workload,
+        dataset=dataset,
+        endpoint=endpoint,
+        tokenizer=tokenizer,
+        slo=slo,
+        request_timeout=request_timeout,
+        ignore_eos=ignore_eos,
+        api_key=api_key,
+    )
+    to_stdout = json_out == "-"
+    show_live = live and not to_stdout and console_err.is_terminal
+    result = asyncio.run(_run(config, show_live))
+    document = json.dumps(result.model_dump(mode="json"), indent=2)
+    if json_out is not None and not to_stdout:
+        try:
+            Path(json_out).write_text(document + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {json_out}: {exc.strerror}", where="--json") from None
+    human = console_err if to_stdout else console
+    human.print(summary_table(result))
+    for warning in (*result.warnings, *(w for lv in result.levels for w in lv.warnings)):
+        console_err.print(f"[yellow]warning:[/] {warning}")
+    for lv in result.levels:
+        if lv.errors:
+            errs = ", ".join(f"{k}: {v}" for k, v in lv.errors.items())
+            console_err.print(f"[red]{lv.label}: {lv.failed} failed requests ({errs})[/]")
+    if to_stdout:
+        sys.stdout.write(document + "\n")
+        sys.stdout.flush()
+    if result.failed:
+        reason = "PARTIAL" if result.partial else "ERRORS"
+        human.print(f"[bold red]{reason}[/]: see the levels above")
+        raise typer.Exit(EXIT_FAILED)
+    human.print(f"[bold green]DONE[/]: {len(result.levels)} level(s), no failed request")
+    raise typer.Exit(EXIT_OK)
+
+
+async def _run(config: BenchConfig, show_live: bool) -> BenchResult:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if not show_live:
+        return await run_benchmark(config, stop=stop)
+    with LiveView(console_err) as view:
+        return await run_benchmark(config, on_progress=view.on_progress, stop=stop)
+
+
+def build_config(
+    *,
+    url: str,
+    model: str,
+    concurrency: str | None,
+    rate: str | None,
+    arrival: str,
+    burstiness: float,
+    max_concurrency: int | None,
+    num_prompts: int | None,
+    duration: float | None,
+    warmup: int,
+    seed: int,
+    workload: str | None,
+    dataset: Path | None,
+    endpoint: str,
+    tokenizer: str | None,
+    slo: str | None,
+    request_timeout: float,
+    ignore_eos: bool,
+    api_key: str | None,
+) -> BenchConfig:
+    """Turn the command-line options into a :class:`BenchConfig`; InputError on bad input."""
+    if not url.startswith(("http://", "https://")):
+        raise InputError(f"{url!r} is not an http(s) URL", where="--url", hint="http://HOST:PORT")
+    if endpoint not in ("completions", "chat"):
+        raise InputError(
+            f"unknown endpoint {endpoint!r}", where="--endpoint", hint="completions or chat"
+        )
+    if arrival not in ("poisson", "constant", "gamma"):
+        raise InputError(
+            f"unknown arrival {arrival!r}", where="--arrival", hint="poisson, constant or gamma"
+        )
+    if burstiness <= 0:
+        raise InputError("must be positive", where="--burstiness")
+    if num_prompts is not None and duration is not None:
+        raise InputError("give --num-prompts or --duration, not both", where="--num-prompts")
+    if num_prompts is not None and num_prompts < 1:
+        raise InputError("must be at least 1", where="--num-prompts")
+    if duration is not None and duration <= 0:
+        raise InputError("must be positive", where="--duration")
+    if warmup < 0:
+        raise InputError("must not be negative", where="--warmup")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise InputError("must be at least 1", where="--max-concurrency")
+    if request_timeout <= 0:
+        raise InputError("must be positive", where="--request-timeout")
+    loads: list[ClosedLoop | OpenLoop]
+    if rate is not None:
+        if concurrency is not None:
+            raise InputError(
+                "--concurrency is the closed loop, --rate the open loop",
+                where="--concurrency",
+                hint="cap an open loop with --max-concurrency",
+            )
+        loads = [
+            OpenLoop(
+                rate=r,
+                arrival=arrival,  # type: ignore[arg-type]
+                burstiness=burstiness,
+                max_concurrency=max_concurrency,
+            )
+            for r in parse_rates(rate)
+        ]
+    else:
+        if max_concurrency is not None:
+            raise InputError(
+                "--max-concurrency caps an open loop",
+                where="--max-concurrency",
+                hint="use it with --rate, or use --concurrency alone",
+            )
+        loads = [ClosedLoop(concurrency=c) for c in parse_concurrency(concurrency or "1")]
+    spec: WorkloadSpec
+    if dataset is not None:
+        if workload is not None:
+            raise InputError("give --workload or --dataset, not both", where="--dataset")
+        if not dataset.is_file():
+            raise InputError(f"{dataset} is not a file", where="--dataset")
+        spec = ShareGPTWorkload(path=str(dataset))
+    elif workload is not None:
+        spec = parse_workload(workload)
+    else:
+        spec = parse_workload("random")
+    try:
+        return BenchConfig(
+            url=url,
+            model=model,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            workload=spec,
+            loads=tuple(loads),
+            num_prompts=num_prompts,
+            duration_s=duration,
+            warmup=warmup,
+            seed=seed,
+            tokenizer=tokenizer,
+            slo=parse_slo(slo),
+            ignore_eos=ignore_eos,
+            request_timeout_s=request_timeout,
+            api_key=api_key,
+        )
+    except ValidationError as exc:
+        raise InputError(f"bad options: {exc.errors()[0]['msg']}") from None

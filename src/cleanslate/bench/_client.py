@@ -1,0 +1,213 @@
+"""One streaming request over the shared aiohttp session, measured with monotonic clocks.
+
+The read loop does the least it can per network read: take ``time.perf_counter()`` and keep the
+bytes. Parsing (``_sse``) happens once the stream has ended. Failures are classified, never
+raised: the record's ``error`` is one of ``connection_refused``, ``connection_reset``,
+``connection_error``, ``timeout``, ``http_<status>``, ``malformed_sse``, ``server_error``
+(an error event in the stream), ``empty_response``, ``aborted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Literal
+
+import aiohttp
+
+from cleanslate.bench._sse import extract_text, parse_stream
+from cleanslate.bench._tokens import Tokenizer
+from cleanslate.bench._workloads import Prompt
+
+#: Errors that say the server may be gone (they trigger a liveness probe).
+CONNECTION_ERRORS = frozenset({"connection_refused", "connection_reset", "connection_error"})
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """The measured life of one request. Times are ``perf_counter()`` seconds."""
+
+    t_send: float
+    input_tokens: int
+    input_source: str
+    requested_output: int
+    t_first: float = 0.0
+    t_last: float = 0.0
+    t_end: float = 0.0
+    content_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    output_source: Literal["server", "tokenizer", "approx", "none"] = "none"
+    error: str | None = None
+    error_detail: str | None = None
+    malformed: int = 0
+    bytes_received: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class RequestBuilder:
+    """Builds the URL and JSON body of a request for an endpoint (bytes, serialized once)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        endpoint: Literal["completions", "chat"],
+        *,
+        ignore_eos: bool,
+        extra_body: dict[str, Any],
+        api_key: str | None,
+    ) -> None:
+        base = base_url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[:-3]
+        path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+        self.url = base + path
+        self.model = model
+        self.endpoint = endpoint
+        self.ignore_eos = ignore_eos
+        self.extra_body = extra_body
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def body(self, prompt: Prompt) -> bytes:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": prompt.output_len,
+            "temperature": 0.0,
+        }
+        if self.endpoint == "completions":
+            body["prompt"] = prompt.text
+        else:
+            body["messages"] = [{"role": "user", "content": prompt.text}]
+            body["max_completion_tokens"] = prompt.output_len
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+            body["min_tokens"] = prompt.output_len
+        body.update(self.extra_body)
+        return json.dumps(body).encode()
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """Map an exception raised by a request to an error type and a short detail."""
+    detail = f"{type(exc).__name__}: {exc}"[:200]
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
+        return "timeout", detail
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_err = getattr(exc, "os_error", None)
+        if (
+            isinstance(os_err, ConnectionRefusedError)
+            or getattr(os_err, "errno", None) == errno.ECONNREFUSED
+        ):
+            return "connection_refused", detail
+        return "connection_error", detail
+    if isinstance(
+        exc,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientPayloadError
+        | ConnectionResetError
+        | BrokenPipeError,
+    ):
+        return "connection_reset", detail
+    if isinstance(exc, aiohttp.ClientOSError):
+        if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            return "connection_reset", detail
+        if exc.errno == errno.ECONNREFUSED:
+            return "connection_refused", detail
+        return "connection_error", detail
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return "connection_error", detail
+    return "client_error", detail
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    builder: RequestBuilder,
+    prompt: Prompt,
+    body: bytes,
+    *,
+    tokenizer: Tokenizer | None,
+    on_chunk: list[int] | None = None,
+) -> RequestRecord:
+    """Send one streaming request and measure it. Never raises (except on cancellation).
+
+    ``on_chunk``, when given, is a one-element list incremented per network read; the live view
+    reads it (cheaper than a callback).
+    """
+    times: list[float] = []
+    chunks: list[bytes] = []
+    rec = RequestRecord(perf_counter(), prompt.input_tokens, prompt.input_source, prompt.output_len)
+    try:
+        async with session.post(builder.url, data=body, headers=builder.headers) as resp:
+            if resp.status != 200:
+                text = await resp.content.read(2048)
+                rec.t_end = perf_counter()
+                rec.error = f"http_{resp.status}"
+                rec.error_detail = text.decode(errors="replace")[:200]
+                return rec
+            read = resp.content.readany
+            t_append = times.append
+            c_append = chunks.append
+            while True:
+                data = await read()
+                if not data:
+                    break
+                t_append(perf_counter())
+                c_append(data)
+                if on_chunk is not None:
+                    on_chunk[0] += 1
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # classified, counted, never fatal
+        rec.error, rec.error_detail = classify(exc)
+    rec.t_end = perf_counter()
+    _finish(rec, times, chunks, tokenizer)
+    return rec
+
+
+def _finish(
+    rec: RequestRecord, times: list[float], chunks: list[bytes], tokenizer: Tokenizer | None
+) -> None:
+    rec.bytes_received = sum(len(c) for c in chunks)
+    parsed = parse_stream(times, chunks, keep_payloads=tokenizer is not None)
+    rec.malformed = parsed.malformed
+    rec.content_times = parsed.content_times
+    if parsed.content_times:
+        rec.t_first = parsed.content_times[0]
+        rec.t_last = parsed.content_times[-1]
+    if rec.error is not None:
+        return
+    if parsed.error is not None:
+        rec.error, rec.error_detail = "server_error", parsed.error
+        return
+    if not parsed.content_times:
+        rec.error = "malformed_sse" if parsed.malformed else "empty_response"
+        return
+    usage = parsed.usage
+    completion = usage.get("completion_tokens") if usage else None
+    if isinstance(completion, int):
+        rec.output_tokens, rec.output_source = completion, "server"
+        prompt_tokens = usage.get("prompt_tokens") if usage else None
+        if isinstance(prompt_tokens, int):
+            rec.input_tokens, rec.input_source = prompt_tokens, "server"
+    elif tokenizer is not None and parsed.payloads is not None:
+        rec.output_tokens = tokenizer.count(extract_text(parsed.payloads))
+        rec.output_source = "tokenizer"
+    else:
+        rec.output_tokens, rec.output_source = len(parsed.content_times), "approx"
+
+
+def aborted_record(prompt: Prompt, t_send: float) -> RequestRecord:
+    """The record of a request cancelled because its level was ended early."""
+    rec = RequestRecord(t_send, prompt.input_tokens, prompt.input_source, prompt.output_len)
+    rec.t_end = perf_counter()
+    rec.error = "aborted"
+    return rec

@@ -1,0 +1,99 @@
+"""The rich live view of a running benchmark and the summary table printed after it."""
+
+from __future__ import annotations
+
+from time import perf_counter
+from types import TracebackType
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+
+from cleanslate.bench._models import BenchResult, LevelResult
+from cleanslate.bench._runner import LevelProgress
+
+
+class LiveView:
+    """Shows the current level: requests done, in flight, output tokens/s, errors, achieved vs
+    target rate. Use as a context manager and pass :meth:`on_progress` to ``run_benchmark``."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.current: LevelProgress | None = None
+        self._live = Live(console=console, refresh_per_second=4, get_renderable=self.render)
+
+    def on_progress(self, progress: LevelProgress) -> None:
+        self.current = progress
+
+    def __enter__(self) -> LiveView:
+        self._live.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._live.__exit__(exc_type, exc, tb)
+
+    def render(self) -> RenderableType:
+        p = self.current
+        if p is None:
+            return "starting..."
+        elapsed = max(perf_counter() - p.t_start, 1e-9)
+        total = f"/{p.total}" if p.total is not None else f" ({elapsed:.0f}/{p.duration_s:.0f} s)"
+        errors = ", ".join(f"{k}={v}" for k, v in sorted(p.errors.items())) or "none"
+        rate = f"{p.achieved_rate():.2f} req/s"
+        if p.target_rate is not None:
+            rate += f" (target {p.target_rate:g})"
+        table = Table.grid(padding=(0, 2))
+        table.add_row("level", p.label)
+        table.add_row("done", f"{p.done + p.failed}{total}  in flight {p.in_flight}")
+        table.add_row("output", f"{p.output_tokens / elapsed:,.0f} tok/s  ({p.chunks[0]:,} chunks)")
+        table.add_row("rate", rate)
+        table.add_row("errors", errors)
+        return Group(table)
+
+
+def summary_table(result: BenchResult) -> Table:
+    """One row per level: the figures a user reads first."""
+    table = Table(title=f"{result.model} @ {result.url} ({result.endpoint})")
+    for col in (
+        "level",
+        "ok",
+        "err",
+        "dur s",
+        "req/s",
+        "out tok/s",
+        "TTFT p50/p99 ms",
+        "TPOT p50/p99 ms",
+        "ITL p50 ms",
+        "goodput",
+        "cpu",
+    ):
+        table.add_column(col, justify="right" if col != "level" else "left")
+    for lv in result.levels:
+        table.add_row(
+            lv.label + (" [red](partial)[/]" if lv.partial else ""),
+            str(lv.completed),
+            str(lv.failed),
+            f"{lv.duration:.1f}",
+            f"{lv.request_throughput:.2f}",
+            f"{lv.output_throughput:,.0f}",
+            _pair(lv, "ttft"),
+            _pair(lv, "tpot"),
+            _fmt(lv.itl_ms.median),
+            "-" if lv.request_goodput is None else f"{lv.request_goodput:.2f}",
+            f"{lv.client_cpu_util:.0%}",
+        )
+    return table
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _pair(lv: LevelResult, metric: str) -> str:
+    stats = getattr(lv, f"{metric}_ms")
+    return f"{_fmt(stats.median)}/{_fmt(stats.p99)}"

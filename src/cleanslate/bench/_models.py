@@ -1,0 +1,303 @@
+"""Value objects of the benchmark client: configuration in, results out.
+
+Every model here is a frozen pydantic model that round-trips through JSON. A
+:class:`LevelResult` serializes with the metric keys of vLLM's ``vllm bench serve`` result
+(``completed``, ``output_throughput``, ``mean_ttft_ms``, ``p99.9_ttft_ms`` ...) flat at the top
+of the object, so tools that read vLLM result files can read ours; in Python the latency
+distributions are nested :class:`Stats` objects (``level.ttft_ms.p99``).
+
+Units: times in milliseconds where the key ends in ``_ms``, seconds where it ends in ``_s`` or is
+``duration``; throughputs in requests/s or tokens/s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from cleanslate.bench._workloads import WorkloadSpec
+
+#: Percentiles reported for every latency distribution, as ``(key word, percent)``.
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p50", 50.0),
+    ("p90", 90.0),
+    ("p95", 95.0),
+    ("p99", 99.0),
+    ("p99.9", 99.9),
+)
+
+#: The latency distributions of a level, by vLLM's metric name.
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+
+Endpoint = Literal["completions", "chat"]
+Arrival = Literal["poisson", "constant", "gamma"]
+TokenSource = Literal["server", "tokenizer", "approx", "none"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Stats(_Frozen):
+    """Summary of one latency distribution in milliseconds; all ``None`` when it has no sample."""
+
+    count: int = 0
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    median: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    max: float | None = None
+
+    def flat(self, metric: str) -> dict[str, float | None]:
+        """The vLLM-style keys for this distribution, e.g. ``mean_ttft_ms``, ``p99.9_ttft_ms``."""
+        return {
+            f"mean_{metric}_ms": self.mean,
+            f"median_{metric}_ms": self.median,
+            f"std_{metric}_ms": self.std,
+            f"min_{metric}_ms": self.min,
+            f"max_{metric}_ms": self.max,
+            f"p50_{metric}_ms": self.median,
+            f"p90_{metric}_ms": self.p90,
+            f"p95_{metric}_ms": self.p95,
+            f"p99_{metric}_ms": self.p99,
+            f"p99.9_{metric}_ms": self.p999,
+        }
+
+    @classmethod
+    def from_flat(cls, data: dict[str, Any], metric: str) -> Stats:
+        def g(key: str) -> Any:
+            return data.get(f"{key}_{metric}_ms")
+
+        return cls(
+            count=int(data.get(f"count_{metric}", 0) or 0),
+            mean=g("mean"),
+            std=g("std"),
+            min=g("min"),
+            median=g("median"),
+            p90=g("p90"),
+            p95=g("p95"),
+            p99=g("p99"),
+            p999=g("p99.9"),
+            max=g("max"),
+        )
+
+
+class SLO(_Frozen):
+    """Per-request service-level objectives in milliseconds; ``None`` means no limit.
+
+    A request is *good* when it completed without error and meets every limit that is set.
+    ``tpot_ms`` is checked only for requests with more than one output token.
+    """
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+
+    def is_empty(self) -> bool:
+        return self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None
+
+
+class ClosedLoop(_Frozen):
+    """A fixed number of requests in flight: a new one is sent as soon as one finishes."""
+
+    kind: Literal["closed"] = "closed"
+    concurrency: int = Field(ge=1)
+
+    @property
+    def label(self) -> str:
+        return f"c={self.concurrency}"
+
+
+class OpenLoop(_Frozen):
+    """Requests sent at a target rate regardless of completions (optionally capped).
+
+    ``arrival``: ``poisson`` (exponential gaps), ``constant`` (equal gaps) or ``gamma`` (gamma gaps
+    with shape ``burstiness``: 1 is Poisson, below 1 burstier, above 1 more regular). The mean gap
+    is always ``1 / rate``. ``rate`` may be ``inf``: every request is due at once, and
+    ``max_concurrency`` then decides how many are in flight. A request due while the cap is
+    reached waits for a free slot (so the achieved rate can fall below the target).
+    """
+
+    kind: Literal["open"] = "open"
+    rate: float = Field(gt=0)
+    arrival: Arrival = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    max_concurrency: int | None = Field(default=None, ge=1)
+
+    @property
+    def label(self) -> str:
+        rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
+        cap = f",cap={self.max_concurrency}" if self.max_concurrency else ""
+        return f"rate={rate}/s {self.arrival}{cap}"
+
+
+Load = Annotated[ClosedLoop | OpenLoop, Field(discriminator="kind")]
+
+
+class BenchConfig(_Frozen):
+    """What to benchmark and how: the server, the workload, the limits of each level.
+
+    A level runs ``num_prompts`` requests, or sends requests for ``duration_s`` seconds and then
+    waits for those in flight; exactly one of the two is used (``duration_s`` wins when both are
+    set). ``warmup`` requests are sent before the first level of a run and not measured.
+    """
+
+    url: str
+    model: str
+    endpoint: Endpoint = "completions"
+    workload: WorkloadSpec = Field(default_factory=lambda: _default_workload())
+    loads: tuple[Load, ...] = Field(default=(ClosedLoop(concurrency=1),), min_length=1)
+    num_prompts: int | None = Field(default=None, ge=1)
+    duration_s: float | None = Field(default=None, gt=0)
+    warmup: int = Field(default=0, ge=0)
+    seed: int = 0
+    tokenizer: str | None = None
+    slo: SLO = SLO()
+    ignore_eos: bool = True
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    stall_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="no byte from any request for this long while requests are in flight: "
+        "probe the server; end the level if it does not accept a connection",
+    )
+    api_key: str | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    def prompts_for(self, load: ClosedLoop | OpenLoop) -> int:
+        """Requests per level when ``num_prompts`` is not set: 5 per slot, at least 50."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        slots = load.concurrency if isinstance(load, ClosedLoop) else (load.max_concurrency or 10)
+        return max(50, 5 * slots)
+
+
+def _default_workload() -> WorkloadSpec:
+    from cleanslate.bench._workloads import RandomWorkload
+
+    return RandomWorkload()
+
+
+class LevelResult(_Frozen):
+    """The measured outcome of one level (one concurrency or one rate).
+
+    Serialized (``model_dump`` / JSON) flat, with vLLM's key names first; validated back from
+    the same flat form. ``partial`` is true when the level ended before its request count or
+    duration (the server died, the run was interrupted); ``partial_reason`` says why.
+    """
+
+    label: str
+    load: Load
+    completed: int
+    failed: int
+    num_prompts: int
+    duration: float = Field(description="first send -> last receive, seconds")
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    request_goodput: float | None
+    good_requests: int | None
+    max_concurrency: int | None
+    max_concurrent_requests: int
+    request_rate: float | None
+    burstiness: float | None
+    achieved_request_rate: float
+    ttft_ms: Stats
+    tpot_ms: Stats
+    itl_ms: Stats
+    e2el_ms: Stats
+    errors: dict[str, int] = Field(default_factory=dict)
+    malformed_sse_events: int = 0
+    output_tokens_source: TokenSource
+    input_tokens_source: TokenSource
+    requested_output_tokens: int = 0
+    short_output_requests: int = Field(
+        default=0, description="requests that got fewer output tokens than they asked for"
+    )
+    partial: bool = False
+    partial_reason: str | None = None
+    client_cpu_s: float
+    client_wall_s: float
+    client_cpu_util: float
+    warnings: tuple[str, ...] = ()
+
+    def metric(self, key: str) -> Any:
+        """Any serialized key of this level, e.g. ``metric("p99_ttft_ms")``."""
+        return self.model_dump()[key]
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        head_keys = (
+            "completed",
+            "failed",
+            "num_prompts",
+            "duration",
+            "total_input_tokens",
+            "total_output_tokens",
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+            "request_goodput",
+            "max_concurrency",
+            "request_rate",
+            "burstiness",
+        )
+        out: dict[str, Any] = {k: data.pop(k) for k in head_keys}
+        for metric in LATENCY_METRICS:
+            stats: Stats = getattr(self, f"{metric}_ms")
+            data.pop(f"{metric}_ms")
+            out.update(stats.flat(metric))
+            out[f"count_{metric}"] = stats.count
+        out.update(data)
+        return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unflatten(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ttft_ms" not in data and "mean_ttft_ms" in data:
+            data = dict(data)
+            for metric in LATENCY_METRICS:
+                data[f"{metric}_ms"] = Stats.from_flat(data, metric)
+                for key in list(data):
+                    if key.endswith(f"_{metric}_ms") or key == f"count_{metric}":
+                        del data[key]
+        return data
+
+
+class BenchResult(_Frozen):
+    """One run of the client: its metadata and one :class:`LevelResult` per level, in order."""
+
+    tool: str = "cleanslate bench"
+    version: str
+    started_at: str
+    finished_at: str
+    url: str
+    model: str
+    endpoint: Endpoint
+    backend: str = Field(description="vLLM-style backend name: openai or openai-chat")
+    workload: WorkloadSpec
+    seed: int
+    tokenizer: str | None
+    slo: SLO
+    warmup: int
+    num_prompts: int | None
+    duration_s: float | None
+    levels: tuple[LevelResult, ...]
+    partial: bool
+    client_cpu_s: float
+    client_wall_s: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """True when any level ended early or had a failed request."""
+        return self.partial or any(lv.failed > 0 for lv in self.levels)

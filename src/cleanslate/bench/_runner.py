@@ -1,0 +1,526 @@
+"""Running levels: closed and open loops over one shared connection pool, with liveness.
+
+Contract of :func:`run_level`: it returns a :class:`LevelResult` and never raises for anything
+the server does (refused connections, resets, HTTP errors, malformed streams, timeouts are
+counted by type). The level ends early, with ``partial=True``, when
+
+* the server stops accepting connections: any connection-class error, or no byte received from
+  any request for ``stall_timeout_s`` while requests are in flight, triggers a TCP connect probe
+  of the server (1 s timeout); a failed probe ends the level at once (in-flight requests are
+  cancelled and counted as ``aborted``), so a server that dies ends the level within a few
+  seconds;
+* ``stop`` (an :class:`asyncio.Event` the caller owns, e.g. set on Ctrl-C) is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from time import perf_counter
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from cleanslate import __version__
+from cleanslate.bench import _metrics as m
+from cleanslate.bench._arrivals import schedule
+from cleanslate.bench._client import (
+    CONNECTION_ERRORS,
+    RequestBuilder,
+    RequestRecord,
+    aborted_record,
+    send_request,
+)
+from cleanslate.bench._models import (
+    BenchConfig,
+    BenchResult,
+    ClosedLoop,
+    LevelResult,
+    OpenLoop,
+)
+from cleanslate.bench._tokens import HFTokenizer, Tokenizer
+from cleanslate.bench._workloads import Prompt, generate
+
+#: Client CPU use (CPU seconds / wall seconds) above which a level warns that the client may
+#: itself be the bottleneck. The event loop runs on one core.
+CPU_SATURATION = 0.9
+
+
+@dataclass
+class LevelProgress:
+    """Live counters of the running level, read by the live view (never by the metrics)."""
+
+    label: str
+    total: int | None
+    duration_s: float | None
+    target_rate: float | None
+    t_start: float = field(default_factory=perf_counter)
+    sent: int = 0
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    output_tokens: int = 0
+    chunks: list[int] = field(default_factory=lambda: [0])
+    errors: Counter[str] = field(default_factory=Counter)
+    first_send: float | None = None
+    last_send: float | None = None
+    finished: bool = False
+
+    def achieved_rate(self) -> float:
+        if self.first_send is None or self.last_send is None or self.sent < 2:
+            return 0.0
+        span = self.last_send - self.first_send
+        return (self.sent - 1) / span if span > 0 else 0.0
+
+
+ProgressHook = Callable[[LevelProgress], None]
+
+
+class _Level:
+    """State of one running level."""
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        load: ClosedLoop | OpenLoop,
+        session: aiohttp.ClientSession,
+        builder: RequestBuilder,
+        tokenizer: Tokenizer | None,
+        prompts: list[Prompt],
+        progress: LevelProgress,
+        stop: asyncio.Event | None,
+    ) -> None:
+        self.config = config
+        self.load = load
+        self.session = session
+        self.builder = builder
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.progress = progress
+        self.stop = stop
+        self.records: list[RequestRecord] = []
+        self.abort = asyncio.Event()
+        self.abort_reason: str | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._probing = False
+        split = urlsplit(builder.url)
+        self.host = split.hostname or "127.0.0.1"
+        self.port = split.port or (443 if split.scheme == "https" else 80)
+        self.deadline = (
+            perf_counter() + config.duration_s if config.duration_s is not None else math.inf
+        )
+        self.bodies = [builder.body(p) for p in prompts]
+
+    def prompt_iter(self) -> Iterator[int]:
+        """Indices of the prompts to send: ``num_prompts`` of them, or cycling until the
+        deadline in duration mode."""
+        n = len(self.prompts)
+        if self.config.duration_s is None:
+            yield from range(n)
+        else:
+            i = 0
+            while True:
+                yield i % n
+                i += 1
+
+    def end(self, reason: str) -> None:
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.abort.set()
+
+    async def one(self, idx: int) -> None:
+        prompt = self.prompts[idx]
+        prog = self.progress
+        now = perf_counter()
+        prog.sent += 1
+        prog.in_flight += 1
+        if prog.first_send is None:
+            prog.first_send = now
+        prog.last_send = now
+        try:
+            rec = await send_request(
+                self.session,
+                self.builder,
+                prompt,
+                self.bodies[idx],
+                tokenizer=self.tokenizer,
+                on_chunk=prog.chunks,
+            )
+        except asyncio.CancelledError:
+            self.records.append(aborted_record(prompt, now))
+            prog.in_flight -= 1
+            prog.failed += 1
+            prog.errors["aborted"] += 1
+            raise
+        prog.in_flight -= 1
+        self.records.append(rec)
+        if rec.error is None:
+            prog.done += 1
+            prog.output_tokens += rec.output_tokens
+        else:
+            prog.failed += 1
+            prog.errors[rec.error] += 1
+            if rec.error in CONNECTION_ERRORS:
+                self.check_server()
+
+    def check_server(self) -> None:
+        """Start a liveness probe unless one is running."""
+        if self._probing or self.abort.is_set():
+            return
+        self._probing = True
+        task = asyncio.get_running_loop().create_task(self._probe())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _probe(self) -> None:
+        try:
+            fut = asyncio.open_connection(self.host, self.port)
+            _reader, writer = await asyncio.wait_for(fut, timeout=1.0)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        except (OSError, TimeoutError) as exc:
+            self.end(f"server unreachable at {self.host}:{self.port} ({type(exc).__name__})")
+        finally:
+            self._probing = False
+
+    async def watchdog(self) -> None:
+        """Probe the server when nothing arrives for ``stall_timeout_s``; honour ``stop``."""
+        last_chunks = -1
+        last_change = perf_counter()
+        while not self.abort.is_set():
+            await asyncio.sleep(0.25)
+            if self.stop is not None and self.stop.is_set():
+                self.end("interrupted")
+                return
+            chunks = self.progress.chunks[0]
+            now = perf_counter()
+            if chunks != last_chunks or self.progress.in_flight == 0:
+                last_chunks, last_change = chunks, now
+            elif now - last_change > self.config.stall_timeout_s:
+                last_change = now
+                self.check_server()
+
+    async def closed(self, concurrency: int) -> None:
+        it = self.prompt_iter()
+
+        async def worker() -> None:
+            for idx in it:
+                if self.abort.is_set() or perf_counter() >= self.deadline:
+                    return
+                await self.one(idx)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def open(self, load: OpenLoop) -> None:
+        if self.config.duration_s is None:
+            n = len(self.prompts)
+        else:
+            rate = load.rate if not math.isinf(load.rate) else 1e6
+            n = int(rate * self.config.duration_s * 1.2) + 10
+        offsets = schedule(load, n, seed=self.config.seed)
+        sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+        running: set[asyncio.Task[None]] = set()
+        it = self.prompt_iter()
+        t0 = perf_counter()
+
+        async def guarded(idx: int) -> None:
+            try:
+                await self.one(idx)
+            finally:
+                if sem is not None:
+                    sem.release()
+
+        for offset, idx in zip(offsets, it, strict=False):
+            delay = t0 + offset - perf_counter()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.abort.wait(), delay)
+            if self.abort.is_set() or perf_counter() >= self.deadline:
+                break
+            if sem is not None:
+                await sem.acquire()
+                if self.abort.is_set() or perf_counter() >= self.deadline:
+                    sem.release()
+                    break
+            task = asyncio.get_running_loop().create_task(guarded(idx))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
+
+    async def run(self) -> None:
+        body = (
+            self.closed(self.load.concurrency)
+            if isinstance(self.load, ClosedLoop)
+            else self.open(self.load)
+        )
+        main = asyncio.get_running_loop().create_task(body)
+        dog = asyncio.get_running_loop().create_task(self.watchdog())
+        aborted = asyncio.get_running_loop().create_task(self.abort.wait())
+        try:
+            await asyncio.wait({main, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (main, dog, aborted, *self.tasks):
+                task.cancel()
+            await asyncio.gather(main, dog, aborted, *self.tasks, return_exceptions=True)
+
+
+def _result(
+    level: _Level, load: ClosedLoop | OpenLoop, cpu_s: float, wall_s: float, num_prompts: int
+) -> LevelResult:
+    config = level.config
+    records = level.records
+    ok = [r for r in records if r.ok]
+    if records:
+        start, end = m.window(records)
+        duration = max(end - start, 1e-9)
+    else:
+        duration = 0.0
+    total_in = sum(r.input_tokens for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    good: int | None = None
+    goodput: float | None = None
+    if not config.slo.is_empty():
+        good = sum(1 for r in records if m.is_good(r, config.slo))
+        goodput = per_s(good)
+    tpots = [t for t in (m.tpot_s(r) for r in ok) if t is not None]
+    errors = Counter(r.error for r in records if r.error is not None)
+    warnings: list[str] = []
+    out_sources: Counter[str] = Counter(r.output_source for r in ok)
+    in_sources: Counter[str] = Counter(r.input_source for r in ok)
+    short = [r for r in ok if r.output_source != "approx" and r.output_tokens < r.requested_output]
+    if short and config.ignore_eos:
+        warnings.append(
+            f"{len(short)} of {len(ok)} requests got fewer output tokens than requested "
+            f"(e.g. {short[0].output_tokens} < {short[0].requested_output}): the server may "
+            "ignore ignore_eos/min_tokens, so output lengths are not controlled"
+        )
+    if ok and out_sources.get("server", 0) < len(ok):
+        warnings.append(
+            "the server sent no usage for some requests: their output tokens were counted "
+            + ("with the tokenizer" if level.tokenizer else "as one per content event (approx)")
+        )
+    malformed = sum(r.malformed for r in records)
+    if malformed:
+        warnings.append(f"{malformed} malformed SSE events/lines were skipped")
+    cpu_util = cpu_s / wall_s if wall_s > 0 else 0.0
+    if cpu_util > CPU_SATURATION:
+        warnings.append(
+            f"the client used {cpu_util:.0%} of a CPU core: it may be the bottleneck; "
+            "measure with fewer concurrent requests per client or several clients"
+        )
+    sends = sorted(r.t_send for r in records)
+    achieved = (
+        (len(sends) - 1) / (sends[-1] - sends[0])
+        if len(sends) > 1 and sends[-1] > sends[0]
+        else 0.0
+    )
+    is_open = isinstance(load, OpenLoop)
+    partial = level.abort_reason is not None
+    if partial:
+        warnings.append(f"level ended early: {level.abort_reason}")
+    return LevelResult(
+        label=load.label,
+        load=load,
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        num_prompts=num_prompts,
+        duration=duration,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=per_s(len(ok)),
+        output_throughput=per_s(total_out),
+        total_token_throughput=per_s(total_in + total_out),
+        request_goodput=goodput,
+        good_requests=good,
+        max_concurrency=load.concurrency if isinstance(load, ClosedLoop) else load.max_concurrency,
+        max_concurrent_requests=m.max_in_flight(records) if records else 0,
+        request_rate=(None if not is_open or math.isinf(load.rate) else load.rate),  # type: ignore[union-attr]
+        burstiness=load.burstiness if isinstance(load, OpenLoop) else None,
+        achieved_request_rate=achieved,
+        ttft_ms=m.stats_ms([m.ttft_s(r) for r in ok]),
+        tpot_ms=m.stats_ms(tpots),
+        itl_ms=m.stats_ms(m.pooled_itls(ok)),
+        e2el_ms=m.stats_ms([m.e2e_s(r) for r in ok]),
+        errors=dict(sorted(errors.items())),
+        malformed_sse_events=malformed,
+        output_tokens_source=m.source_of(out_sources),
+        input_tokens_source=m.source_of(in_sources),
+        requested_output_tokens=sum(r.requested_output for r in ok),
+        short_output_requests=len(short),
+        partial=partial,
+        partial_reason=level.abort_reason,
+        client_cpu_s=cpu_s,
+        client_wall_s=wall_s,
+        client_cpu_util=cpu_util,
+        warnings=tuple(warnings),
+    )
+
+
+def make_session(config: BenchConfig) -> aiohttp.ClientSession:
+    """The one connection pool of a run: keep-alive, no connection limit, no total timeout;
+    a read that waits longer than ``request_timeout_s`` fails the request as ``timeout``."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_read=config.request_timeout_s, sock_connect=10.0
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
+def load_tokenizer(path: str | None) -> Tokenizer | None:
+    return HFTokenizer(path) if path else None
+
+
+async def run_level(
+    config: BenchConfig,
+    load: ClosedLoop | OpenLoop,
+    *,
+    session: aiohttp.ClientSession | None = None,
+    tokenizer: Tokenizer | None = None,
+    prompts: list[Prompt] | None = None,
+    warmup: int = 0,
+    on_progress: ProgressHook | None = None,
+    stop: asyncio.Event | None = None,
+) -> LevelResult:
+    """Run one level of ``config`` at ``load`` and measure it.
+
+    ``session``: the shared pool (one is made and closed here when not given). ``prompts``: the
+    level's prompts (generated from ``config.workload`` and ``config.seed`` when not given).
+    ``warmup``: requests sent and discarded before the level. ``on_progress`` receives the live
+    counters once, when the level starts.
+    """
+    if tokenizer is None and config.tokenizer:
+        tokenizer = load_tokenizer(config.tokenizer)
+    num_prompts = config.prompts_for(load)
+    if prompts is None:
+        prompts = generate(config.workload, num_prompts, seed=config.seed, tokenizer=tokenizer)
+    if session is None:
+        async with make_session(config) as own:
+            return await run_level(
+                config,
+                load,
+                session=own,
+                tokenizer=tokenizer,
+                prompts=prompts,
+                warmup=warmup,
+                on_progress=on_progress,
+                stop=stop,
+            )
+    builder = RequestBuilder(
+        config.url,
+        config.model,
+        config.endpoint,
+        ignore_eos=config.ignore_eos,
+        extra_body=config.extra_body,
+        api_key=config.api_key,
+    )
+    if warmup:
+        await _warmup(session, builder, prompts, warmup, load, tokenizer, config)
+    progress = LevelProgress(
+        label=load.label,
+        total=None if config.duration_s is not None else len(prompts),
+        duration_s=config.duration_s,
+        target_rate=load.rate if isinstance(load, OpenLoop) else None,
+    )
+    if on_progress is not None:
+        on_progress(progress)
+    level = _Level(config, load, session, builder, tokenizer, prompts, progress, stop)
+    cpu0, wall0 = time.process_time(), perf_counter()
+    await level.run()
+    cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
+    progress.finished = True
+    return _result(level, load, cpu_s, wall_s, len(prompts) if config.duration_s is None else 0)
+
+
+async def _warmup(
+    session: aiohttp.ClientSession,
+    builder: RequestBuilder,
+    prompts: list[Prompt],
+    n: int,
+    load: ClosedLoop | OpenLoop,
+    tokenizer: Tokenizer | None,
+    config: BenchConfig,
+) -> None:
+    slots = load.concurrency if isinstance(load, ClosedLoop) else (load.max_concurrency or n)
+    sem = asyncio.Semaphore(max(1, min(slots, n)))
+
+    async def one(i: int) -> None:
+        async with sem:
+            p = prompts[i % len(prompts)]
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    send_request(session, builder, p, builder.body(p), tokenizer=tokenizer),
+                    timeout=config.request_timeout_s,
+                )
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def run_benchmark(
+    config: BenchConfig,
+    *,
+    on_progress: ProgressHook | None = None,
+    stop: asyncio.Event | None = None,
+) -> BenchResult:
+    """Run every level of ``config`` in order over one connection pool.
+
+    Levels after a partial one are not run (the server is gone or the run was interrupted).
+    """
+    started = datetime.now(UTC)
+    cpu0, wall0 = time.process_time(), perf_counter()
+    tokenizer = load_tokenizer(config.tokenizer)
+    levels: list[LevelResult] = []
+    warnings: list[str] = []
+    async with make_session(config) as session:
+        for i, load in enumerate(config.loads):
+            prompts = generate(
+                config.workload, config.prompts_for(load), seed=config.seed, tokenizer=tokenizer
+            )
+            level = await run_level(
+                config,
+                load,
+                session=session,
+                tokenizer=tokenizer,
+                prompts=prompts,
+                warmup=config.warmup if i == 0 else 0,
+                on_progress=on_progress,
+                stop=stop,
+            )
+            levels.append(level)
+            if level.partial:
+                skipped = len(config.loads) - i - 1
+                if skipped:
+                    warnings.append(f"{skipped} level(s) not run after a partial level")
+                break
+    return BenchResult(
+        version=__version__,
+        started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        finished_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        url=config.url,
+        model=config.model,
+        endpoint=config.endpoint,
+        backend="openai" if config.endpoint == "completions" else "openai-chat",
+        workload=config.workload,
+        seed=config.seed,
+        tokenizer=config.tokenizer,
+        slo=config.slo,
+        warmup=config.warmup,
+        num_prompts=config.num_prompts,
+        duration_s=config.duration_s,
+        levels=tuple(levels),
+        partial=any(lv.partial for lv in levels),
+        client_cpu_s=time.process_time() - cpu0,
+        client_wall_s=perf_counter() - wall0,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,158 @@
+"""Server-sent events of an OpenAI-style streaming response, parsed after the stream ends.
+
+The hot path (``_client``) only records, for every network read, ``time.perf_counter()`` and the
+bytes; this module turns those into events. An event's timestamp is the time of the read that
+delivered its first byte (DESIGN section 7). Events are classified with byte searches, not JSON
+decoding: an event carries content when one of ``"text":``, ``"content":``,
+``"reasoning_content":`` or ``"reasoning":`` is followed by a non-empty string. Only the event
+that carries ``"usage":{`` is JSON-decoded (for the token counts), and every event only when the
+caller needs the generated text (no usage and a tokenizer given).
+
+Malformed input is counted, never raised: a line that is not an SSE field (``data:``,
+``event:``, ``id:``, ``retry:``, or a ``:`` comment), or a ``data:`` payload that is neither
+``[DONE]`` nor a JSON object (``{...}``; bytes-level check), counts as one malformed event.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+_CONTENT_KEYS: tuple[bytes, ...] = (
+    b'"text":',
+    b'"content":',
+    b'"reasoning_content":',
+    b'"reasoning":',
+)
+_QUOTE = 34  # ord('"')
+_SPACE = 32
+
+
+def has_content(payload: bytes) -> bool:
+    """True when a JSON event payload holds a non-empty text / content string."""
+    for key in _CONTENT_KEYS:
+        i = payload.find(key)
+        while i != -1:
+            j = i + len(key)
+            n = len(payload)
+            while j < n and payload[j] == _SPACE:
+                j += 1
+            if j + 1 < n and payload[j] == _QUOTE and payload[j + 1] != _QUOTE:
+                return True
+            i = payload.find(key, j)
+    return False
+
+
+@dataclass(slots=True)
+class ParsedStream:
+    """What one streamed response contained."""
+
+    content_times: list[float] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    done: bool = False
+    malformed: int = 0
+    error: str | None = None
+    payloads: list[bytes] | None = None
+
+
+def parse_stream(
+    times: list[float], chunks: list[bytes], *, keep_payloads: bool = False
+) -> ParsedStream:
+    """Events of a response read as ``chunks`` at ``times`` (same length, in order)."""
+    out = ParsedStream(payloads=[] if keep_payloads else None)
+    content_times = out.content_times
+    tail = b""
+    tail_t = 0.0
+    data_parts: list[bytes] = []
+    data_t = 0.0
+    for t, chunk in zip(times, chunks, strict=True):
+        if tail:
+            block = tail + chunk
+            first_t = tail_t
+        else:
+            block = chunk
+            first_t = t
+        lines = block.split(b"\n")
+        tail = lines.pop()
+        line_t = first_t
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if not line:
+                if data_parts:
+                    _event(out, b"\n".join(data_parts), data_t, content_times)
+                    data_parts = []
+            elif line[:5] == b"data:":
+                if not data_parts:
+                    data_t = line_t
+                data_parts.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif not (
+                line[:1] == b":"
+                or line[:6] == b"event:"
+                or line[:3] == b"id:"
+                or line[:6] == b"retry:"
+            ):
+                out.malformed += 1
+            line_t = t
+        tail_t = first_t if not lines else t
+    if tail.strip():
+        line = tail.rstrip(b"\r")
+        if line[:5] == b"data:":
+            if not data_parts:
+                data_t = tail_t
+            data_parts.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif not line.startswith((b":", b"event:", b"id:", b"retry:")):
+            out.malformed += 1
+    if data_parts:
+        _event(out, b"\n".join(data_parts), data_t, content_times)
+    return out
+
+
+def _event(out: ParsedStream, payload: bytes, t: float, content_times: list[float]) -> None:
+    if payload[:1] == b"{" and payload[-1:] == b"}":
+        if has_content(payload):
+            content_times.append(t)
+            if out.payloads is not None:
+                out.payloads.append(payload)
+        if b'"usage":{' in payload or b'"usage": {' in payload:
+            try:
+                usage = json.loads(payload).get("usage")
+            except (ValueError, AttributeError):
+                out.malformed += 1
+                return
+            if isinstance(usage, dict):
+                out.usage = usage
+        elif b'"error"' in payload and out.error is None and not content_times:
+            try:
+                err = json.loads(payload).get("error")
+            except (ValueError, AttributeError):
+                err = None
+            if err is not None:
+                out.error = str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+    elif payload.strip() == b"[DONE]":
+        out.done = True
+    else:
+        out.malformed += 1
+
+
+def extract_text(payloads: list[bytes]) -> str:
+    """The generated text of a stream's content events (completions or chat deltas)."""
+    parts: list[str] = []
+    for payload in payloads:
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            continue
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            text = choice.get("text")
+            if text is None:
+                delta = choice.get("delta") or {}
+                text = (
+                    delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                )
+            if isinstance(text, str):
+                parts.append(text)
+    return "".join(parts)

@@ -1,0 +1,232 @@
+"""Workloads: what the prompts look like. A small registry keyed by the name users write.
+
+A workload is a frozen pydantic model with a ``kind`` field (``random``, ``sharegpt``,
+``shared-prefix``) plus a generator registered under that kind that turns it into
+:class:`Prompt` objects. On the command line a workload is written ``KIND:key=value,...``
+(``random:input_len=1024,output_len=256,range_ratio=0.1``); in YAML as a mapping with ``kind``.
+
+Adding a workload: a model class added to :data:`WorkloadSpec` and a generator decorated with
+:func:`register_workload`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
+from cleanslate.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One request's input: the text, its token count and where that count came from, and the
+    number of output tokens to ask for."""
+
+    text: str
+    input_tokens: int
+    input_source: Literal["tokenizer", "approx"]
+    output_len: int
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RandomWorkload(_Spec):
+    """Random prompts. Lengths are uniform in ``[len * (1 - range_ratio), len * (1 + range_ratio)]``
+    (vLLM's convention); ``prefix_len`` tokens of one fixed random prefix start every prompt."""
+
+    kind: Literal["random"] = "random"
+    input_len: int = Field(default=1024, ge=1)
+    output_len: int = Field(default=128, ge=1)
+    range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
+    prefix_len: int = Field(default=0, ge=0)
+
+
+class ShareGPTWorkload(_Spec):
+    """First human turn of each conversation of a ShareGPT-format JSON file as the prompt; the
+    reply's length as the output length unless ``output_len`` is set. Conversations whose prompt
+    or reply is shorter than 4 tokens, or longer than the limits, are skipped."""
+
+    kind: Literal["sharegpt"] = "sharegpt"
+    path: str
+    output_len: int | None = Field(default=None, ge=1)
+    max_input_len: int = Field(default=1024, ge=1)
+    max_output_len: int = Field(default=2048, ge=1)
+
+
+class SharedPrefixWorkload(_Spec):
+    """``num_prefixes`` random system prefixes of ``prefix_len`` tokens, each request one prefix
+    (round robin) plus a random suffix of ``suffix_len`` tokens: exercises prefix caching."""
+
+    kind: Literal["shared-prefix"] = "shared-prefix"
+    num_prefixes: int = Field(default=8, ge=1)
+    prefix_len: int = Field(default=1024, ge=1)
+    suffix_len: int = Field(default=128, ge=1)
+    output_len: int = Field(default=128, ge=1)
+
+
+WorkloadSpec = Annotated[
+    RandomWorkload | ShareGPTWorkload | SharedPrefixWorkload, Field(discriminator="kind")
+]
+_ADAPTER: TypeAdapter[RandomWorkload | ShareGPTWorkload | SharedPrefixWorkload] = TypeAdapter(
+    WorkloadSpec
+)
+
+Generator = Callable[[Any, int, random.Random, "Tokenizer | None"], list[Prompt]]
+WORKLOADS: dict[str, Generator] = {}
+
+
+def register_workload(kind: str) -> Callable[[Generator], Generator]:
+    """Register the prompt generator of a workload kind."""
+
+    def deco(fn: Generator) -> Generator:
+        WORKLOADS[kind] = fn
+        return fn
+
+    return deco
+
+
+def parse_workload(text: str, *, where: str = "--workload") -> WorkloadSpec:
+    """Parse ``KIND:key=value,...`` (or a bare ``KIND``) into a validated workload spec."""
+    kind, _, rest = text.strip().partition(":")
+    kind = kind.strip()
+    if kind not in WORKLOADS:
+        raise InputError(
+            f"unknown workload {kind!r}",
+            where=where,
+            hint=f"one of: {', '.join(sorted(WORKLOADS))}; "
+            "e.g. random:input_len=1024,output_len=128",
+        )
+    fields: dict[str, Any] = {"kind": kind}
+    for part in rest.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise InputError(f"{part!r} is not key=value", where=where)
+        fields[key.strip().replace("-", "_")] = value.strip()
+    return workload_from_dict(fields, where=where)
+
+
+def workload_from_dict(data: dict[str, Any], *, where: str = "workload") -> WorkloadSpec:
+    """Validate a mapping (from YAML or JSON) into a workload spec; errors are InputErrors."""
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc'][1:]) or 'kind'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise InputError(f"bad workload: {problems}", where=where) from None
+
+
+def generate(
+    spec: WorkloadSpec, n: int, *, seed: int, tokenizer: Tokenizer | None = None
+) -> list[Prompt]:
+    """``n`` prompts of the workload, deterministic for a given seed (and tokenizer)."""
+    rng = random.Random(f"{seed}:{spec.kind}")
+    return WORKLOADS[spec.kind](spec, n, rng, tokenizer)
+
+
+def _vary(rng: random.Random, length: int, ratio: float) -> int:
+    lo = max(1, int(length * (1 - ratio)))
+    hi = max(lo, int(length * (1 + ratio)))
+    return rng.randint(lo, hi)
+
+
+@register_workload("random")
+def _random(
+    spec: RandomWorkload, n: int, rng: random.Random, tok: Tokenizer | None
+) -> list[Prompt]:
+    prefix, prefix_n = random_text(rng, spec.prefix_len, tok)
+    source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
+    out: list[Prompt] = []
+    for _ in range(n):
+        text, count = random_text(rng, _vary(rng, spec.input_len, spec.range_ratio), tok)
+        if prefix:
+            text = prefix + " " + text
+            count += prefix_n if tok is None else 0
+            if tok is not None:
+                count = tok.count(text)
+        out.append(Prompt(text, count, source, _vary(rng, spec.output_len, spec.range_ratio)))
+    return out
+
+
+@register_workload("shared-prefix")
+def _shared_prefix(
+    spec: SharedPrefixWorkload, n: int, rng: random.Random, tok: Tokenizer | None
+) -> list[Prompt]:
+    source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
+    prefixes = [random_text(rng, spec.prefix_len, tok) for _ in range(spec.num_prefixes)]
+    out: list[Prompt] = []
+    for i in range(n):
+        prefix, prefix_n = prefixes[i % spec.num_prefixes]
+        suffix, suffix_n = random_text(rng, spec.suffix_len, tok)
+        text = prefix + "\n" + suffix
+        count = tok.count(text) if tok is not None else prefix_n + suffix_n
+        out.append(Prompt(text, count, source, spec.output_len))
+    return out
+
+
+@register_workload("sharegpt")
+def _sharegpt(
+    spec: ShareGPTWorkload, n: int, rng: random.Random, tok: Tokenizer | None
+) -> list[Prompt]:
+    path = Path(spec.path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}", where="--dataset") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}", hint="a ShareGPT-format list"
+        ) from None
+    if not isinstance(data, list):
+        raise InputError("expected a JSON list of conversations", where=str(path))
+    count = tok.count if tok is not None else approx_count
+    source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
+    pairs: list[tuple[str, str]] = []
+    for item in data:
+        conv = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(conv, list) or len(conv) < 2:
+            continue
+        first, second = conv[0], conv[1]
+        if not (isinstance(first, dict) and isinstance(second, dict)):
+            continue
+        prompt, reply = first.get("value"), second.get("value")
+        if isinstance(prompt, str) and isinstance(reply, str):
+            pairs.append((prompt, reply))
+    if not pairs:
+        raise InputError(
+            "no conversation with two turns found",
+            where=str(path),
+            hint='ShareGPT format: [{"conversations": [{"from": "human", "value": ...}, '
+            '{"from": "gpt", "value": ...}]}, ...]',
+        )
+    rng.shuffle(pairs)
+    out: list[Prompt] = []
+    for prompt, reply in pairs:
+        p_len = count(prompt)
+        o_len = spec.output_len or count(reply)
+        if p_len < 4 or o_len < 4 or p_len > spec.max_input_len or o_len > spec.max_output_len:
+            continue
+        out.append(Prompt(prompt, p_len, source, o_len))
+        if len(out) == n:
+            break
+    if not out:
+        raise InputError(
+            "every conversation was filtered out by the length limits", where=str(path)
+        )
+    base = list(out)
+    while len(out) < n:  # fewer usable conversations than requests: reuse them in order
+        out.append(base[len(out) % len(base)])
+    return out
