@@ -33,7 +33,7 @@ async def run_collector(
         "shm_dir": shm_dir,
     }
     result = await executor.run(
-        [executor.python, "-I", "-", json.dumps(options)],
+        [executor.python, "-I", "-S", "-", json.dumps(options)],
         timeout=timeout,
         stdin=collector_source(),
     )
