@@ -185,14 +185,13 @@ def test_missing_nvidia_smi_is_not_ok(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_usable_follows_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    # A PATH with `sh` and nothing else, so a real nvidia-smi next to sh does not count.
     sh = shutil.which("sh")
     assert sh is not None
-    sh_dir = Path(sh).parent  # `sh` itself must stay reachable
-    if (sh_dir / "nvidia-smi").exists():
-        pytest.skip(f"a real nvidia-smi is in {sh_dir}, next to sh")
-    monkeypatch.setenv("PATH", f"{empty}{os.pathsep}{sh_dir}")
+    only_sh = tmp_path / "only-sh"
+    only_sh.mkdir()
+    (only_sh / "sh").symlink_to(sh)
+    monkeypatch.setenv("PATH", str(only_sh))
     assert asyncio.run(NvidiaSmiBackend.usable(LocalExecutor())) is False
     _install(tmp_path / "bin", "exit 0\n", monkeypatch)
     assert asyncio.run(NvidiaSmiBackend.usable(LocalExecutor())) is True

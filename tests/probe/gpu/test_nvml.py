@@ -125,15 +125,15 @@ def test_not_supported_is_unknown_but_not_health() -> None:
     assert gpu.health == ()
 
 
-def test_unknown_error_and_bad_values_are_health() -> None:
+def test_unknown_error_is_health_and_values_are_left_to_the_verdict() -> None:
     record = _gpu0()
     record["ecc_uncorrected"] = 2
     record["remapped_rows"] = {"nvml_error": "Unknown", "message": "Unknown Error"}
     gpu = gpu_from_raw(record)
     assert gpu.ecc_uncorrected == 2
-    assert gpu.remapped_rows_pending is None
-    assert "nvmlDeviceGetRemappedRows: Unknown Error" in gpu.health
-    assert any("uncorrected ECC" in h for h in gpu.health)
+    assert gpu.remapped_rows_pending is None and gpu.remapped_rows_failure is None
+    assert {"remapped_rows_pending", "remapped_rows_failure"} <= set(gpu.unknown_fields)
+    assert gpu.health == ("nvmlDeviceGetRemappedRows: Unknown Error",)
 
 
 def test_gpu_without_handle_is_all_unknown_with_the_reason() -> None:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cleanslate.hosts.base import CommandResult, Executor
-from cleanslate.probe.gpu._health import is_health_message, value_health
+from cleanslate.probe.gpu._health import is_health_message
 from cleanslate.probe.gpu.base import GpuBackend, register
 from cleanslate.probe.snapshot import Gpu, GpuProcess, GpuReading
 
@@ -84,10 +84,10 @@ _HEADER_ALIASES: dict[str, str] = {"used_gpu_memory": "used_memory"}
 _TEXT_FIELDS: tuple[str, ...] = ("process_name", "name")
 
 _HEADER_CELL = re.compile(r"^(?P<field>[a-z][a-z0-9_.]*)(?:\s*\[(?P<unit>[^\]]*)\])?$")
-_NUMBER_WITH_UNIT = re.compile(r"^(?P<number>-?\d+)(?:\s+(?P<unit>[A-Za-z%]+))?$")
+_NUMBER_WITH_UNIT = re.compile(r"^(?P<number>\d+)(?:\s+(?P<unit>[A-Za-z%]+))?$")
 _REJECTED_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to query')
 
-MIB_NOTE_RESERVED = (
+NOTE_NO_RESERVED = (
     "this driver's nvidia-smi does not know memory.reserved: memory_used_mib includes "
     "driver-reserved memory (about 600 MiB on an idle H200)"
 )
@@ -231,14 +231,6 @@ def _gpu_from_row(row: dict[str, str]) -> tuple[Gpu, str | None]:
         if parsed is None:
             unknown.append(attr)
         values[attr] = parsed
-    health.extend(
-        value_health(
-            ecc_uncorrected=_as_int(values["ecc_uncorrected"]),
-            retired_pages_pending=_as_bool(values["retired_pages_pending"]),
-            remapped_rows_pending=_as_bool(values["remapped_rows_pending"]),
-            remapped_rows_failure=_as_bool(values["remapped_rows_failure"]),
-        )
-    )
     driver = row.get("driver_version")
     gpu = Gpu.model_validate(
         {
@@ -250,14 +242,6 @@ def _gpu_from_row(row: dict[str, str]) -> tuple[Gpu, str | None]:
         }
     )
     return gpu, (driver if driver and not _special(driver) else None)
-
-
-def _as_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _as_bool(value: object) -> bool | None:
-    return value if isinstance(value, bool) else None
 
 
 def parse_gpu_query(
@@ -428,23 +412,24 @@ class NvidiaSmiBackend(GpuBackend):
             executor.run(gpu_query_argv(fields), timeout=timeout),
             executor.run(apps_query_argv(), timeout=timeout),
         )
+        gpu_timeout = timeout
         while True:
-            failure = _not_run(gpu_result, timeout)
+            failure = _not_run(gpu_result, gpu_timeout)
             if failure is not None:
                 return _failed(failure, start)
             gpus = parse_gpu_query(*_decoded(gpu_result), fields=fields)
             dropped = gpus.rejected_field
             left = deadline - time.monotonic()
-            if dropped is None or dropped not in OPTIONAL_GPU_FIELDS or dropped not in fields:
-                break
-            if left <= 0:
+            retry = dropped in OPTIONAL_GPU_FIELDS and dropped in fields and left > 0
+            if dropped is None or not retry:
                 break
             fields.remove(dropped)
             notes.append(
-                MIB_NOTE_RESERVED
+                NOTE_NO_RESERVED
                 if dropped == "memory.reserved"
                 else f"this driver's nvidia-smi does not know {dropped}: it is unknown"
             )
+            gpu_timeout = left
             gpu_result = await executor.run(gpu_query_argv(fields), timeout=left)
         failure = _not_run(apps_result, timeout)
         if failure is not None:

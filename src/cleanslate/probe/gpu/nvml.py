@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard, TypeVar
 
 from cleanslate.hosts.base import Executor
-from cleanslate.probe.gpu._health import is_health_message, value_health
+from cleanslate.probe.gpu._health import is_health_message
 from cleanslate.probe.gpu.base import GpuBackend, register
 from cleanslate.probe.snapshot import Gpu, GpuProcess, GpuReading
 
@@ -353,14 +353,6 @@ def _convert(raw: Mapping[str, Any]) -> tuple[Gpu, list[str]]:
         rows_map: Mapping[str, Any] = rows if isinstance(rows, Mapping) else {}
         rows_pending = b.value(rows_map, "pending", "remapped_rows_pending", rows_call, bool)
         rows_failure = b.value(rows_map, "failure", "remapped_rows_failure", rows_call, bool)
-    b.health.extend(
-        value_health(
-            ecc_uncorrected=ecc,
-            retired_pages_pending=retired,
-            remapped_rows_pending=rows_pending,
-            remapped_rows_failure=rows_failure,
-        )
-    )
     gpu = Gpu(
         index=index,
         uuid=uuid,
