@@ -90,35 +90,28 @@ def crash_pattern(
 
 # Weights: see the module docstring. Higher is more specific.
 W_PORT, W_OOM, W_NAN, W_NCCL, W_CUDA, W_HANG = 90, 88, 85, 82, 80, 75
-W_EXCEPTION, W_KILLED, W_WRAPPER, W_TRACEBACK, W_DIED = 50, 40, 20, 12, 10
+W_EXCEPTION, W_KILLED, W_DIED, W_WRAPPER, W_TRACEBACK = 50, 40, 25, 20, 12
 
 GENERIC_PATTERNS: tuple[CrashPattern, ...] = (
+    # Every alternative below is exercised by a real log line in tests/engines/data/*.log,
+    # quoted from the engine's public issues (the file names the issue).
     # -- port_in_use
-    crash_pattern(
-        "errno-98", "port_in_use", r"(?i)\[Errno (?:98|48)\]|address already in use", W_PORT
-    ),
-    crash_pattern("eaddrinuse", "port_in_use", r"\bEADDRINUSE\b", W_PORT),
-    crash_pattern("llamacpp-bind", "port_in_use", r"couldn't bind (?:HTTP )?server socket", W_PORT),
+    crash_pattern("errno-98", "port_in_use", r"(?i)\[Errno 98\]|address already in use", W_PORT),
+    crash_pattern("llamacpp-bind", "port_in_use", r"couldn't bind HTTP server socket", W_PORT),
     # -- oom
-    crash_pattern("cuda-oom", "oom", r"(?i)CUDA out of memory|CUDA error: out of memory", W_OOM),
-    crash_pattern("torch-oom", "oom", r"\b(?:torch\.(?:cuda\.)?)?OutOfMemoryError\b", W_OOM),
     crash_pattern(
-        "cuda-malloc-oom",
+        "cuda-oom",
         "oom",
-        r"cudaErrorMemoryAllocation|cudaMalloc failed: out of memory",
+        r"CUDA out of memory|CUDA error: out of memory|\bOutOfMemoryError\b"
+        r"|cudaMalloc failed: out of memory",
         W_OOM,
     ),
-    crash_pattern(
-        "host-oom",
-        "oom",
-        r"\[Errno 12\] Cannot allocate memory|Out of memory: Killed process",
-        W_OOM,
-    ),
+    crash_pattern("host-oom", "oom", r"\[Errno 12\] Cannot allocate memory", W_OOM),
     crash_pattern(
         "kv-cache-oom",
         "oom",
-        r"No available memory for the cache blocks|Not enough memory\. Please try to increase "
-        r"--mem-fraction-static|is less than desired GPU memory utilization",
+        r"No available memory for the cache blocks"
+        r"|Not enough memory\. Please try to increase --mem-fraction-static",
         W_OOM,
     ),
     # -- nan
@@ -128,47 +121,22 @@ GENERIC_PATTERNS: tuple[CrashPattern, ...] = (
         r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
         W_NAN,
     ),
-    crash_pattern(
-        "nan-detected",
-        "nan",
-        r"(?i)\bnan(?:s)? (?:detected|found|in (?:the )?(?:logits|output|hidden states|loss))"
-        r"|(?:detected|found|contains?) (?:a |an )?\bnan(?:s)?\b(?! or element)",
-        W_NAN,
-    ),
     # -- nccl_error (before cuda_error: "NCCL error: unhandled cuda error" is an NCCL failure)
-    crash_pattern(
-        "nccl-error",
-        "nccl_error",
-        r"NCCL error|\bnccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument"
-        r"|InvalidUsage|RemoteError)\b|NCCL WARN|NCCL communicator was aborted",
-        W_NCCL,
-    ),
+    crash_pattern("nccl-error", "nccl_error", r"NCCL error", W_NCCL),
     # -- cuda_error
     crash_pattern(
         "cuda-error",
         "cuda_error",
-        r"CUDA error: |\bcudaError[A-Z]\w+|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+"
-        r"|device-side assert(?:ion)? triggered|an illegal memory access was encountered"
-        r"|unspecified launch failure|\bNVRM: Xid\b",
+        r"CUDA error: |device-side assert triggered|an illegal memory access was encountered",
         W_CUDA,
     ),
     # -- hang
     crash_pattern(
-        "collective-timeout",
-        "hang",
-        r"Watchdog caught collective operation timeout|collective operation timed? ?out",
-        W_HANG,
+        "collective-timeout", "hang", r"Watchdog caught collective operation timeout", W_HANG
     ),
-    crash_pattern("watchdog-timeout", "hang", r"(?i)\bwatchdog timeout\b", W_HANG),
     # -- killed
-    crash_pattern("shell-killed", "killed", r"^(?:.*:\s)?Killed$|\bKilled process \d+\b", W_KILLED),
-    crash_pattern(
-        "signal-9",
-        "killed",
-        r"(?i)exit(?:ed)? (?:code|status)[:=]? ?-9\b|exitcode=-9\b|killed by signal 9\b"
-        r"|exited with signal (?:9|SIGKILL)\b|signal: killed",
-        W_KILLED,
-    ),
+    crash_pattern("shell-killed", "killed", r"(?:^|\s)Killed$", W_KILLED),
+    crash_pattern("exit-minus-9", "killed", r"Exit code: -9\b", W_KILLED),
     # -- python_exception
     crash_pattern(
         "exception",
@@ -188,8 +156,8 @@ _PREFIX = re.compile(
         \s*[\w.-]+\s+\|\s                      # docker compose: "sglang-1  | "
       | \s*\((?:[^()]*?\bpid=\d+[^()]*)\)\s*  # "(Worker pid=1) ", "(VllmWorker rank=0 pid=2) "
       | \s*\[[^\]]*\]:?\s*                    # "[2025-01-01 12:00:00 TP0] ", "[rank0]:"
-      | \s*(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)(?::|\s+\d\d-\d\d\s+[\d:.]+)\s*
-                                              # "ERROR 11-30 13:29:02 " and "ERROR:    "
+      | \s*(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)(?::|\s+\d\d-\d\d\s+[\d:.]+|\s+\d+)\s*
+                                  # "ERROR 11-30 13:29:02 ", "ERROR:    ", "ERROR 56542 "
       | \s*\S+\.py:\d+\]\s*                   # "engine.py:157] " (old vLLM)
       | \s*\d{4}-\d\d-\d\d[ T][\d:.,]+\s+(?:\|\s*\w+\s*\|\s*\w+\s*\|\s*)?
                                               # "2023-12-12 19:38:39 | ERROR | stderr | "
@@ -229,15 +197,30 @@ def _best_match(line: str, patterns: Sequence[CrashPattern]) -> CrashPattern | N
     return best
 
 
+_FRAME = re.compile(r'^File "[^"]*", line \d+')
+
+
 def classify_lines(
     lines: Iterable[str], patterns: Sequence[CrashPattern] = GENERIC_PATTERNS
 ) -> tuple[CrashPattern, int, str] | None:
-    """The best-matching (pattern, 1-based line number, line) over ``lines``, or ``None``."""
+    """The best-matching (pattern, 1-based line number, line) over ``lines``, or ``None``.
+
+    Traceback frames (``File "...", line N``) and the source line printed under each are
+    skipped: ``raise RuntimeError(f"NCCL error: {e}")`` is code, not the error.
+    """
     ordered = sorted(patterns, key=lambda p: -p.weight)
     best: tuple[CrashPattern, int, str] | None = None
+    after_frame = False
     for number, raw in enumerate(lines, start=1):
         line = raw.rstrip("\r\n")
         if not line.strip():
+            continue
+        message = log_message(line)
+        if _FRAME.match(message):
+            after_frame = True
+            continue
+        if after_frame:
+            after_frame = False
             continue
         found = _best_match(line, ordered)
         if found is not None and (best is None or found.weight > best[0].weight):

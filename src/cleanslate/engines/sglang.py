@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
-from cleanslate.engines._crash import W_DIED, W_WRAPPER, CrashPattern, crash_pattern
+from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
 
 
 @register_engine
@@ -28,15 +28,8 @@ class SGLangEngine(EngineAdapter):
         notes="schedulers survive their launcher under PID 1 and keep their GPU memory",
     )
     crash_patterns: ClassVar[tuple[CrashPattern, ...]] = (
-        crash_pattern(
-            "sglang-child-failed",
-            "python_exception",
-            r"Received sigquit from a child process|Rank \d+ scheduler is dead"
-            r"|Scheduler hit an exception|DataParallelController hit an exception",
-            W_WRAPPER,
-            wrapper=True,
-        ),
-        crash_pattern("sglang-scheduler-dead", "killed", r"scheduler is dead", W_DIED),
+        # "Rank 0 scheduler is dead" says that a scheduler died, not why: a bare death
+        crash_pattern("sglang-scheduler-dead", "killed", r"Rank \d+ scheduler is dead", W_DIED),
     )
 
     def default_launch(self) -> tuple[str, ...]:

@@ -37,17 +37,17 @@ class VLLMEngine(EngineAdapter):
         crash_pattern(
             "vllm-engine-dead",
             "python_exception",
-            r"EngineDeadError|EngineGenerateError|EngineCore encountered (?:an issue|a fatal error)"
+            r"EngineDeadError|EngineCore encountered (?:an issue|a fatal error)"
             r"|please check the stack trace above for the root cause"
-            r"|See (?:stack trace \(above\)|root cause above)"
-            r"|Engine core initialization failed",
+            r"|^RuntimeError: cancelled$",
             W_WRAPPER,
+            on_message=True,
             wrapper=True,
         ),
         crash_pattern(
             "vllm-died",
             "killed",
-            r"(?:Worker proc \S+|Engine core proc \S+) died unexpectedly",
+            r"Worker proc \S+ died unexpectedly",
             W_DIED,
         ),
     )

@@ -57,13 +57,11 @@ def make_app(behaviour: Behaviour, *, seed: int = 0) -> web.Application:
     """The aiohttp application (exposed so tests can mount it their own way)."""
     rng = random.Random(seed)
     app = web.Application()
-    app["requests"] = 0
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def generate(request: web.Request) -> web.StreamResponse:
-        request.app["requests"] += 1
         body: dict[str, Any] = await request.json()
         chat = request.path.endswith("/chat/completions")
         if behaviour == "hang":

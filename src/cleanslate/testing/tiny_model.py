@@ -69,9 +69,14 @@ def build_tiny_llama(
     vocab_size: int = 1024,
     max_position_embeddings: int = 2048,
     seed: int = 0,
-    dtype: str = "float32",
+    dtype: str = "bfloat16",
 ) -> Path:
     """Build the model folder at ``path`` (created if missing) and return it.
+
+    ``dtype`` is the dtype the weights are saved in. Keep ``bfloat16`` for vLLM's CPU build:
+    with float32 weights served as ``--dtype bfloat16`` its worker died on the first request
+    without a traceback (``tests/engines/data/killed_vllm_cpu_worker_died.log``).
+    ``transformers serve --dtype float32`` loads either.
 
     ``vocab_size`` is the BPE's target size; the model's embedding matches the tokenizer's real
     length. Weights are random (``seed``), so output is gibberish, but every step of serving is
