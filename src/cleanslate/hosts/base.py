@@ -8,6 +8,12 @@ Contract:
   that fails or times out; it raises ``OSError`` only when the host itself cannot be reached.
 - ``python`` names the interpreter used to run the stdlib-only probe scripts on that host.
 - ``name`` is what reports call the host (``local`` or ``user@host:port``).
+- ``write_file`` / ``read_file`` move small files (scripts, specs, log tails) to and from the
+  host; ``read_file`` with ``tail=True`` returns the last ``max_bytes`` bytes. A missing file is
+  ``FileNotFoundError``.
+- Long-lived processes are started with ``run`` on a script that daemonizes itself (the run
+  supervisor, :mod:`cleanslate.launch._supervise`), so no executor needs a "start in the
+  background" primitive of its own.
 """
 
 from __future__ import annotations
@@ -61,5 +67,10 @@ class Executor(Protocol):
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult: ...
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None: ...
+
+    async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False
+                        ) -> bytes: ...
 
     async def close(self) -> None: ...

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from cleanslate.hosts.base import CommandResult
 
@@ -65,6 +66,22 @@ class LocalExecutor:
                 os.killpg(proc.pid, signal.SIGKILL)
             raise
         return CommandResult(tuple(argv), proc.returncode, out, err, time.monotonic() - start)
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(mode)
+        tmp.replace(target)
+
+    async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False
+                        ) -> bytes:
+        with open(path, "rb") as fh:
+            if tail:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - max_bytes))
+            return fh.read(max_bytes)
 
     async def close(self) -> None:
         return None
