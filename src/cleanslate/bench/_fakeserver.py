@@ -226,11 +226,14 @@ class _Stream:
         return True
 
 
-async def serve(port: int, opts: FakeOptions, host: str = "127.0.0.1") -> asyncio.Server:
-    """Start listening; the caller runs the loop (``await server.serve_forever()``)."""
+async def serve(
+    port: int, opts: FakeOptions, host: str = "127.0.0.1"
+) -> tuple[asyncio.Server, FakeStats]:
+    """Start listening (port 0: any free port); the caller keeps the loop running."""
     stats = FakeStats()
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: _Conn(opts, stats), host, port, backlog=1024)
+    server = await loop.create_server(lambda: _Conn(opts, stats), host, port, backlog=1024)
+    return server, stats
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     async def run() -> None:
-        server = await serve(args.port, opts)
+        server, _stats = await serve(args.port, opts)
         port = server.sockets[0].getsockname()[1]
         sys.stdout.write(f"READY {port}\n")
         sys.stdout.flush()

@@ -26,7 +26,7 @@ _CONTENT_KEYS: tuple[bytes, ...] = (
     b'"reasoning":',
 )
 _QUOTE = 34  # ord('"')
-_SPACE = 32
+_WHITESPACE = b" \t\r\n"
 
 
 def has_content(payload: bytes) -> bool:
@@ -36,7 +36,7 @@ def has_content(payload: bytes) -> bool:
         while i != -1:
             j = i + len(key)
             n = len(payload)
-            while j < n and payload[j] == _SPACE:
+            while j < n and payload[j] in _WHITESPACE:
                 j += 1
             if j + 1 < n and payload[j] == _QUOTE and payload[j + 1] != _QUOTE:
                 return True
