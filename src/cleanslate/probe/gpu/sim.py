@@ -1,3 +1,129 @@
-"""Placeholder: being written in this session."""
+"""The ``sim`` backend: reads the simulated GPU ledger of the simulated engine.
+
+The ledger (a directory named by ``CLEANSLATE_SIM_GPU_DIR``) stands in for the driver: each
+simulated worker records the memory it holds on its GPU, and the reader counts an entry while
+its owning process exists (see :mod:`cleanslate.sim.ledger` for the format and semantics).
+
+Like a remote probe, the reader is a stdlib-only script whose source is sent to the host's
+Python (``executor.python -I -c SOURCE DIR``); its JSON answer becomes a
+:class:`~cleanslate.probe.snapshot.GpuReading` with ``source="sim"``. The equivalent by hand:
+``python -m cleanslate.sim.ledger $CLEANSLATE_SIM_GPU_DIR`` (or ``cleanslate sim gpus``).
+"""
 
 from __future__ import annotations
+
+import json
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from cleanslate.hosts.base import Executor
+from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV, GpuBackend, register, sim_gpu_dir
+from cleanslate.probe.snapshot import Gpu, GpuProcess, GpuReading
+
+
+@lru_cache(maxsize=1)
+def ledger_source() -> str:
+    """The source of the stdlib-only ledger reader that is sent to the host."""
+    from cleanslate.sim import ledger
+
+    return Path(ledger.__file__).read_text(encoding="utf-8")
+
+
+def reading_from_json(payload: dict[str, Any], elapsed_s: float) -> GpuReading:
+    """Turn the reader's JSON into a reading (``ok=False`` with its error when it failed)."""
+    if not payload.get("ok"):
+        return GpuReading(
+            backend="sim",
+            ok=False,
+            error=str(payload.get("error") or "the simulated GPU ledger reader failed"),
+            elapsed_s=elapsed_s,
+        )
+    directory = str(payload.get("directory") or "")
+    gpus = []
+    for g in payload.get("gpus", []):
+        index = int(g["index"])
+        gpus.append(
+            Gpu(
+                index=index,
+                uuid=f"GPU-sim-{index:08d}",
+                name=g.get("name"),
+                pci_bus_id=f"00000000:{index + 0x18:02X}:00.0",
+                memory_used_mib=int(g["memory_used_mib"]),
+                memory_total_mib=int(g["memory_total_mib"]),
+                memory_reserved_mib=0,
+                processes=tuple(
+                    GpuProcess(pid=int(p["pid"]), used_mib=int(p["used_mib"]), name=p.get("name"))
+                    for p in g.get("processes", [])
+                ),
+                ecc_uncorrected=0,
+                retired_pages_pending=False,
+                remapped_rows_pending=False,
+                remapped_rows_failure=False,
+                source="sim",
+            )
+        )
+    note = f"simulated GPUs from the ledger {directory}"
+    if payload.get("note"):
+        note += f" ({payload['note']})"
+    return GpuReading(
+        backend="sim",
+        ok=True,
+        gpus=tuple(gpus),
+        driver_version="sim",
+        note=note,
+        elapsed_s=elapsed_s,
+    )
+
+
+@register
+class SimGpuBackend(GpuBackend):
+    """Reads the simulated GPU ledger (usable only when ``CLEANSLATE_SIM_GPU_DIR`` is set)."""
+
+    name = "sim"
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+
+    @classmethod
+    async def usable(cls, executor: Executor) -> bool:
+        return sim_gpu_dir() is not None
+
+    async def read(self, executor: Executor, timeout: float) -> GpuReading:
+        start = time.monotonic()
+        directory = self.directory or sim_gpu_dir()
+        if directory is None:
+            return GpuReading(
+                backend=self.name,
+                ok=False,
+                error=f"{SIM_GPU_DIR_ENV} is not set: there is no simulated GPU ledger to read",
+            )
+        try:
+            result = await executor.run(
+                [executor.python, "-I", "-c", ledger_source(), directory], timeout=timeout
+            )
+        except OSError as exc:
+            return GpuReading(
+                backend=self.name,
+                ok=False,
+                error=f"cannot reach {executor.name}: {exc}",
+                elapsed_s=time.monotonic() - start,
+            )
+        elapsed = time.monotonic() - start
+        if not result.ok:
+            return GpuReading(
+                backend=self.name, ok=False, error=result.describe_failure(), elapsed_s=elapsed
+            )
+        try:
+            payload = json.loads(result.stdout)
+            if not isinstance(payload, dict):
+                raise ValueError("not a JSON object")
+            return reading_from_json(payload, elapsed)
+        except (ValueError, KeyError, TypeError) as exc:
+            return GpuReading(
+                backend=self.name,
+                ok=False,
+                error=f"unparsable simulated GPU ledger output: {exc}",
+                elapsed_s=elapsed,
+            )

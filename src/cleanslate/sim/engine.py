@@ -1,0 +1,291 @@
+"""The simulated scheduler: an SGLang-like continuous-batching loop in real time.
+
+One asyncio task runs the loop; each iteration is one *step* whose duration comes from
+:class:`~cleanslate.sim.model.SimModel`, waited with one timer for the whole batch:
+
+1. **Prefill** (priority, as SGLang's default): while requests wait, fewer than
+   ``max-running-requests`` run, and the KV cache has room for a waiting request's prompt plus
+   its output, admit it; up to ``chunked-prefill-size`` prompt tokens go into one prefill step
+   (a longer prompt is split over several steps). A request whose prompt is done gets its first
+   token at the end of the step.
+2. Otherwise **decode**: every running request gets one token at the end of the step. A request
+   that reached its length finishes and frees its KV cache.
+
+Requests that do not fit wait in a FIFO queue (TTFT grows with the queue). KV reservation is
+exact (prompt + the tokens the request will write): the sim never retracts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Callable
+
+from cleanslate.sim.faults import Faults
+from cleanslate.sim.model import SimModel
+from cleanslate.sim.text import natural_length, next_state, token_of
+
+NAN_TOKEN_ID = -1
+
+
+class SimRequest:
+    """One request inside the scheduler. Token ids are vocabulary indices; ``-1`` is NaN."""
+
+    __slots__ = (
+        "finish_reason",
+        "finished",
+        "generated",
+        "interval",
+        "kv_tokens",
+        "max_new",
+        "pending",
+        "prefilled",
+        "prompt_tokens",
+        "rid",
+        "state",
+        "stop_at",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        max_new: int,
+        min_new: int,
+        ignore_eos: bool,
+        state: int,
+        interval: int = 1,
+    ) -> None:
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self.max_new = max_new
+        natural = natural_length(state)
+        if ignore_eos or natural >= max_new:
+            self.stop_at = max_new
+            self.finish_reason = "length"
+        else:
+            self.stop_at = max(natural, min(min_new, max_new))
+            self.finish_reason = "length" if self.stop_at >= max_new else "stop"
+        self.state = state
+        self.kv_tokens = prompt_tokens + self.stop_at
+        self.prefilled = 0
+        self.generated = 0
+        self.pending: list[int] = []
+        self.waiter: asyncio.Future[None] | None = None
+        self.finished = False
+        self.interval = max(1, interval)
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next_tokens(self) -> tuple[list[int], bool]:
+        """Wait for new tokens; returns them and whether the request is finished."""
+        while not self.pending and not self.finished:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        toks, self.pending = self.pending, []
+        return toks, self.finished
+
+
+class Engine:
+    """The scheduler loop. ``on_crash(batch_size)`` is called once when the server must die."""
+
+    def __init__(
+        self,
+        model: SimModel,
+        faults: Faults,
+        on_crash: Callable[[int], None],
+        log: Callable[[str], None] | None = None,
+        log_interval_steps: int = 40,
+    ) -> None:
+        self.model = model
+        self.log = log
+        self.log_interval_steps = log_interval_steps
+        self._decode_steps = 0
+        self._log_tokens = 0
+        self._log_t0 = 0.0
+        self.faults = faults
+        self.on_crash = on_crash
+        plan = model.memory_plan()
+        self.kv_capacity = plan.kv_capacity_tokens
+        self.kv_free = plan.kv_capacity_tokens
+        self.max_running = max(1, model.s.max_running_requests)
+        self.chunk = model.chunk_tokens()
+        self.waiting: collections.deque[SimRequest] = collections.deque()
+        self.running: list[SimRequest] = []
+        self.partial: SimRequest | None = None
+        self.inflight = 0
+        self.admitted = 0
+        self.completed = 0
+        self.hung = False
+        self.crashed = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- requests ----------------------------------------------------------------------------
+    def submit(self, req: SimRequest) -> None:
+        self.inflight += 1
+        self.admitted += 1
+        if self.faults.hang_after is not None and self.admitted > self.faults.hang_after:
+            self.hung = True
+        limit = self.faults.crash_at_concurrency
+        if limit is not None and self.inflight > limit:
+            self._crash(self.inflight)
+        self.waiting.append(req)
+        self._wake.set()
+
+    def finish(self, req: SimRequest) -> None:
+        """Called by the HTTP layer when a request ends (completed, aborted or disconnected)."""
+        self.inflight -= 1
+        if not req.finished:
+            # Aborted: drop it wherever it is and give its KV cache back.
+            req.finished = True
+            req.finish_reason = "abort"
+            if req in self.waiting:
+                self.waiting.remove(req)
+            elif req is self.partial:
+                self.partial = None
+                self.kv_free += req.kv_tokens
+            elif req in self.running:
+                self.running.remove(req)
+                self.kv_free += req.kv_tokens
+
+    def _crash(self, batch: int) -> None:
+        if not self.crashed:
+            self.crashed = True
+            self.on_crash(batch)
+
+    def fits_ever(self, prompt_tokens: int, output_tokens: int) -> bool:
+        return prompt_tokens + output_tokens <= self.kv_capacity
+
+    # --- loop --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        model = self.model
+        last_end = loop.time()
+        nan = self.faults.nan
+        while True:
+            if self.hung or self.crashed:
+                await asyncio.Event().wait()  # forever: a hang (or a dying server)
+            if not self.waiting and not self.running and self.partial is None:
+                self._wake.clear()
+                await self._wake.wait()
+                last_end = loop.time()
+                continue
+            now = loop.time()
+            start = last_end if now - last_end < 0.005 else now
+
+            prefill_tokens, done_prompts = self._build_prefill()
+            if prefill_tokens:
+                last_end = start + model.noisy_seconds(model.prefill_step_ms(prefill_tokens))
+                await asyncio.sleep(max(0.0, last_end - loop.time()))
+                if self.hung or self.crashed:
+                    continue
+                for req in done_prompts:
+                    if req.finished:  # aborted during the step: give its KV cache back
+                        self.kv_free += req.kv_tokens
+                        continue
+                    self.running.append(req)
+                    self._emit(req, nan)
+                self._reap()
+                continue
+
+            batch = len(self.running)
+            if model.crashes_at_batch(batch):
+                self._crash(batch)
+                continue
+            context = 0
+            for req in self.running:
+                context += req.prompt_tokens + req.generated
+            last_end = start + model.noisy_seconds(model.decode_step_ms(batch, context))
+            await asyncio.sleep(max(0.0, last_end - loop.time()))
+            if self.hung or self.crashed:
+                continue
+            for req in self.running:
+                self._emit(req, nan)
+            self._decode_steps += 1
+            self._log_tokens += batch
+            if self.log is not None and self._decode_steps % self.log_interval_steps == 0:
+                self._log_decode(loop.time(), batch, context)
+            self._reap()
+
+    def _log_decode(self, now: float, batch: int, context: int) -> None:
+        elapsed = now - self._log_t0 if self._log_t0 else 0.0
+        rate = self._log_tokens / elapsed if elapsed > 0 else 0.0
+        usage = (self.kv_capacity - self.kv_free) / self.kv_capacity if self.kv_capacity else 0.0
+        assert self.log is not None
+        self.log(
+            f"Decode batch. #running-req: {batch}, #token: {context}, token usage: {usage:.2f}, "
+            f"gen throughput (token/s): {rate:.2f}, #queue-req: {len(self.waiting)}"
+        )
+        self._log_t0 = now
+        self._log_tokens = 0
+
+    def _emit(self, req: SimRequest, nan: bool) -> None:
+        req.state = state = next_state(req.state)
+        req.pending.append(NAN_TOKEN_ID if nan else token_of(state))
+        req.generated += 1
+        if req.generated >= req.stop_at:
+            req.finished = True
+            req._wake()
+        elif len(req.pending) >= req.interval:
+            req._wake()
+
+    def _reap(self) -> None:
+        if any(r.finished for r in self.running):
+            keep = []
+            for req in self.running:
+                if req.finished:
+                    self.kv_free += req.kv_tokens
+                    self.completed += 1
+                else:
+                    keep.append(req)
+            self.running = keep
+
+    def _build_prefill(self) -> tuple[int, list[SimRequest]]:
+        """Pick the next prefill step: (prompt tokens in it, requests whose prompt completes)."""
+        budget = self.chunk
+        tokens = 0
+        done: list[SimRequest] = []
+        req = self.partial
+        if req is not None:
+            take = min(budget, req.prompt_tokens - req.prefilled)
+            req.prefilled += take
+            tokens += take
+            budget -= take
+            if req.prefilled >= req.prompt_tokens:
+                self.partial = None
+                done.append(req)
+            else:
+                return tokens, done
+        while self.waiting and budget > 0:
+            if len(self.running) + len(done) + (self.partial is not None) >= self.max_running:
+                break
+            req = self.waiting[0]
+            if req.kv_tokens > self.kv_free:
+                break
+            self.waiting.popleft()
+            self.kv_free -= req.kv_tokens
+            take = min(budget, req.prompt_tokens)
+            req.prefilled = take
+            tokens += take
+            budget -= take
+            if take >= req.prompt_tokens:
+                done.append(req)
+            else:
+                self.partial = req
+                break
+        return tokens, done

@@ -1,0 +1,237 @@
+"""The performance model of the simulated engine (see ``docs/sim-model.md``).
+
+The simulated engine behaves like an SGLang server running a 70B-class dense model in FP8 on
+H200-sized GPUs, with every time scaled so that a benchmark finishes in seconds. Everything here
+is a pure function of :class:`SimSettings`; the scheduler (:mod:`cleanslate.sim.engine`) asks
+this module how long each step takes and how much simulated memory each worker holds.
+
+Units: memory in MiB (per GPU unless the name says otherwise), times in seconds (the constants
+are written in milliseconds and converted), lengths in tokens.
+
+This module is imported by the workers, so it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The default simulated GPU: an H200 (``nvidia-smi`` reports 143771 MiB).
+DEFAULT_GPU_MIB = 143_771
+DEFAULT_GPU_COUNT = 8
+
+# --- memory (MiB) ----------------------------------------------------------------------------
+WEIGHTS_MIB = 80_000.0  # whole model; each TP rank holds WEIGHTS_MIB / tp
+KV_MIB_PER_TOKEN = 0.3125  # whole model (80 layers x 8 KV heads x 128 x 2 x 2 bytes); / tp
+CONTEXT_MIB = 1024.0  # CUDA context + allocator state, outside the static pool
+REQ_SLOT_MIB = 24.0  # request-to-token table per `max-running-requests` slot, inside the pool
+ACT_MIB_PER_CHUNK_TOKEN = 1.5  # prefill activation workspace per chunk token, inside; / tp
+GRAPH_BASE_MIB = 1024.0  # CUDA graph memory pool, outside the static pool ...
+GRAPH_MIB_PER_BS = 8.0  # ... plus this per captured batch size up to `cuda-graph-max-bs`
+RUNTIME_RESERVE_FRACTION = 0.045  # NCCL buffers, fragmentation: share of the GPU kept free
+
+# --- time (milliseconds) ---------------------------------------------------------------------
+LAUNCH_GRAPH_MS = 1.5  # per-step launch overhead when the decode batch replays a CUDA graph
+LAUNCH_EAGER_MS = 9.0  # per-step launch overhead without CUDA graphs (Python kernel launches)
+DECODE_BASE_MS = 14.0  # reading the weights once per step; / tp
+DECODE_PER_SEQ_MS = 0.08  # per sequence in the batch; / tp
+DECODE_PER_KTOK_MS = 0.07  # per 1,000 tokens of context (KV reads); / tp
+PREFILL_BASE_MS = 10.0  # per prefill step (eager, never a graph); / tp
+PREFILL_PER_TOKEN_MS = 0.025  # per prompt token in the chunk; / tp
+ALLREDUCE_MS = 0.6  # per step and per doubling of tp (0 at tp 1)
+STEP_NOISE_SIGMA = 0.03  # log-normal noise of each step
+RUN_NOISE_SIGMA = 0.02  # log-normal factor drawn once per server from the seed
+
+#: The memory fraction above which start-up fails, for the default settings, is about 0.93
+#: with CUDA graphs and 0.947 without them (see :meth:`SimModel.oom_at_start`).
+
+#: The default search space of the quick start (flag -> values, SGLang spelling). Its best
+#: configuration at concurrency 256 is interior: neither the largest memory fraction (0.95
+#: runs out of memory at start) nor the largest ``max-running-requests`` (its request table
+#: eats KV cache) nor the largest ``chunked-prefill-size`` (its workspace does too) wins.
+QUICKSTART_SPACE: dict[str, list[Any]] = {
+    "mem-fraction-static": [0.80, 0.85, 0.88, 0.92, 0.95],
+    "disable-cuda-graph": [True, False],
+    "max-running-requests": [64, 128, 256, 512],
+    "chunked-prefill-size": [1024, 4096, 16384],
+}
+
+#: The fixed flags and workload the quick-start space is meant for.
+QUICKSTART_FIXED: dict[str, Any] = {"tp-size": 1}
+QUICKSTART_WORKLOAD: dict[str, Any] = {"kind": "random", "input_len": 1024, "output_len": 128}
+QUICKSTART_CONCURRENCY: list[int] = [64, 256]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The flags of ``cleanslate sim serve`` that the model reads (SGLang names, snake case)."""
+
+    tp_size: int = 1
+    mem_fraction_static: float = 0.88
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 8192
+    context_length: int = 32768
+    gpu_memory_mib: int = DEFAULT_GPU_MIB
+    time_scale: float = 1.0
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one TP rank allocates, in MiB of its GPU."""
+
+    context_mib: float
+    weights_mib: float
+    static_pool_mib: float
+    kv_cache_mib: float
+    graph_mib: float
+    total_mib: float
+    available_mib: float
+    kv_capacity_tokens: int
+    oom_at_start: bool
+    not_enough_for_kv: bool
+    fields: dict[str, float] = field(default_factory=dict)
+
+
+class SimModel:
+    """Step times and memory of one simulated server. See ``docs/sim-model.md``."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.s = settings
+        self._rng = random.Random(settings.seed)
+        self.run_factor = math.exp(self._rng.gauss(0.0, RUN_NOISE_SIGMA))
+
+    # --- memory ---------------------------------------------------------------------------
+    def chunk_tokens(self) -> int:
+        """The prefill chunk; ``-1`` or ``0`` (chunking off) means the whole context length."""
+        c = self.s.chunked_prefill_size
+        return self.s.context_length if c <= 0 else c
+
+    def graph_mib(self) -> float:
+        """CUDA graph memory per GPU (0 with ``disable-cuda-graph``)."""
+        if self.s.disable_cuda_graph:
+            return 0.0
+        return GRAPH_BASE_MIB + GRAPH_MIB_PER_BS * self.s.cuda_graph_max_bs
+
+    def memory_plan(self) -> MemoryPlan:
+        s = self.s
+        tp = max(1, s.tp_size)
+        total = float(s.gpu_memory_mib)
+        static = s.mem_fraction_static * total
+        weights = WEIGHTS_MIB / tp
+        slots = REQ_SLOT_MIB * s.max_running_requests
+        act = ACT_MIB_PER_CHUNK_TOKEN * self.chunk_tokens() / tp
+        kv = static - weights - slots - act
+        graph = self.graph_mib()
+        reserve = RUNTIME_RESERVE_FRACTION * total
+        needed = static + CONTEXT_MIB + graph + reserve
+        kv_tokens = int(kv / (KV_MIB_PER_TOKEN / tp)) if kv > 0 else 0
+        return MemoryPlan(
+            context_mib=CONTEXT_MIB,
+            weights_mib=weights,
+            static_pool_mib=static,
+            kv_cache_mib=max(0.0, kv),
+            graph_mib=graph,
+            total_mib=CONTEXT_MIB + static + graph,
+            available_mib=total,
+            kv_capacity_tokens=kv_tokens,
+            oom_at_start=needed > total,
+            not_enough_for_kv=kv <= 0,
+            fields={"slots_mib": slots, "activation_mib": act, "reserve_mib": reserve},
+        )
+
+    def max_fraction_that_starts(self) -> float:
+        """The largest ``mem-fraction-static`` that does not run out of memory at start."""
+        s = self.s
+        total = float(s.gpu_memory_mib)
+        graph = self.graph_mib()
+        return (total - CONTEXT_MIB - graph - RUNTIME_RESERVE_FRACTION * total) / total
+
+    # --- time -----------------------------------------------------------------------------
+    def uses_graph(self, batch: int) -> bool:
+        return not self.s.disable_cuda_graph and batch <= self.s.cuda_graph_max_bs
+
+    def crashes_at_batch(self, batch: int) -> bool:
+        """The natural crash: with CUDA graphs on, a decode batch larger than
+        ``cuda-graph-max-bs`` falls back to the eager attention path, whose (simulated) metadata
+        bug raises ``AttributeError``. Fixes: ``--disable-cuda-graph``, a larger
+        ``--cuda-graph-max-bs``, or a smaller ``--max-running-requests``."""
+        return not self.s.disable_cuda_graph and batch > self.s.cuda_graph_max_bs
+
+    def _allreduce_ms(self) -> float:
+        tp = max(1, self.s.tp_size)
+        return ALLREDUCE_MS * math.log2(tp) if tp > 1 else 0.0
+
+    def decode_step_ms(self, batch: int, context_tokens: int) -> float:
+        """Noise-free duration of one decode step of ``batch`` sequences holding
+        ``context_tokens`` tokens of KV cache in total (milliseconds, before time scaling)."""
+        tp = max(1, self.s.tp_size)
+        launch = LAUNCH_GRAPH_MS if self.uses_graph(batch) else LAUNCH_EAGER_MS
+        work = (
+            DECODE_BASE_MS + DECODE_PER_SEQ_MS * batch + DECODE_PER_KTOK_MS * context_tokens / 1000
+        )
+        return launch + work / tp + self._allreduce_ms()
+
+    def prefill_step_ms(self, tokens: int) -> float:
+        """Noise-free duration of one prefill step over ``tokens`` prompt tokens (ms)."""
+        tp = max(1, self.s.tp_size)
+        work = PREFILL_BASE_MS + PREFILL_PER_TOKEN_MS * tokens
+        return LAUNCH_EAGER_MS + work / tp + self._allreduce_ms()
+
+    def noisy_seconds(self, ms: float) -> float:
+        """A step's wall duration: ms -> s, times the run factor, step noise and time scale."""
+        noise = math.exp(self._rng.gauss(0.0, STEP_NOISE_SIGMA))
+        return ms / 1000.0 * self.run_factor * noise * self.s.time_scale
+
+    # --- steady-state estimate (for docs and tests; the running sim is the truth) ----------
+    def batch_limit(self, input_len: int, output_len: int) -> int:
+        """Most requests of this shape that can run at once: the smaller of
+        ``max-running-requests`` and the KV capacity over (prompt + output) tokens."""
+        plan = self.memory_plan()
+        per_req = input_len + output_len
+        return max(0, min(self.s.max_running_requests, plan.kv_capacity_tokens // per_req))
+
+    def estimate(self, concurrency: int, input_len: int, output_len: int) -> dict[str, float]:
+        """A closed-loop steady-state estimate: output tokens/s and mean TTFT (s)."""
+        plan = self.memory_plan()
+        if plan.oom_at_start or plan.not_enough_for_kv:
+            return {"output_throughput": 0.0, "ttft_s": math.inf, "batch": 0}
+        b = min(concurrency, self.batch_limit(input_len, output_len))
+        if b <= 0:
+            return {"output_throughput": 0.0, "ttft_s": math.inf, "batch": 0}
+        ctx = b * (input_len + output_len / 2)
+        decode_s = self.decode_step_ms(b, int(ctx)) / 1000 * self.s.time_scale
+        # Each prompt pays its tokens plus a share of a step's fixed cost: up to `chunk`
+        # tokens of prompts go into one prefill step (an optimistic packing).
+        chunk = self.chunk_tokens()
+        per_step = max(1.0, chunk / max(1, input_len))
+        fixed_ms = self.prefill_step_ms(0)
+        per_req_ms = fixed_ms * max(1.0, input_len / chunk) / per_step + (
+            PREFILL_PER_TOKEN_MS * input_len / max(1, self.s.tp_size)
+        )
+        prefill_s = per_req_ms / 1000 * self.s.time_scale
+        # b requests finish every output_len decode steps; their prompts are prefilled in
+        # batches of up to `chunk` tokens.
+        cycle_s = output_len * decode_s + prefill_s * b
+        throughput = b * output_len / cycle_s
+        waiting = max(0, concurrency - b)
+        ttft = prefill_s + waiting * cycle_s / b if b else math.inf
+        return {"output_throughput": throughput, "ttft_s": ttft, "batch": float(b)}
+
+
+def settings_from_flags(flags: dict[str, Any]) -> SimSettings:
+    """Build settings from SGLang-spelled flags (``mem-fraction-static`` ...); unknown keys are
+    ignored here (the CLI validates them)."""
+    kw: dict[str, Any] = {}
+    for key, value in flags.items():
+        name = key.lstrip("-").replace("-", "_")
+        if name in SimSettings.__dataclass_fields__:
+            kw[name] = value
+    return SimSettings(**kw)
