@@ -154,3 +154,19 @@ def test_missing_engine_skips_validation_with_a_note() -> None:
         assert not result.checked and "no help command" in (result.note or "")
 
     asyncio.run(run())
+
+
+def test_sim_engine_help_through_the_executor() -> None:
+    """The simulated engine's real typer help (``--model-path,--model`` with no space)."""
+
+    async def run() -> None:
+        adapter = get_engine("sim")
+        result = await validate_flags(
+            adapter, {"tp-size": 2, "disable-cuda-graph": True, "fault": ["nan"]}, LocalExecutor()
+        )
+        assert result.checked
+        assert {"--tp-size", "--tp", "--model-path", "--model", "--fault"} <= result.options
+        with pytest.raises(InputError, match="did you mean --max-running-requests"):
+            await validate_flags(adapter, {"max-running-request": 8}, LocalExecutor())
+
+    asyncio.run(run())

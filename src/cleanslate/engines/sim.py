@@ -20,7 +20,7 @@ class SimEngine(EngineAdapter):
     description = "cleanslate's simulated engine (a test double, not a real server)"
     default_port = 30000
     default_model_flag = "--model-path"
-    reserved_flags = ("--port", "--host", "--model-path")
+    reserved_flags = ("--port", "--host", "--model-path", "--model")
     leftovers = Leftovers(
         shm_globs=("cleanslate-sim-*",),
         process_names=("sim::scheduler", "sim::detokenizer"),

@@ -73,10 +73,8 @@ def build_tiny_llama(
 ) -> Path:
     """Build the model folder at ``path`` (created if missing) and return it.
 
-    ``dtype`` is the dtype the weights are saved in. Keep ``bfloat16`` for vLLM's CPU build:
-    with float32 weights served as ``--dtype bfloat16`` its worker died on the first request
-    without a traceback (``tests/engines/data/killed_vllm_cpu_worker_died.log``).
-    ``transformers serve --dtype float32`` loads either.
+    ``dtype`` is the dtype the weights are saved in: ``bfloat16`` matches how vLLM's CPU build
+    serves it (``--dtype bfloat16``); ``transformers serve --dtype float32`` loads either.
 
     ``vocab_size`` is the BPE's target size; the model's embedding matches the tokenizer's real
     length. Weights are random (``seed``), so output is gibberish, but every step of serving is
