@@ -59,6 +59,7 @@ def test_models_and_health_declare_a_simulation(sims: SimServers) -> None:
     server = sims.start("--time-scale", "0.1")
     assert get(server.url + "/health")[0] == 200
     status, body = get(server.url + "/v1/models")
+    assert status == 200
     models = json.loads(body)["data"]
     assert [m["id"] for m in models] == [MODEL]
     assert "simulation" in models[0]["owned_by"]

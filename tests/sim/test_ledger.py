@@ -51,7 +51,7 @@ def test_memory_counts_while_the_owner_lives(tmp_path: Path) -> None:
         proc.kill()
     # Not reaped yet: a zombie counts as gone.
     time.sleep(0.2)
-    assert open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] == "Z"
+    assert Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] == "Z"
     assert read_gpus(tmp_path).gpus[3].memory_used_mib == 0
     proc.wait()
     assert not list(tmp_path.glob("alloc-*"))  # released entries are removed
