@@ -1,25 +1,67 @@
 """Where commands run: the :class:`Executor` protocol and its implementations.
 
-``LocalExecutor`` runs on this machine; an SSH executor (a later issue) runs on a remote host
-behind the same protocol, so the probe, teardown and launch code never ask where they are.
+``LocalExecutor`` runs on this machine; ``SSHExecutor`` runs on a remote host over SSH behind the
+same protocol, so the probe, teardown and launch code never ask where they are.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cleanslate.hosts.base import CommandResult, Executor
 from cleanslate.hosts.local import LocalExecutor
 
-__all__ = ["CommandResult", "Executor", "LocalExecutor", "executor_for"]
+if TYPE_CHECKING:
+    from cleanslate.hosts.ssh import SSHExecutor
+
+__all__ = [
+    "CommandResult",
+    "Executor",
+    "LocalExecutor",
+    "SSHExecutor",
+    "executor_for",
+    "is_local_host",
+    "set_accept_new_host_keys",
+]
+
+_LOCAL_NAMES = (None, "", "local", "localhost")
+
+
+def is_local_host(host: str | None) -> bool:
+    """Whether a ``--host`` value means this machine (``None``, ``local`` or ``localhost``).
+
+    ``ssh://localhost`` is a remote host that happens to be this machine: it goes through SSH.
+    """
+    return host in _LOCAL_NAMES
 
 
 def executor_for(host: str | None) -> Executor:
-    """Return the executor for a ``--host`` value (``None`` or ``local`` is this machine)."""
-    from cleanslate.errors import InputError
+    """Return the executor for a ``--host`` value.
 
-    if host in (None, "", "local", "localhost"):
+    ``None``, ``local`` or ``localhost``: this machine. ``ssh://[user@]host[:port][?accept-new=1
+    &connect-timeout=S]`` or ``[user@]NAME`` (a ``Host`` of ``~/.ssh/config``): that host over SSH.
+    A malformed value is an :class:`~cleanslate.errors.InputError`; an unreachable host is not an
+    error here (connections open on first use, and a failure makes that host UNKNOWN).
+    """
+    if is_local_host(host):
         return LocalExecutor()
-    raise InputError(
-        f"remote hosts are not supported yet: {host!r}",
-        where="--host",
-        hint="omit --host to work on this machine",
-    )
+    from cleanslate.hosts.ssh import SSHExecutor
+
+    assert host is not None
+    return SSHExecutor(host)
+
+
+def set_accept_new_host_keys(enabled: bool = True) -> None:
+    """Opt in to recording SSH host keys never seen before (``--accept-new-host-key``)."""
+    from cleanslate.hosts.ssh import set_accept_new_host_keys as _set
+
+    _set(enabled)
+
+
+def __getattr__(name: str) -> object:
+    # ``SSHExecutor`` is imported lazily: asyncssh is not needed to work on this machine.
+    if name == "SSHExecutor":
+        from cleanslate.hosts.ssh import SSHExecutor
+
+        return SSHExecutor
+    raise AttributeError(name)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.collect import run_collector
+from cleanslate.probe.fallback import needs_fallback, run_fallback
 from cleanslate.probe.gpu.base import GpuBackend
 from cleanslate.probe.snapshot import GpuReading, Snapshot, SourceStatus
 
@@ -40,6 +41,11 @@ async def probe_host(
         _read_gpus(executor, backend, timeout),
     )
     data, result = collected
+    if data is None and needs_fallback(result):
+        # No python3 on the host: parse ps, ls and /proc/net/tcp instead, in the time left.
+        left = max(1.0, timeout - (time.monotonic() - started))
+        data, result = await run_fallback(executor, ports=sorted(set(ports or ())),
+                                          timeout=left, shm_dir=shm_dir)
     gpu_status = SourceStatus(
         name=f"gpu:{gpu.backend}", ok=gpu.ok, critical=True, error=gpu.error,
         elapsed_s=gpu.elapsed_s,
