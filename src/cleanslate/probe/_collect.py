@@ -38,6 +38,7 @@ SHM_PATTERNS = (
     "trtllm*",
     "cleanslate-sim-*",
     "cuda.shm.*",
+    "vader*",
 )
 
 _XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")

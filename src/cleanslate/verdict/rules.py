@@ -40,12 +40,14 @@ class Scope:
 
     ``gpus``: GPU indices in scope (``None``: all). ``exclude_roots``: PIDs whose whole process
     trees are the checker's own (locally, the checker's PID). ``engines``: engines whose
-    signatures count as strays (``None``: all known). ``strict``: warnings make a host DIRTY.
+    signatures count as strays (``None``: all known). ``markers``: ``CLEANSLATE_RUN`` values
+    that count as strays (``None``: any run's). ``strict``: warnings make a host DIRTY.
     """
 
     gpus: frozenset[int] | None = None
     exclude_roots: frozenset[int] = frozenset()
     engines: tuple[str, ...] | None = None
+    markers: frozenset[str] | None = None
     idle_tolerance_mib: int = DEFAULT_IDLE_TOLERANCE_MIB
     strict: bool = False
     extra: dict[str, str] = field(default_factory=dict)
@@ -172,7 +174,9 @@ def _process_rules(
         if proc.pid in own:
             continue
         engine = match_engine(proc.comm, proc.cmdline, scope.engines)
-        owned = engine is not None or proc.run_marker is not None
+        marked = proc.run_marker is not None and (
+            scope.markers is None or proc.run_marker in scope.markers)
+        owned = engine is not None or marked
         what = engine or f"run {proc.run_marker}"
         evidence = {**_evidence(proc), "engine": engine}
         if proc.state == "Z":

@@ -1,0 +1,72 @@
+"""What to serve: a config file (``cleanslate serve server.yaml``) or command-line options.
+
+Schema (YAML)::
+
+    engine: vllm                 # sglang | vllm | trtllm | transformers | llamacpp | command | sim
+    model: /models/Llama-3.1-8B
+    host: local                  # or ssh://user@host:port, or a ~/.ssh/config name
+    port: 8000                   # default: the engine's default port
+    gpus: [0, 1]                 # GPUs the run needs clean (and gets as CUDA_VISIBLE_DEVICES)
+    flags:                       # spelled as the engine spells them
+      max-model-len: 4096
+      enforce-eager: true        # true: bare flag; false and null: omitted
+    env: {VLLM_CPU_KVCACHE_SPACE: "1"}
+    launch: [python, -m, vllm.entrypoints.openai.api_server]   # override how it starts
+    readiness_path: /health
+    ready_timeout_s: 600
+    smoke: true
+    smoke_timeout_s: 60          # per smoke request
+    grace_s: 30                  # SIGTERM grace before SIGKILL at teardown
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cleanslate.config import load_yaml_model
+from cleanslate.engines import engine_names
+
+
+class ServeConfig(BaseModel):
+    """A server to launch. See the module docstring for the YAML form."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str
+    model: str
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    gpus: list[int] | None = None
+    flags: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    launch: list[str] | None = None
+    python: str | None = None
+    readiness_path: str | None = None
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    smoke: bool = True
+    smoke_timeout_s: float = Field(default=60.0, gt=0)
+    grace_s: float = Field(default=30.0, ge=0)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        if value not in engine_names():
+            raise ValueError(f"unknown engine {value!r}; known: {', '.join(engine_names())}")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(g < 0 for g in value):
+            raise ValueError("GPU indices are 0 or more")
+        return value
+
+
+def load_serve_config(path: Path) -> ServeConfig:
+    config, _root = load_yaml_model(
+        path, ServeConfig, hint="see `cleanslate serve --help` for the keys of a server file"
+    )
+    return config

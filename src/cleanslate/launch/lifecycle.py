@@ -1,0 +1,279 @@
+"""The verified lifecycle of one server: preflight -> launch -> ready -> smoke, and stop.
+
+:func:`start_server` is what ``cleanslate serve`` and each trial of ``cleanslate tune`` run;
+:func:`stop_server` is ``cleanslate stop`` / ``clean --run``. Every transition is recorded in the
+store as it happens, so a controller that dies leaves a record that the next one can act on.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleanslate.engines import EngineAdapter, SmokeResult, get_engine, smoke_test, validate_flags
+from cleanslate.hosts.base import Executor
+from cleanslate.launch.config import ServeConfig
+from cleanslate.launch.launcher import LaunchError, LaunchRequest, launch, new_run_id
+from cleanslate.launch.ready import classify_run_log, log_tail, wait_ready
+from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV
+from cleanslate.probe.snapshot import Snapshot
+from cleanslate.store import RunRecord, Store
+from cleanslate.teardown.teardown import ScopeSpec, TeardownReport, teardown
+from cleanslate.verdict.check import CheckOptions, CheckReport, check_hosts
+from cleanslate.verdict.findings import Verdict
+from cleanslate.verdict.rules import Scope
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class StartOutcome:
+    """How :func:`start_server` ended. ``ok`` means launched, ready and smoke-tested.
+
+    ``refused`` is set when the preflight check found the host not clean (nothing was launched);
+    otherwise a failed start has a ``cause`` (``oom``, ``nan``, ``timeout`` ...), the log tail,
+    and the teardown that followed it.
+    """
+
+    run: RunRecord | None
+    ok: bool
+    refused: CheckReport | None = None
+    cause: str | None = None
+    detail: str | None = None
+    log_tail: str = ""
+    smoke: SmokeResult | None = None
+    teardown: TeardownReport | None = None
+    validation_note: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def adapter_for(config: ServeConfig, executor: Executor) -> EngineAdapter:
+    options: dict[str, Any] = {}
+    if config.launch:
+        options["launch"] = config.launch
+    if config.readiness_path:
+        options["readiness_path"] = config.readiness_path
+    if config.python:
+        options["python"] = config.python
+    elif config.engine == "sim" and not executor.is_local:
+        options["python"] = executor.python
+    return get_engine(config.engine, **options)
+
+
+def sim_env(config_engine: str, env: dict[str, str], artifacts: Path) -> dict[str, str]:
+    """For the sim engine, the simulated GPU ledger both the run and our checks must use.
+
+    ``CLEANSLATE_SIM_GPU_DIR`` from the config, else from our environment, else a ledger beside
+    the artifacts. It is also set in this process, so ``--gpu-backend auto`` reads it.
+    """
+    if config_engine != "sim":
+        return env
+    directory = env.get(SIM_GPU_DIR_ENV) or os.environ.get(SIM_GPU_DIR_ENV) or str(
+        artifacts / "sim-gpus")
+    os.environ[SIM_GPU_DIR_ENV] = directory
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return {**env, SIM_GPU_DIR_ENV: directory}
+
+
+def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float = 10.0,
+                   exclude_roots: frozenset[int] = frozenset()) -> CheckOptions:
+    """What "clean after this run" means: its GPUs, its port, its engine and its marker."""
+    if SIM_GPU_DIR_ENV in run.env:
+        os.environ.setdefault(SIM_GPU_DIR_ENV, run.env[SIM_GPU_DIR_ENV])
+    scope = Scope(
+        gpus=frozenset(run.gpus) if run.gpus is not None else None,
+        engines=(run.engine,) if run.engine != "command" else (),
+        markers=frozenset({run.marker}),
+        exclude_roots=exclude_roots or frozenset({os.getpid()}),
+    )
+    return CheckOptions(scope=scope, ports=(run.port,), gpu_backend=gpu_backend,
+                        timeout=timeout)
+
+
+def shm_remover(run: RunRecord, adapter: EngineAdapter) -> Callable[[Snapshot], list[str]]:
+    """Pick the run's own ``/dev/shm`` files: matching the engine's leftovers (or the generic
+    patterns), absent before the launch, and modified after it started."""
+    globs = adapter.leftovers.shm_globs
+
+    def pick(snapshot: Snapshot) -> list[str]:
+        before = set(run.shm_before)
+        out = []
+        for entry in snapshot.shm:
+            if entry.name in before or entry.mtime < run.started_at - 1.0:
+                continue
+            if globs and not any(fnmatch.fnmatchcase(entry.name, g) for g in globs):
+                continue
+            out.append(entry.name)
+        return out
+
+    return pick
+
+
+async def start_server(
+    executor: Executor,
+    store: Store,
+    config: ServeConfig,
+    *,
+    gpu_backend: str = "auto",
+    preflight: bool = True,
+    validate: bool = True,
+    progress: Progress | None = None,
+    study: str | None = None,
+    trial: int | None = None,
+    verify_deadline_s: float = 60.0,
+) -> StartOutcome:
+    """Preflight, launch, wait ready, smoke-test. On any failure: tear down, verify, record."""
+    say = progress or (lambda _m: None)
+    phases: dict[str, float] = {}
+    adapter = adapter_for(config, executor)
+    port = config.port or adapter.default_port
+    run_id = new_run_id()
+    artifacts = store.artifacts
+    env = sim_env(config.engine, dict(config.env), artifacts)
+    argv = adapter.build_argv(config.model, port, config.flags)
+    note = None
+
+    t0 = time.monotonic()
+    if validate:
+        say("validating flags against the engine's --help")
+        note = (await validate_flags(adapter, config.flags, executor)).note
+    phases["validate_s"] = round(time.monotonic() - t0, 3)
+
+    t0 = time.monotonic()
+    options = CheckOptions(
+        scope=Scope(gpus=frozenset(config.gpus) if config.gpus is not None else None,
+                    exclude_roots=frozenset({os.getpid()})),
+        ports=(port,), gpu_backend=gpu_backend)
+    before = await check_hosts([executor], options)
+    phases["verify_before_s"] = round(time.monotonic() - t0, 3)
+    if preflight and before.verdict != Verdict.CLEAN:
+        return StartOutcome(run=None, ok=False, refused=before, validation_note=note,
+                            phases=phases)
+
+    run_dir = f"{artifacts}/{run_id}" if executor.is_local else f".cleanslate/runs/{run_id}"
+    request = LaunchRequest(run_id=run_id, adapter=adapter, model=config.model, port=port,
+                            argv=tuple(argv), flags=dict(config.flags), env=env,
+                            gpus=tuple(config.gpus) if config.gpus is not None else None,
+                            run_dir=run_dir, study=study, trial=trial)
+    t0 = time.monotonic()
+    say(f"launching {run_id}: {' '.join(argv)}")
+    try:
+        run = await launch(executor, request)
+    except LaunchError as exc:
+        return StartOutcome(run=None, ok=False, cause="launch_failed", detail=str(exc),
+                            validation_note=note, phases=phases)
+    phases["launch_s"] = round(time.monotonic() - t0, 3)
+    snapshot_shm = tuple(e for e in before.hosts[0].findings if e.kind == "shm_leftover")
+    run = run.model_copy(update={
+        "verdict_before": before.model_dump(mode="json"),
+        "shm_before": tuple(str(f.evidence.get("name")) for f in snapshot_shm),
+    })
+    store.save_run(run)
+
+    say(f"waiting until ready (timeout {config.ready_timeout_s:g} s)")
+    t0 = time.monotonic()
+    ready = await wait_ready(executor, adapter, run, timeout=config.ready_timeout_s)
+    phases["ready_s"] = round(time.monotonic() - t0, 3)
+    if not ready.ready:
+        return await _fail(executor, store, adapter, run, config, ready.cause or "not_ready",
+                           ready.detail, phases, note, gpu_backend, verify_deadline_s, say)
+    run = run.model_copy(update={"status": "ready", "ready_at": time.time()})
+    store.save_run(run)
+
+    smoke = None
+    if config.smoke:
+        say("smoke test")
+        t0 = time.monotonic()
+        smoke = await smoke_test(run.url, config.model, completions=adapter.supports_completions,
+                                 chat=adapter.supports_chat,
+                                 request_timeout=config.smoke_timeout_s)
+        phases["smoke_s"] = round(time.monotonic() - t0, 3)
+        if not smoke.passed:
+            # The log often says more than the HTTP answer (a worker's traceback).
+            found = await classify_run_log(executor, adapter, run)
+            detail = smoke.detail or ""
+            if found is not None:
+                detail = f"{detail}; log: {found[1]}" if detail else found[1]
+            cause = str(smoke.cause)
+            outcome = await _fail(executor, store, adapter, run, config, cause, detail, phases,
+                                  note, gpu_backend, verify_deadline_s, say)
+            outcome.smoke = smoke
+            return outcome
+    run = run.model_copy(update={"phases": phases})
+    store.save_run(run)
+    return StartOutcome(run=run, ok=True, smoke=smoke, validation_note=note, phases=phases)
+
+
+async def _fail(executor: Executor, store: Store, adapter: EngineAdapter, run: RunRecord,
+                config: ServeConfig, cause: str, detail: str | None, phases: dict[str, float],
+                note: str | None, gpu_backend: str, verify_deadline_s: float,
+                say: Progress) -> StartOutcome:
+    tail = await log_tail(executor, run)
+    say(f"failed ({cause}): tearing down")
+    t0 = time.monotonic()
+    report = await stop_server(executor, store, run, grace_s=min(config.grace_s, 10.0),
+                               gpu_backend=gpu_backend, verify_deadline_s=verify_deadline_s,
+                               status="failed", cause=cause, detail=detail, log_tail_text=tail)
+    phases["teardown_s"] = round(time.monotonic() - t0, 3)
+    final = store.get_run(run.id).model_copy(update={"phases": phases})
+    store.save_run(final)
+    return StartOutcome(run=final, ok=False, cause=cause, detail=detail, log_tail=tail,
+                        teardown=report, validation_note=note, phases=phases)
+
+
+async def stop_server(
+    executor: Executor,
+    store: Store,
+    run: RunRecord,
+    *,
+    grace_s: float = 30.0,
+    gpu_backend: str = "auto",
+    verify_deadline_s: float = 60.0,
+    status: str = "stopped",
+    cause: str | None = None,
+    detail: str | None = None,
+    log_tail_text: str | None = None,
+    progress: Progress | None = None,
+) -> TeardownReport:
+    """Teardown of a recorded run (DESIGN section 4), verification, and the record updated."""
+    adapter = get_engine(run.engine) if run.engine != "command" else get_engine(
+        "command", launch=list(run.argv))
+    spec = ScopeSpec(
+        root=(run.pid, run.create_time) if run.pid and run.create_time else None,
+        supervisor=(run.supervisor_pid, run.supervisor_create_time)
+        if run.supervisor_pid and run.supervisor_create_time else None,
+        pgid=run.pgid, sid=run.sid, marker=run.marker, not_before=run.started_at,
+        exclude_roots=frozenset({os.getpid()}),
+    )
+    report = await teardown(
+        executor, spec, grace_s=grace_s,
+        verify=verify_options(run, gpu_backend=gpu_backend),
+        verify_deadline_s=verify_deadline_s,
+        remove_shm=shm_remover(run, adapter), progress=progress,
+    )
+    if log_tail_text is None and status != "stopped":
+        log_tail_text = await log_tail(executor, run)
+    updated = run.model_copy(update={
+        "status": status if run.status not in ("stopped", "failed") else run.status,
+        "cause": cause or run.cause,
+        "detail": detail or run.detail,
+        "log_tail": log_tail_text if log_tail_text is not None else run.log_tail,
+        "stopped_at": time.time(),
+        "teardown": report.model_dump(mode="json", exclude={"verify"}),
+        "verdict_after": report.verify.model_dump(mode="json") if report.verify else None,
+    })
+    store.save_run(updated)
+    return report
+
+
+async def run_exit_code(executor: Executor, run: RunRecord) -> int | None:
+    """The engine root's exit status from the supervisor's state, ``None`` while it runs."""
+    from cleanslate.launch.launcher import read_state
+
+    state = await read_state(executor, f"{run.artifacts_dir}/state.json")
+    return None if state is None else state.get("exit_code")

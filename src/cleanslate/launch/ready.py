@@ -1,0 +1,98 @@
+"""Wait until a launched server is really ready.
+
+Ready means all of: the readiness endpoint answers 200, the engine's root process is alive,
+and the log shows no crash signature. Whichever fails first decides the cause: the engine's
+crash classification of the log (``oom``, ``cuda_error`` ...), ``exited`` (the process ended
+with no recognisable cause in its log) or ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict
+
+from cleanslate.engines import EngineAdapter
+from cleanslate.hosts.base import Executor
+from cleanslate.launch.launcher import read_state
+from cleanslate.store import RunRecord
+
+LOG_TAIL_BYTES = 6000
+
+
+class ReadyResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ready: bool
+    cause: str | None = None
+    detail: str | None = None
+    elapsed_s: float
+    exit_code: int | None = None
+
+
+async def log_tail(executor: Executor, run: RunRecord, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of the run's log ('' when there is none yet)."""
+    try:
+        data = await executor.read_file(run.log_path, max_bytes=max_bytes, tail=True)
+    except (FileNotFoundError, OSError):
+        return ""
+    return data.decode(errors="replace")
+
+
+async def classify_run_log(executor: Executor, adapter: EngineAdapter, run: RunRecord,
+                           returncode: int | None = None) -> tuple[str, str] | None:
+    """(cause, root-cause line) from the whole log, or ``None`` when it shows no failure."""
+    try:
+        text = (await executor.read_file(run.log_path, max_bytes=1 << 20, tail=True)).decode(
+            errors="replace")
+    except (FileNotFoundError, OSError):
+        text = ""
+    crash = adapter.classify_log(text, returncode=returncode)
+    if crash is None:
+        return None
+    return str(crash.cause), crash.line
+
+
+async def wait_ready(
+    executor: Executor,
+    adapter: EngineAdapter,
+    run: RunRecord,
+    *,
+    timeout: float,
+    interval: float = 0.25,
+) -> ReadyResult:
+    """Poll readiness, liveness and the log until ready, failed, or ``timeout`` seconds."""
+    started = time.monotonic()
+    url = adapter.readiness_url(run.port)
+    state_path = f"{run.artifacts_dir}/state.json"
+    client_timeout = aiohttp.ClientTimeout(total=min(5.0, max(1.0, interval * 8)))
+    async with aiohttp.ClientSession(timeout=client_timeout) as session:
+        last_error = "no answer yet"
+        while True:
+            state = await read_state(executor, state_path)
+            exit_code = state.get("exit_code") if state else None
+            if state is not None and exit_code is not None:
+                found = await classify_run_log(executor, adapter, run, returncode=exit_code)
+                cause, line = found or ("exited", f"the server exited with status {exit_code} "
+                                        "before it was ready")
+                return ReadyResult(ready=False, cause=cause, detail=line, exit_code=exit_code,
+                                   elapsed_s=round(time.monotonic() - started, 3))
+            found = await classify_run_log(executor, adapter, run)
+            if found is not None:
+                return ReadyResult(ready=False, cause=found[0], detail=found[1],
+                                   elapsed_s=round(time.monotonic() - started, 3))
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return ReadyResult(ready=True,
+                                           elapsed_s=round(time.monotonic() - started, 3))
+                    last_error = f"{url} answered HTTP {response.status}"
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                last_error = f"{url}: {type(exc).__name__}: {exc}".rstrip(": ")
+            if time.monotonic() - started > timeout:
+                return ReadyResult(ready=False, cause="timeout",
+                                   detail=f"not ready after {timeout:g} s ({last_error})",
+                                   elapsed_s=round(time.monotonic() - started, 3))
+            await asyncio.sleep(interval)

@@ -1,0 +1,159 @@
+"""The :class:`Store` and the :class:`RunRecord` it keeps."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import create_engine, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from cleanslate.errors import InputError
+from cleanslate.store._tables import Base, RunRow
+
+STORE_ENV = "CLEANSLATE_STORE"
+DEFAULT_STORE_URL = "sqlite:///cleanslate.db"
+
+
+def resolve_store_url(url: str | None) -> str:
+    """``--store`` if given, else ``$CLEANSLATE_STORE``, else ``sqlite:///cleanslate.db``.
+
+    A bare path (``runs.db``) is taken as a SQLite file.
+    """
+    value = url or os.environ.get(STORE_ENV) or DEFAULT_STORE_URL
+    if "://" not in value:
+        value = f"sqlite:///{value}"
+    return value
+
+
+def artifacts_root(url: str) -> Path:
+    """The folder for logs beside the store: ``<db dir>/artifacts`` for SQLite, else
+    ``./artifacts`` (or ``$CLEANSLATE_ARTIFACTS``)."""
+    override = os.environ.get("CLEANSLATE_ARTIFACTS")
+    if override:
+        return Path(override)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        return Path(parsed.database).resolve().parent / "artifacts"
+    return Path("artifacts").resolve()
+
+
+class RunRecord(BaseModel):
+    """A launched server as the store keeps it. Times are epoch seconds.
+
+    ``pid`` is the engine's root process, ``supervisor_pid`` the process that started it (the
+    child subreaper, locally); ``create_time`` fields guard against PID reuse. ``marker`` is the
+    value of ``CLEANSLATE_RUN`` in the run's environment: every process of the run carries it.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    host: str
+    engine: str
+    model: str
+    argv: tuple[str, ...]
+    flags: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    marker: str
+    port: int
+    gpus: tuple[int, ...] | None = None
+    url: str
+    log_path: str
+    artifacts_dir: str
+    status: str = "starting"
+    cause: str | None = None
+    detail: str | None = None
+    log_tail: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    create_time: float | None = None
+    supervisor_pid: int | None = None
+    supervisor_create_time: float | None = None
+    started_at: float = Field(default_factory=time.time)
+    ready_at: float | None = None
+    stopped_at: float | None = None
+    phases: dict[str, float] = Field(default_factory=dict)
+    verdict_before: dict[str, Any] | None = None
+    verdict_after: dict[str, Any] | None = None
+    teardown: dict[str, Any] | None = None
+    shm_before: tuple[str, ...] = ()
+    study: str | None = None
+    trial: int | None = None
+
+
+class Store:
+    """Runs (and, with the tuner, studies and trials) in one SQLAlchemy database.
+
+    Thread safety: one ``Store`` may be shared by threads; each call opens its own session.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = resolve_store_url(url)
+        try:
+            self.engine: Engine = create_engine(self.url, future=True)
+        except (ArgumentError, ValueError) as exc:
+            raise InputError(f"not a database URL: {exc}", where="--store",
+                             hint="sqlite:///cleanslate.db or postgresql://user@host/db") from None
+        except ModuleNotFoundError as exc:
+            raise InputError(f"the database driver is not installed: {exc.name}",
+                             where="--store",
+                             hint="pip install psycopg[binary] for postgresql:// URLs") from None
+        try:
+            Base.metadata.create_all(self.engine)
+        except OperationalError as exc:
+            raise InputError(f"cannot open the store: {exc.orig}", where="--store") from None
+
+    @property
+    def artifacts(self) -> Path:
+        return artifacts_root(self.url)
+
+    def save_run(self, run: RunRecord) -> None:
+        """Insert or replace a run record."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(RunRow, run.id)
+            data = run.model_dump(mode="json")
+            if row is None:
+                session.add(RunRow(id=run.id, host=run.host, engine=run.engine, model=run.model,
+                                   status=run.status, data=data, started_at=run.started_at,
+                                   updated_at=time.time(), study=run.study, trial=run.trial))
+            else:
+                row.status = run.status
+                row.data = data
+                row.updated_at = time.time()
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run with this id; an unknown id is an :class:`InputError`."""
+        with Session(self.engine) as session:
+            row = session.get(RunRow, run_id)
+            if row is None:
+                known = session.scalars(
+                    select(RunRow.id).order_by(RunRow.started_at.desc()).limit(5)
+                ).all()
+                raise InputError(
+                    f"no run {run_id!r} in {self.url}",
+                    hint=("recent runs: " + ", ".join(known)) if known else
+                    "no runs are recorded in this store; pass --store if it is another one",
+                )
+            return RunRecord.model_validate(row.data)
+
+    def runs(self, *, status: str | None = None, study: str | None = None) -> list[RunRecord]:
+        with Session(self.engine) as session:
+            query = select(RunRow).order_by(RunRow.started_at)
+            if status is not None:
+                query = query.where(RunRow.status == status)
+            if study is not None:
+                query = query.where(RunRow.study == study)
+            return [RunRecord.model_validate(r.data) for r in session.scalars(query)]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+__all__ = ["RunRecord", "SQLAlchemyError", "Store"]
