@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -136,15 +137,18 @@ def tiny_model(path: Path, **options: object) -> Path:
 
 def test_transformers_serve_ready_and_smoke(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "model")
-    if shutil.which("transformers") is None:
+    # the console script of the interpreter running the tests, else the one on PATH
+    script = Path(sys.executable).parent / "transformers"
+    command = str(script) if script.exists() else shutil.which("transformers")
+    if command is None:
         pytest.skip(
             "the `transformers` command is not installed (pip install 'transformers[serving]')"
         )
-    adapter = get_engine("transformers")
+    adapter = get_engine("transformers", launch=[command, "serve"])
     port = free_port()
     flags = {"device": "cpu", "dtype": "float32"}
     argv = adapter.build_argv(str(model), port, flags)
-    assert argv == ["transformers", "serve", str(model), "--port", str(port), "--device", "cpu",
+    assert argv == [command, "serve", str(model), "--port", str(port), "--device", "cpu",
                     "--dtype", "float32"]  # fmt: skip
 
     async def go() -> None:
