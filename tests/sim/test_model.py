@@ -10,6 +10,7 @@ from cleanslate.errors import InputError
 from cleanslate.sim.faults import Faults, parse_faults
 from cleanslate.sim.model import (
     QUICKSTART_CONCURRENCY,
+    QUICKSTART_FIXED,
     QUICKSTART_SPACE,
     QUICKSTART_WORKLOAD,
     SimModel,
@@ -24,12 +25,31 @@ def _estimates() -> dict[tuple[object, ...], float]:
     names = list(QUICKSTART_SPACE)
     for values in itertools.product(*QUICKSTART_SPACE.values()):
         flags = dict(zip(names, values, strict=True))
-        model = SimModel(settings_from_flags(flags))
+        model = SimModel(settings_from_flags({**QUICKSTART_FIXED, **flags}))
         plan = model.memory_plan()
         est = model.estimate(c, QUICKSTART_WORKLOAD["input_len"], QUICKSTART_WORKLOAD["output_len"])
         feasible = not plan.oom_at_start and not model.crashes_at_batch(int(est["batch"]))
         out[values] = est["output_throughput"] if feasible else 0.0
     return out
+
+
+def test_quickstart_space_has_failures_of_each_kind() -> None:
+    kinds: dict[str, list[tuple[object, ...]]] = {"oom": [], "no_kv": [], "crash": []}
+    names = list(QUICKSTART_SPACE)
+    for values in itertools.product(*QUICKSTART_SPACE.values()):
+        flags = {**QUICKSTART_FIXED, **dict(zip(names, values, strict=True))}
+        model = SimModel(settings_from_flags(flags))
+        plan = model.memory_plan()
+        if plan.oom_at_start:
+            kinds["oom"].append(values)
+        elif plan.not_enough_for_kv:
+            kinds["no_kv"].append(values)
+        elif model.crashes_at_batch(int(model.estimate(256, 1024, 128)["batch"])):
+            kinds["crash"].append(values)
+            assert not model.crashes_at_batch(int(model.estimate(64, 1024, 128)["batch"]))
+    assert all(k[0] == 0.95 for k in kinds["oom"]) and len(kinds["oom"]) == 24
+    assert kinds["no_kv"] and kinds["crash"]
+    assert all(k[1] is False for k in kinds["crash"])  # only with CUDA graphs on
 
 
 def test_quickstart_optimum_is_interior() -> None:

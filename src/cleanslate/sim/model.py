@@ -47,10 +47,13 @@ RUN_NOISE_SIGMA = 0.02  # log-normal factor drawn once per server from the seed
 #: The memory fraction above which start-up fails, for the default settings, is about 0.93
 #: with CUDA graphs and 0.947 without them (see :meth:`SimModel.oom_at_start`).
 
-#: The default search space of the quick start (flag -> values, SGLang spelling). Its best
-#: configuration at concurrency 256 is interior: neither the largest memory fraction (0.95
-#: runs out of memory at start) nor the largest ``max-running-requests`` (its request table
-#: eats KV cache) nor the largest ``chunked-prefill-size`` (its workspace does too) wins.
+#: The default search space of the quick start (flag -> values, SGLang spelling), meant with
+#: :data:`QUICKSTART_FIXED` and :data:`QUICKSTART_WORKLOAD`. Its best configuration at
+#: concurrency 256 (0.92, CUDA graphs on, 256, 4096) is interior: the largest memory fraction
+#: (0.95) runs out of memory at start, a larger ``max-running-requests`` eats KV cache with its
+#: request table, a larger ``chunked-prefill-size`` with its workspace, a smaller one pays more
+#: fixed prefill cost; and with CUDA graphs, configurations whose decode batch grows above
+#: ``cuda-graph-max-bs`` (112) crash at concurrency 256 but not at 64.
 QUICKSTART_SPACE: dict[str, list[Any]] = {
     "mem-fraction-static": [0.80, 0.85, 0.88, 0.92, 0.95],
     "disable-cuda-graph": [True, False],
@@ -59,7 +62,7 @@ QUICKSTART_SPACE: dict[str, list[Any]] = {
 }
 
 #: The fixed flags and workload the quick-start space is meant for.
-QUICKSTART_FIXED: dict[str, Any] = {"tp-size": 1}
+QUICKSTART_FIXED: dict[str, Any] = {"tp-size": 1, "cuda-graph-max-bs": 112}
 QUICKSTART_WORKLOAD: dict[str, Any] = {"kind": "random", "input_len": 1024, "output_len": 128}
 QUICKSTART_CONCURRENCY: list[int] = [64, 256]
 

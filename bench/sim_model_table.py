@@ -1,0 +1,196 @@
+"""Measure the sim's performance model from the running server: the table of docs/sim-model.md.
+
+For each configuration (the quick-start best and its neighbours along each flag) it starts
+``cleanslate sim serve`` with the quick-start fixed flags, runs closed-loop streaming levels at
+concurrency 64 and 256 with the quick-start workload (1024 prompt tokens, 128 output tokens,
+``ignore_eos``) using :mod:`cleanslate.sim.loadgen`, stops the server, and prints a Markdown
+table: output tokens/s and mean / p50 TTFT per level, or how the configuration failed (OOM at
+start, crash). Takes about 6 minutes at ``--time-scale 1``.
+
+    python bench/sim_model_table.py [--time-scale 1.0] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from cleanslate.sim.loadgen import closed_loop
+from cleanslate.sim.model import QUICKSTART_FIXED, QUICKSTART_WORKLOAD
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sim_capacity import free_port
+
+MODEL = "cleanslate/sim-70b"
+BEST = {
+    "mem-fraction-static": 0.92,
+    "disable-cuda-graph": False,
+    "max-running-requests": 256,
+    "chunked-prefill-size": 4096,
+}
+CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("best (interior)", {}),
+    ("mem 0.85", {"mem-fraction-static": 0.85}),
+    ("mem 0.95", {"mem-fraction-static": 0.95}),
+    ("no CUDA graph", {"disable-cuda-graph": True}),
+    ("max-running 128", {"max-running-requests": 128}),
+    ("max-running 512", {"max-running-requests": 512}),
+    ("chunk 1024", {"chunked-prefill-size": 1024}),
+    ("chunk 16384", {"chunked-prefill-size": 16384}),
+    (
+        "corner: 0.80, eager, 64, 1024",
+        {
+            "mem-fraction-static": 0.80,
+            "disable-cuda-graph": True,
+            "max-running-requests": 64,
+            "chunked-prefill-size": 1024,
+        },
+    ),
+]
+LEVELS = [(64, 192), (256, 512)]
+
+
+def flags_argv(flags: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in flags.items():
+        if value is True:
+            out.append(f"--{key}")
+        elif value is not False:
+            out += [f"--{key}", str(value)]
+    return out
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def run_config(flags: dict[str, Any], time_scale: float, tmp: str) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = os.path.join(tmp, f"server-{port}.log")
+    argv = [
+        sys.executable,
+        "-m",
+        "cleanslate.sim",
+        "serve",
+        "--port",
+        str(port),
+        "--time-scale",
+        str(time_scale),
+        *flags_argv(flags),
+    ]
+    env = {**os.environ, "CLEANSLATE_SIM_GPU_DIR": os.path.join(tmp, "gpus")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    result: dict[str, Any] = {"flags": flags, "levels": {}}
+    try:
+        while not healthy(url):
+            if proc.poll() is not None:
+                text = Path(log_path).read_text(errors="replace")
+                result["failed"] = (
+                    "OOM at start"
+                    if "OutOfMemoryError" in text
+                    else (f"exit {proc.returncode} at start")
+                )
+                return result
+            time.sleep(0.05)
+        for concurrency, n in LEVELS:
+            run = asyncio.run(
+                closed_loop(
+                    url,
+                    MODEL,
+                    concurrency,
+                    n,
+                    QUICKSTART_WORKLOAD["input_len"],
+                    QUICKSTART_WORKLOAD["output_len"],
+                    timeout_s=600,
+                )
+            )
+            summary = run.summary()
+            if run.errors or proc.poll() is not None:
+                text = Path(log_path).read_text(errors="replace")
+                summary["failed"] = "crash" if "Traceback" in text else f"{run.errors} errors"
+                result["levels"][concurrency] = summary
+                break
+            result["levels"][concurrency] = summary
+        return result
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+
+def cell(result: dict[str, Any], concurrency: int) -> tuple[str, str]:
+    if "failed" in result:
+        return result["failed"], "-"
+    level = result["levels"].get(concurrency)
+    if level is None:
+        return "-", "-"
+    if "failed" in level:
+        return level["failed"], "-"
+    return (
+        f"{level['output_throughput']:,.0f}",
+        f"{level['ttft_mean_s']:.2f} / {level['ttft_p50_s']:.2f}",
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="cleanslate-sim-table-")
+    os.makedirs(os.path.join(tmp, "gpus"))
+    rows = []
+    try:
+        for name, change in CONFIGS:
+            flags = {**QUICKSTART_FIXED, **BEST, **change}
+            t0 = time.monotonic()
+            result = run_config(flags, args.time_scale, tmp)
+            result["name"] = name
+            rows.append(result)
+            print(
+                f"{name}: {json.dumps(result['levels']) or result.get('failed')} "
+                f"({time.monotonic() - t0:.0f} s)",
+                file=sys.stderr,
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(
+        "| configuration | mem | graph | max-run | chunk | tok/s c=64 | TTFT mean/p50 s c=64 "
+        "| tok/s c=256 | TTFT mean/p50 s c=256 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f = r["flags"]
+        c64, t64 = cell(r, 64)
+        c256, t256 = cell(r, 256)
+        graph = "off" if f["disable-cuda-graph"] else "on"
+        print(
+            f"| {r['name']} | {f['mem-fraction-static']} | {graph} | "
+            f"{f['max-running-requests']} | {f['chunked-prefill-size']} | {c64} | {t64} | "
+            f"{c256} | {t256} |"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
