@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cleanslate.cli import app
@@ -22,6 +23,7 @@ from cleanslate.verdict.check import check_until_clean as _until_clean
 from cleanslate.verdict.findings import HostVerdict, Severity, Verdict
 from cleanslate.verdict.rules import DEFAULT_IDLE_TOLERANCE_MIB, Scope
 
+_MAX_ROWS_PER_KIND = 5
 _VERDICT_STYLE = {Verdict.CLEAN: "bold green", Verdict.DIRTY: "bold red",
                   Verdict.UNKNOWN: "bold yellow"}
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.UNKNOWN: "yellow", Severity.WARNING: "magenta",
@@ -143,9 +145,18 @@ def _render_host(host: HostVerdict, *, show_name: bool) -> None:
         table.add_column("severity")
         table.add_column("kind")
         table.add_column("detail", overflow="fold")
+        shown: dict[tuple[str, str], int] = {}
         for finding in problems:
+            key = (finding.kind.value, finding.severity.value)
+            shown[key] = shown.get(key, 0) + 1
+            if shown[key] > _MAX_ROWS_PER_KIND:
+                continue
             table.add_row(f"[{_SEVERITY_STYLE[finding.severity]}]{finding.severity.value}[/]",
-                          finding.kind.value, finding.message)
+                          finding.kind.value, escape(finding.message))
+        for (kind, severity), count in shown.items():
+            if count > _MAX_ROWS_PER_KIND:
+                table.add_row(f"[{_SEVERITY_STYLE[Severity(severity)]}]{severity}[/]", kind,
+                              f"... and {count - _MAX_ROWS_PER_KIND} more (all in --json)")
         console.print(table)
     if show_name:
         console.print(f"{host.host}: {host.verdict.value.upper()}",

@@ -12,6 +12,7 @@ from cleanslate.store._store import (
     STORE_ENV,
     RunRecord,
     Store,
+    TrialRecord,
     artifacts_root,
     resolve_store_url,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "STORE_ENV",
     "RunRecord",
     "Store",
+    "TrialRecord",
     "artifacts_root",
     "resolve_store_url",
 ]

@@ -14,7 +14,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cleanslate.errors import InputError
-from cleanslate.store._tables import Base, RunRow
+from cleanslate.store._tables import Base, RunRow, StudyRow, TrialRow
 
 STORE_ENV = "CLEANSLATE_STORE"
 DEFAULT_STORE_URL = "sqlite:///cleanslate.db"
@@ -88,6 +88,43 @@ class RunRecord(BaseModel):
     trial: int | None = None
 
 
+class TrialRecord(BaseModel):
+    """One trial as the store keeps it.
+
+    ``status``: ``running`` (its cycle is under way, or its controller died), ``feasible``
+    (measured, at least one level met the SLOs), ``infeasible`` (a result: failed to start, OOM,
+    NaN, crashed under load or missed every SLO; ``cause`` says which), ``infra_failed`` (the
+    host was dirty or unreachable: not a result; the configuration is run again).
+    ``levels`` are the benchmark levels (:class:`cleanslate.bench.LevelResult` JSON) in order.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int | None = None
+    study: str
+    number: int
+    params: dict[str, Any]
+    flags: dict[str, Any] = Field(default_factory=dict)
+    status: str = "running"
+    cause: str | None = None
+    detail: str | None = None
+    value: float | None = None
+    best_level: str | None = None
+    levels: tuple[dict[str, Any], ...] = ()
+    level_verdicts: dict[str, str] = Field(default_factory=dict)
+    phases: dict[str, float] = Field(default_factory=dict)
+    run_id: str | None = None
+    argv: tuple[str, ...] = ()
+    host: str | None = None
+    log_tail: str | None = None
+    verdict_before: str | None = None
+    verdict_after: str | None = None
+    findings_before: tuple[dict[str, Any], ...] = ()
+    findings_after: tuple[dict[str, Any], ...] = ()
+    started_at: float = Field(default_factory=time.time)
+    finished_at: float | None = None
+
+
 class Store:
     """Runs (and, with the tuner, studies and trials) in one SQLAlchemy database.
 
@@ -152,8 +189,70 @@ class Store:
                 query = query.where(RunRow.study == study)
             return [RunRecord.model_validate(r.data) for r in session.scalars(query)]
 
+    # -- studies and trials ---------------------------------------------------------------------
+
+    def save_study(self, name: str, spec: dict[str, Any], status: str) -> float:
+        """Create or update a study; returns when it was first created (epoch seconds)."""
+        now = time.time()
+        with Session(self.engine) as session, session.begin():
+            row = session.get(StudyRow, name)
+            if row is None:
+                row = StudyRow(name=name, spec=spec, status=status, created_at=now,
+                               updated_at=now, elapsed_s=0.0)
+                session.add(row)
+            else:
+                row.spec = spec
+                row.status = status
+                row.updated_at = now
+            return float(row.created_at)
+
+    def add_study_time(self, name: str, seconds: float) -> float:
+        """Add wall time spent on a study; returns its total (for ``budget.hours``)."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(StudyRow, name)
+            if row is None:
+                return seconds
+            row.elapsed_s = float(row.elapsed_s or 0.0) + seconds
+            return float(row.elapsed_s)
+
+    def study(self, name: str) -> dict[str, Any] | None:
+        with Session(self.engine) as session:
+            row = session.get(StudyRow, name)
+            if row is None:
+                return None
+            return {"name": row.name, "spec": row.spec, "status": row.status,
+                    "created_at": row.created_at, "updated_at": row.updated_at,
+                    "elapsed_s": row.elapsed_s}
+
+    def studies(self) -> list[str]:
+        with Session(self.engine) as session:
+            return list(session.scalars(select(StudyRow.name).order_by(StudyRow.created_at)))
+
+    def save_trial(self, trial: TrialRecord) -> TrialRecord:
+        """Insert (``id`` None) or update a trial; returns it with its id."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(TrialRow, trial.id) if trial.id is not None else None
+            if row is None:
+                row = TrialRow(study=trial.study, number=trial.number, status=trial.status,
+                               data={}, started_at=trial.started_at, updated_at=time.time())
+                session.add(row)
+                session.flush()
+            trial = trial.model_copy(update={"id": row.id})
+            row.status = trial.status
+            row.number = trial.number
+            row.data = trial.model_dump(mode="json")
+            row.updated_at = time.time()
+            return trial
+
+    def trials(self, study: str, *, status: str | None = None) -> list[TrialRecord]:
+        with Session(self.engine) as session:
+            query = select(TrialRow).where(TrialRow.study == study).order_by(TrialRow.id)
+            if status is not None:
+                query = query.where(TrialRow.status == status)
+            return [TrialRecord.model_validate(r.data) for r in session.scalars(query)]
+
     def close(self) -> None:
         self.engine.dispose()
 
 
-__all__ = ["RunRecord", "SQLAlchemyError", "Store"]
+__all__ = ["RunRecord", "SQLAlchemyError", "Store", "TrialRecord"]

@@ -58,7 +58,12 @@ class Scope:
 
 def excluded_pids(snapshot: Snapshot, roots: Iterable[int]) -> set[int]:
     """The checker's own processes: the trees under ``roots``, plus the collector and those of its
-    ancestors that share its session (over SSH: the remote shell and ``timeout`` wrapping it)."""
+    ancestors that share its session (over SSH: the remote shell and ``timeout`` wrapping it).
+
+    The walk never enters a process that carries a run marker (it belongs to a run, whoever its
+    parent is now), and a root that is PID 1 or a child subreaper adopts orphans, so for PID 1
+    only the process itself is excluded (a checker that is a container's init).
+    """
     children: dict[int, list[int]] = {}
     by_pid = {p.pid: p for p in snapshot.processes}
     for proc in snapshot.processes:
@@ -78,7 +83,10 @@ def excluded_pids(snapshot: Snapshot, roots: Iterable[int]) -> set[int]:
         if pid in out and pid not in roots:
             continue
         out.add(pid)
-        stack.extend(children.get(pid, ()))
+        if pid == 1:
+            continue
+        stack.extend(c for c in children.get(pid, ())
+                     if c in by_pid and by_pid[c].run_marker is None)
     return out
 
 

@@ -1,0 +1,143 @@
+"""``cleanslate tune``: run a study over a search space, with every state verified."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from cleanslate.cli import app
+from cleanslate.cli._common import EXIT_FAILED, console, console_err
+from cleanslate.cli.check import render_report
+from cleanslate.hosts import executor_for
+from cleanslate.store import Store, TrialRecord
+from cleanslate.tune import StudySpec, TuneView, load_study, run_study, validate_study_flags
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+class ConsoleView(TuneView):
+    """Progress as lines on the console: trial i of N, phase, level, best so far."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.prefix = ""
+
+    def study_started(self, spec: StudySpec, total: int, done: int) -> None:
+        if self.quiet:
+            return
+        console.print(f"[bold]study {spec.name}[/]: {spec.strategy} over "
+                      f"{', '.join(spec.space)}; {total} trials"
+                      + (f", {done} already done (resuming)" if done else ""))
+
+    def trial_started(self, index: int, total: int, number: int,
+                      params: dict[str, Any]) -> None:
+        self.prefix = f"trial {index}/{total}"
+        if not self.quiet:
+            console.print(f"[bold cyan]{self.prefix}[/] (#{number}) {escape(_params(params))}")
+
+    def phase(self, message: str) -> None:
+        if not self.quiet:
+            console.print(f"  [dim]{escape(message)}[/]")
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        if self.quiet:
+            return
+        if record.status == "feasible":
+            line = f"  [green]feasible[/] {record.value:,.1f} at {record.best_level}"
+        else:
+            line = (f"  [red]{record.status}[/] ({record.cause}): "
+                    f"{escape((record.detail or '')[:160])}")
+        if best is not None:
+            line += f"  [dim]| best so far {best.value:,.1f} (trial {best.number})[/]"
+        console.print(line, highlight=False)
+
+
+@app.command()
+def tune(
+    study_file: Annotated[Path, typer.Argument(help="The study file (YAML).")],
+    store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume/--no-resume", help="Resume a study of the same name (the default).")] = True,
+    host: Annotated[str | None, typer.Option(help="Host, overriding the study's.")] = None,
+    gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
+                        ] = False,
+) -> None:
+    """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
+    verify, recorded in the store. Rerunning the same study resumes it."""
+    spec, root = load_study(study_file)
+    if host is not None:
+        spec = spec.model_copy(update={"host": host})
+    store = Store(store_url)
+    if not resume and store.study(spec.name) is not None:
+        from cleanslate.errors import InputError
+
+        raise InputError(f"study {spec.name!r} already exists in {store.url}",
+                         where="--no-resume", hint="rename the study to start a new one")
+    executor = executor_for(spec.host)
+    note = asyncio.run(validate_study_flags(spec, root, study_file, executor))
+    if note and not json_out:
+        console_err.print(f"[yellow]note:[/] {note}")
+    outcome = asyncio.run(run_study(executor, store, spec, view=ConsoleView(quiet=json_out),
+                                    gpu_backend=gpu_backend))
+    if json_out:
+        typer.echo(json.dumps({
+            "study": spec.name, "stopped_by": outcome.stopped_by, "message": outcome.message,
+            "new_trials": outcome.new_trials,
+            "best": outcome.best.model_dump(mode="json") if outcome.best else None,
+            "trials": [t.model_dump(mode="json", exclude={"log_tail"}) for t in outcome.trials],
+        }))
+    else:
+        _summary(spec, outcome.trials, outcome.best, outcome.new_trials, outcome.stopped_by,
+                 outcome.message, outcome.report)
+    failed = outcome.best is None or outcome.stopped_by in ("quarantine", "interrupted")
+    raise typer.Exit(EXIT_FAILED if failed else 0)
+
+
+def launch_command(spec: StudySpec, record: TrialRecord) -> str:
+    """The exact engine command of a trial, shell-quoted."""
+    return shlex.join(record.argv) if record.argv else "(not launched)"
+
+
+def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | None, new: int,
+             stopped_by: str, message: str, report: Any = None) -> None:
+    results = [t for t in trials if t.status in ("feasible", "infeasible")]
+    table = Table(title=f"study {spec.name}: {len(results)} trials ({new} new)",
+                  title_justify="left")
+    factors = list(spec.space)
+    for column in ("#", *factors, "status", "best level", spec.objective.metric):
+        table.add_column(column, overflow="fold")
+    ordered = sorted(results, key=lambda t: (t.status != "feasible",
+                                             -(t.value or 0) if spec.objective.direction
+                                             == "maximize" else (t.value or 0)))
+    for t in ordered:
+        status = "feasible" if t.status == "feasible" else f"{t.status}: {t.cause}"
+        table.add_row(str(t.number), *(str(t.params.get(f)) for f in factors), status,
+                      t.best_level or "-",
+                      f"{t.value:,.1f}" if t.status == "feasible" and t.value else "-")
+    console.print(table)
+    if stopped_by in ("quarantine", "interrupted"):
+        console.print(f"[bold red]stopped: {stopped_by}[/] {escape(message)}")
+        if report is not None:
+            render_report(report)
+    if best is None:
+        console.print("[bold red]no feasible configuration[/]")
+        return
+    console.print(f"[bold green]best configuration[/] (trial {best.number}): "
+                  f"{_params(best.params)}")
+    console.print(f"  {spec.objective.metric} = {best.value:,.1f} at {best.best_level}")
+    level = next((lv for lv in best.levels if lv.get("label") == best.best_level), None)
+    if level:
+        console.print(f"  output {level['output_throughput']:,.0f} tok/s, total "
+                      f"{level['total_token_throughput']:,.0f} tok/s, p99 TTFT "
+                      f"{level['p99_ttft_ms']:,.0f} ms, p99 TPOT {level['p99_tpot_ms']:,.1f} ms")
+    console.print(f"  launch: {launch_command(spec, best)}", highlight=False, soft_wrap=True)

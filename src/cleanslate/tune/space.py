@@ -1,0 +1,96 @@
+"""Search strategies: the study's space as Optuna distributions and samplers.
+
+- ``grid``: every combination of the factors' discrete values (ranges give ``points`` values).
+- ``ablation``: the baseline, then one trial per other value of each factor, each differing
+  from the baseline in exactly one flag (the seed's controlled experiment).
+- ``tpe`` / ``random``: Optuna's samplers over lists (categorical) and ranges (int/float, log);
+  the baseline, when given, is enqueued first. Infeasible trials are told to TPE as violating a
+  constraint, so it learns where configurations fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from cleanslate.tune.study import Range, StudySpec
+
+#: User attribute holding a trial's constraint value (<= 0: feasible), read by TPE.
+CONSTRAINT_ATTR = "constraint"
+
+
+def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
+    """Optuna distributions of the space: categorical for grid/ablation and for lists."""
+    out: dict[str, BaseDistribution] = {}
+    for name, factor in spec.space.items():
+        if isinstance(factor, Range) and spec.strategy in ("tpe", "random"):
+            low, high = factor.bounds
+            if factor.is_int:
+                out[name] = IntDistribution(int(low), int(high), log=factor.log,
+                                            step=int(factor.step) if factor.step else 1)
+            else:
+                out[name] = FloatDistribution(low, high, log=factor.log, step=factor.step)
+        else:
+            out[name] = CategoricalDistribution(spec.factor_values(name))
+    return out
+
+
+def ablation_configs(spec: StudySpec) -> list[dict[str, Any]]:
+    """The baseline, then for each factor each non-baseline value with the rest at baseline."""
+    base = {name: spec.baseline[name] for name in spec.space}
+    configs = [dict(base)]
+    for name in spec.space:
+        for value in spec.factor_values(name):
+            if value != base[name]:
+                configs.append({**base, name: value})
+    return configs
+
+
+def grid_configs(spec: StudySpec) -> list[dict[str, Any]]:
+    names = list(spec.space)
+    combos = itertools.product(*(spec.factor_values(n) for n in names))
+    configs = [dict(zip(names, combo, strict=True)) for combo in combos]
+    if spec.baseline:
+        base = {n: spec.baseline.get(n, configs[0][n]) for n in names}
+        configs.remove(base) if base in configs else None
+        configs.insert(0, base)
+    return configs
+
+
+def planned_configs(spec: StudySpec) -> list[dict[str, Any]] | None:
+    """The fixed trial list of grid and ablation studies (``None`` for samplers)."""
+    if spec.strategy == "ablation":
+        return ablation_configs(spec)
+    if spec.strategy == "grid":
+        return grid_configs(spec)
+    return None
+
+
+def _constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
+    return (float(trial.user_attrs.get(CONSTRAINT_ATTR, 0.0)),)
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    if spec.strategy == "tpe":
+        return optuna.samplers.TPESampler(seed=spec.seed, constraints_func=_constraints,
+                                          n_startup_trials=min(10, max(3, len(spec.space) + 1)))
+    # grid and ablation run an enqueued list; random is random.
+    return optuna.samplers.RandomSampler(seed=spec.seed)
+
+
+def trial_budget(spec: StudySpec) -> int:
+    """How many trials the study runs: its plan's length, capped by ``budget.trials``."""
+    planned = planned_configs(spec)
+    cap = spec.budget.trials
+    if planned is not None:
+        return min(len(planned), cap) if cap else len(planned)
+    return cap or 20

@@ -1,0 +1,248 @@
+"""The study file: what to tune, how, and what counts as better.
+
+Schema (YAML; ``docs/study.md`` has the full reference)::
+
+    name: glm5-nvfp4
+    engine: sglang
+    model: /models/GLM-5-NVFP4
+    host: ssh://root@10.1.230.175        # default: local
+    port: 30000                          # default: the engine's
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    fixed: {tp-size: 8}                  # flags of every trial
+    baseline: {mem-fraction-static: 0.85, disable-cuda-graph: true, max-running-requests: 64}
+    space:
+      mem-fraction-static: [0.85, 0.88, 0.92]          # a list: these values
+      disable-cuda-graph: [true, false]
+      max-running-requests: {int: [64, 2048], log: true}   # a range (ints or floats)
+    strategy: ablation                   # grid | ablation | tpe | random
+    workload: {kind: random, input_len: 1024, output_len: 256}
+    concurrency: [64, 256, 512]
+    requests_per_level: 200              # or duration_s_per_level: 30
+    objective: {maximize: output_throughput}
+    slo: {ttft_p99_ms: 5000, tpot_p99_ms: 100}
+    budget: {trials: 30, hours: 12}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cleanslate.config import line_of, load_yaml_model
+from cleanslate.engines import engine_names
+from cleanslate.errors import InputError
+
+Scalar = bool | int | float | str | None
+
+#: SLO keys: ``<metric>_<stat>_ms`` with metric ttft/tpot/itl/e2e and a vLLM statistic.
+_SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el?)_(mean|median|p50|p90|p95|p99|p99\.9|max)_ms$")
+
+
+class Range(BaseModel):
+    """A numeric factor: ``{int: [low, high], log: true}`` or ``{float: [low, high], step: .05}``.
+
+    Grid and ablation studies need discrete values: ``values`` if given, else ``points``
+    values spread from low to high (geometrically with ``log``).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    int_: tuple[int, int] | None = Field(default=None, alias="int")
+    float_: tuple[float, float] | None = Field(default=None, alias="float")
+    log: bool = False
+    step: float | None = Field(default=None, gt=0)
+    points: int = Field(default=3, ge=2)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Range:
+        if (self.int_ is None) == (self.float_ is None):
+            raise ValueError("a range is {int: [low, high]} or {float: [low, high]}")
+        low, high = self.bounds
+        if low >= high:
+            raise ValueError(f"range low {low} must be below high {high}")
+        if self.log and low <= 0:
+            raise ValueError("a log range needs low > 0")
+        return self
+
+    @property
+    def is_int(self) -> bool:
+        return self.int_ is not None
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        pair = self.int_ if self.int_ is not None else self.float_
+        assert pair is not None
+        return float(pair[0]), float(pair[1])
+
+    def discrete(self) -> list[Scalar]:
+        low, high = self.bounds
+        n = self.points
+        if self.log:
+            raw = [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+        else:
+            raw = [low + (high - low) * i / (n - 1) for i in range(n)]
+        if self.is_int:
+            return list(dict.fromkeys(round(v) for v in raw))
+        return [round(v, 6) for v in raw]
+
+
+Factor = list[Scalar] | Range
+
+
+class Objective(BaseModel):
+    """``{maximize: METRIC}`` or ``{minimize: METRIC}``, a key of a benchmark level
+    (``output_throughput``, ``request_goodput``, ``p99_ttft_ms`` ...). A trial's value is the
+    best over its levels that meet the SLOs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    maximize: str | None = None
+    minimize: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Objective:
+        if (self.maximize is None) == (self.minimize is None):
+            raise ValueError("give exactly one of maximize: METRIC or minimize: METRIC")
+        return self
+
+    @property
+    def metric(self) -> str:
+        return self.maximize or self.minimize or ""
+
+    @property
+    def direction(self) -> Literal["maximize", "minimize"]:
+        return "maximize" if self.maximize else "minimize"
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trials: int | None = Field(default=None, ge=1)
+    hours: float | None = Field(default=None, gt=0)
+
+
+class StudySpec(BaseModel):
+    """A study file. See the module docstring."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    engine: str
+    model: str
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    gpus: list[int] | None = None
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, Factor]
+    strategy: Literal["grid", "ablation", "tpe", "random"] = "tpe"
+    workload: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "random", "input_len": 1024, "output_len": 256})
+    endpoint: Literal["completions", "chat"] = "completions"
+    concurrency: list[int] = Field(min_length=1)
+    requests_per_level: int | None = Field(default=None, ge=1)
+    duration_s_per_level: float | None = Field(default=None, gt=0)
+    warmup: int = Field(default=0, ge=0)
+    objective: Objective = Field(default_factory=lambda: Objective(maximize="output_throughput"))
+    slo: dict[str, float] = Field(default_factory=dict)
+    budget: Budget = Field(default_factory=Budget)
+    seed: int = 0
+    env: dict[str, str] = Field(default_factory=dict)
+    launch: list[str] | None = None
+    python: str | None = None
+    readiness_path: str | None = None
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    smoke: bool = True
+    smoke_timeout_s: float = Field(default=60.0, gt=0)
+    grace_s: float = Field(default=30.0, ge=0)
+    verify_deadline_s: float = Field(default=120.0, gt=0)
+    retries: int = Field(default=2, ge=0, description="cleanings of a dirty host per trial")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        if value not in engine_names():
+            raise ValueError(f"unknown engine {value!r}; known: {', '.join(engine_names())}")
+        return value
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, value: dict[str, Factor]) -> dict[str, Factor]:
+        if not value:
+            raise ValueError("the search space is empty: give at least one flag with values")
+        for name, factor in value.items():
+            if isinstance(factor, list) and len(factor) == 0:
+                raise ValueError(f"{name}: no values")
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, value: list[int]) -> list[int]:
+        if any(c < 1 for c in value):
+            raise ValueError("concurrency levels are 1 or more")
+        return sorted(set(value))
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, limit in value.items():
+            if not _SLO_KEY.match(key):
+                raise ValueError(f"unknown SLO {key!r}: write METRIC_STAT_ms, e.g. ttft_p99_ms, "
+                                 "tpot_p99_ms, e2e_p99_ms, itl_mean_ms")
+            if not limit > 0:
+                raise ValueError(f"SLO {key} must be positive")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudySpec:
+        overlap = set(self.fixed) & set(self.space)
+        if overlap:
+            raise ValueError(f"flags both fixed and searched: {', '.join(sorted(overlap))}")
+        unknown = set(self.baseline) - set(self.space)
+        if unknown:
+            raise ValueError(f"baseline sets flags that are not in the space: "
+                             f"{', '.join(sorted(unknown))}")
+        if self.strategy == "ablation":
+            missing = set(self.space) - set(self.baseline)
+            if missing:
+                raise ValueError(f"ablation needs a baseline value for every factor; missing: "
+                                 f"{', '.join(sorted(missing))}")
+        return self
+
+    def slo_limits(self) -> dict[str, float]:
+        """SLOs as level keys: ``ttft_p99_ms`` -> ``p99_ttft_ms`` (vLLM's spelling)."""
+        out = {}
+        for key, limit in self.slo.items():
+            match = _SLO_KEY.match(key)
+            assert match is not None
+            metric, stat = match.groups()
+            metric = "e2el" if metric.startswith("e2e") else metric
+            out[f"{stat}_{metric}_ms"] = limit
+        return out
+
+    def factor_values(self, name: str) -> list[Scalar]:
+        factor = self.space[name]
+        return factor.discrete() if isinstance(factor, Range) else list(factor)
+
+    def grid_size(self) -> int:
+        return math.prod(len(self.factor_values(n)) for n in self.space)
+
+
+def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
+    """Load and validate a study file; errors name file:line (exit 2)."""
+    spec, root = load_yaml_model(path, StudySpec,
+                                 hint="see docs/study.md for the keys of a study file")
+    if spec.strategy == "ablation" or spec.baseline:
+        for name, value in spec.baseline.items():
+            if value not in spec.factor_values(name):
+                line = line_of(root, ("baseline", name))
+                raise InputError(
+                    f"baseline {name}: {value!r} is not one of the space's values "
+                    f"{spec.factor_values(name)}", where=f"{path}:{line}",
+                    hint="add it to the space or pick one of its values")
+    return spec, root

@@ -1,0 +1,256 @@
+"""One trial: the whole cycle for one configuration, each phase timed and recorded.
+
+``verify clean -> launch -> ready -> smoke -> levels (ascending) -> teardown -> verify clean``.
+
+A configuration that fails to start, runs out of memory, emits NaN, crashes under load or misses
+every SLO is a *result* (``infeasible``, with its cause and log tail). A host that is dirty
+before the trial and does not come clean, or that cannot be reached, is an *infrastructure*
+failure (:class:`HostQuarantined`): not a result, and the configuration is run again elsewhere
+or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cleanslate.bench import SLO, BenchConfig, ClosedLoop, LevelResult, run_level
+from cleanslate.bench import workload_from_dict as _workload
+from cleanslate.hosts.base import Executor
+from cleanslate.launch.config import ServeConfig
+from cleanslate.launch.lifecycle import (
+    StartOutcome,
+    adapter_for,
+    run_exit_code,
+    start_server,
+    stop_server,
+)
+from cleanslate.launch.ready import classify_run_log, log_tail
+from cleanslate.store import RunRecord, Store, TrialRecord
+from cleanslate.tune.study import StudySpec
+from cleanslate.verdict.check import CheckReport
+
+Say = Callable[[str], None]
+
+
+class HostQuarantined(Exception):
+    """The host stayed dirty (or unreachable) after cleaning: it takes no more trials."""
+
+    def __init__(self, message: str, report: CheckReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class Interrupted(Exception):
+    """The controller was asked to stop (Ctrl-C, SIGTERM) during a trial."""
+
+
+def serve_config(spec: StudySpec, params: dict[str, Any]) -> ServeConfig:
+    """The server of one trial: the study's fixed flags plus the trial's parameters."""
+    return ServeConfig(
+        engine=spec.engine, model=spec.model, host=spec.host, port=spec.port, gpus=spec.gpus,
+        flags={**spec.fixed, **params}, env=dict(spec.env), launch=spec.launch,
+        python=spec.python, readiness_path=spec.readiness_path,
+        ready_timeout_s=spec.ready_timeout_s, smoke=spec.smoke,
+        smoke_timeout_s=spec.smoke_timeout_s, grace_s=spec.grace_s,
+    )
+
+
+def slo_misses(level: LevelResult, limits: dict[str, float]) -> list[str]:
+    """The SLOs a level missed, as ``p99_ttft_ms 6120 > 5000``."""
+    out = []
+    data = level.model_dump()
+    for key, limit in limits.items():
+        value = data.get(key)
+        if value is None or value > limit:
+            shown = "no samples" if value is None else f"{value:.1f}"
+            out.append(f"{key} {shown} > {limit:g}")
+    return out
+
+
+def _summary(report: dict[str, Any] | None) -> tuple[str | None, tuple[dict[str, Any], ...]]:
+    if not report:
+        return None, ()
+    findings = tuple(
+        f for host in report.get("hosts", []) for f in host.get("findings", [])
+        if f.get("severity") in ("error", "unknown")
+    )
+    return report.get("verdict"), findings
+
+
+async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: Say) -> int:
+    """Tear down every run of this study that may still have processes: those the store says
+    are running, and those whose last verification was not clean. Returns how many were
+    stopped (the processes are found by their marker even when orphaned)."""
+    stopped = 0
+    for run in store.runs(study=spec.name):
+        unverified = (run.verdict_after or {}).get("verdict", "clean") != "clean"
+        if (run.status in ("starting", "ready") or unverified) and run.host == executor.name:
+            say(f"cleaning up run {run.id} left by an earlier controller")
+            await stop_server(executor, store, run, grace_s=min(spec.grace_s, 10.0),
+                              verify_deadline_s=spec.verify_deadline_s, status="stopped",
+                              cause="controller_died")
+            stopped += 1
+    return stopped
+
+
+async def run_trial(
+    executor: Executor,
+    store: Store,
+    spec: StudySpec,
+    number: int,
+    params: dict[str, Any],
+    *,
+    gpu_backend: str = "auto",
+    say: Say | None = None,
+    stop: asyncio.Event | None = None,
+) -> TrialRecord:
+    """Run one configuration through the whole cycle and record it (see the module doc)."""
+    say = say or (lambda _m: None)
+    config = serve_config(spec, params)
+    record = store.save_trial(TrialRecord(study=spec.name, number=number, params=params,
+                                          flags=config.flags, host=executor.name))
+    started = time.monotonic()
+
+    outcome: StartOutcome | None = None
+    for attempt in range(spec.retries + 1):
+        outcome = await start_server(executor, store, config, gpu_backend=gpu_backend,
+                                     progress=say, study=spec.name, trial=number,
+                                     verify_deadline_s=spec.verify_deadline_s,
+                                     validate=False)
+        if outcome.refused is None:
+            break
+        say("host not clean before the trial: cleaning up this study's runs")
+        if await recover_host(executor, store, spec, say) == 0 and attempt == spec.retries:
+            break
+    assert outcome is not None
+    if outcome.refused is not None:
+        verdict, findings = _summary(outcome.refused.model_dump(mode="json"))
+        store.save_trial(record.model_copy(update={
+            "status": "infra_failed", "cause": "host_not_clean",
+            "detail": "; ".join(f["message"] for f in findings[:5]),
+            "verdict_before": verdict, "findings_before": findings,
+            "finished_at": time.time()}))
+        raise HostQuarantined(f"{executor.name} is not clean and cleaning did not help",
+                              outcome.refused)
+    run = outcome.run
+    phases = dict(outcome.phases)
+    before_verdict, before_findings = _summary(run.verdict_before if run else None)
+    record = record.model_copy(update={
+        "run_id": run.id if run else None, "argv": run.argv if run else (),
+        "verdict_before": before_verdict or "clean", "findings_before": before_findings})
+    store.save_trial(record)
+    if not outcome.ok:
+        after = outcome.teardown.verify.model_dump(mode="json") if (
+            outcome.teardown and outcome.teardown.verify) else None
+        verdict_after, findings_after = _summary(after)
+        return store.save_trial(record.model_copy(update={
+            "status": "infeasible", "cause": outcome.cause, "detail": outcome.detail,
+            "log_tail": outcome.log_tail[-4000:], "phases": phases,
+            "verdict_after": verdict_after, "findings_after": findings_after,
+            "finished_at": time.time()}))
+    assert run is not None
+    levels, level_verdicts, cause, detail, crashed = await _levels(
+        executor, spec, config, run, phases, say, stop)
+    say("teardown and verification")
+    t0 = time.monotonic()
+    tail = await log_tail(executor, run) if cause else None
+    report = await stop_server(executor, store, run, grace_s=spec.grace_s,
+                               gpu_backend=gpu_backend, verify_deadline_s=spec.verify_deadline_s,
+                               status="crashed" if crashed else "stopped", cause=cause,
+                               detail=detail, log_tail_text=tail)
+    phases["teardown_s"] = round(time.monotonic() - t0, 3)
+    phases["total_s"] = round(time.monotonic() - started, 3)
+    after = report.verify.model_dump(mode="json") if report.verify else None
+    verdict_after, findings_after = _summary(after)
+    if stop is not None and stop.is_set():
+        store.save_trial(record.model_copy(update={
+            "status": "infra_failed", "cause": "interrupted", "phases": phases,
+            "verdict_after": verdict_after, "finished_at": time.time()}))
+        raise Interrupted()
+    good = [lv for lv in levels if level_verdicts.get(lv.label) == "ok"]
+    value = _best(good, spec)
+    best_level = None
+    if good and value is not None:
+        best_level = next(lv.label for lv in good if lv.model_dump()[spec.objective.metric]
+                          == value)
+    status = "feasible" if good else "infeasible"
+    if not good and cause is None:
+        cause = "slo_miss"
+    return store.save_trial(record.model_copy(update={
+        "status": status, "cause": cause, "detail": detail, "value": value,
+        "best_level": best_level, "levels": tuple(lv.model_dump(mode="json") for lv in levels),
+        "level_verdicts": level_verdicts, "phases": phases,
+        "log_tail": tail[-4000:] if tail else None,
+        "verdict_after": verdict_after, "findings_after": findings_after,
+        "finished_at": time.time()}))
+
+
+def _best(levels: list[LevelResult], spec: StudySpec) -> float | None:
+    values = [lv.model_dump().get(spec.objective.metric) for lv in levels]
+    numbers = [float(v) for v in values if isinstance(v, (int, float))]
+    if not numbers:
+        return None
+    return max(numbers) if spec.objective.direction == "maximize" else min(numbers)
+
+
+async def _levels(
+    executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
+    phases: dict[str, float], say: Say, stop: asyncio.Event | None,
+) -> tuple[list[LevelResult], dict[str, str], str | None, str | None, bool]:
+    """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss."""
+    limits = spec.slo_limits()
+    slo = SLO(**{k: v for k, v in (("ttft_ms", spec.slo.get("ttft_p99_ms")),
+                                   ("tpot_ms", spec.slo.get("tpot_p99_ms")),
+                                   ("e2e_ms", spec.slo.get("e2e_p99_ms"))) if v})
+    bench = BenchConfig(
+        url=run.url, model=spec.model, endpoint=spec.endpoint,
+        workload=_workload(spec.workload, where="workload"),
+        loads=tuple(ClosedLoop(concurrency=c) for c in spec.concurrency),
+        num_prompts=spec.requests_per_level, duration_s=spec.duration_s_per_level,
+        seed=spec.seed, slo=slo,
+    )
+    adapter = adapter_for(config, executor)
+    levels: list[LevelResult] = []
+    verdicts: dict[str, str] = {}
+    cause = detail = None
+    crashed = False
+    for index, load in enumerate(bench.loads):
+        if stop is not None and stop.is_set():
+            break
+        say(f"level {load.label}")
+        t0 = time.monotonic()
+        level = await run_level(bench, load, warmup=spec.warmup if index == 0 else 0, stop=stop)
+        phases[f"level_{load.label}_s"] = round(time.monotonic() - t0, 3)
+        levels.append(level)
+        code = await run_exit_code(executor, run)
+        if level.partial or code is not None:
+            if stop is not None and stop.is_set() and code is None:
+                verdicts[level.label] = "interrupted"
+                break
+            found = await classify_run_log(executor, adapter, run, returncode=code)
+            cause, detail = found or ("crashed", level.partial_reason or
+                                      f"the server exited with status {code}")
+            crashed = True
+            verdicts[level.label] = "crashed"
+            say(f"{load.label}: the server crashed ({cause}): {detail}")
+            break
+        if level.failed:
+            verdicts[level.label] = "errors"
+            cause = "request_errors"
+            detail = f"{level.failed} of {level.num_prompts} requests failed at {level.label}: " \
+                     f"{level.errors}"
+            say(f"{load.label}: {detail}")
+            break
+        misses = slo_misses(level, limits)
+        if misses:
+            verdicts[level.label] = "slo_miss"
+            detail = f"{load.label}: " + "; ".join(misses)
+            say(f"{load.label}: SLO missed ({'; '.join(misses)})")
+            break
+        verdicts[level.label] = "ok"
+        say(f"{load.label}: {level.output_throughput:.0f} output tok/s, "
+            f"p99 TTFT {level.ttft_ms.p99 or 0:.0f} ms, p99 TPOT {level.tpot_ms.p99 or 0:.1f} ms")
+    return levels, verdicts, cause, detail, crashed
