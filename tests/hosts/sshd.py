@@ -76,7 +76,9 @@ class Sshd:
 
     def client_env(self, home: Path | None = None) -> dict[str, str]:
         """The environment of a client that uses ``home`` (default: the one that knows all)."""
-        return {**os.environ, "HOME": str(home or self.home), **self.env}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("SSH_AUTH_SOCK", "CLEANSLATE_SSH_ACCEPT_NEW", "CLEANSLATE_SSH_CONFIG")}
+        return {**env, "HOME": str(home or self.home), **self.env}
 
     def stop(self) -> None:
         """End the server, by its PID (the sessions it forked end with their connections)."""

@@ -364,7 +364,8 @@ class SSHExecutor:
         except asyncssh.Error as exc:
             raise OSError(f"cannot connect to {what}: {exc.reason}") from None
         except OSError as exc:
-            raise OSError(f"cannot connect to {what}: {exc.strerror or exc}") from None
+            reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+            raise OSError(f"cannot connect to {what}: {reason}") from None
         except ValueError as exc:  # bad keys or config values, raised by asyncssh's options
             raise OSError(f"cannot connect to {what}: {exc}") from None
         except Exception as exc:  # whatever it was, the host is not reachable: UNKNOWN, not CLEAN
