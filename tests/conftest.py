@@ -69,3 +69,37 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
 @pytest.fixture
 def cli() -> Any:
     return run_cli
+
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL server in a temporary folder, run as the ``postgres`` user (it refuses
+    to run as root), on a free port; stopped at the end of the session."""
+    import shutil
+    import socket
+
+    if not os.path.exists(f"{PG_BIN}/initdb"):
+        pytest.skip(f"PostgreSQL binaries not found in {PG_BIN}")
+    base = tmp_path_factory.mktemp("pg")
+    data, sock = base / "data", base / "sock"
+    sock.mkdir()
+    shutil.chown(base, "postgres")
+    shutil.chown(sock, "postgres")
+    base.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_pg, f"{PG_BIN}/initdb", "-D", str(data), "-U", "postgres",
+                    "--auth=trust", "-E", "UTF8"], check=True, capture_output=True)
+    subprocess.run([*as_pg, f"{PG_BIN}/pg_ctl", "-D", str(data), "-l", str(base / "log"), "-w",
+                    "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_pg, f"{PG_BIN}/pg_ctl", "-D", str(data), "-m", "fast", "-w",
+                        "stop"], check=False, capture_output=True)

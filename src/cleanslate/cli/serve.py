@@ -7,7 +7,7 @@ import contextlib
 import json
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -17,10 +17,12 @@ from cleanslate.cli._common import EXIT_FAILED, console, console_err, parse_int_
 from cleanslate.cli.check import render_report
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
-from cleanslate.launch.config import ServeConfig, load_serve_config
-from cleanslate.launch.lifecycle import StartOutcome, run_exit_code, start_server, stop_server
-from cleanslate.store import RunRecord, Store
-from cleanslate.teardown.teardown import TeardownReport
+
+if TYPE_CHECKING:  # the launch stack (aiohttp, SQLAlchemy) is imported when a command runs
+    from cleanslate.launch.config import ServeConfig
+    from cleanslate.launch.lifecycle import StartOutcome
+    from cleanslate.store import RunRecord, Store
+    from cleanslate.teardown.teardown import TeardownReport
 
 
 def parse_engine_args(args: list[str]) -> dict[str, Any]:
@@ -53,6 +55,8 @@ def _config(config_file: Path | None, engine: str | None, model: str | None, hos
             port: int | None, gpus: str | None, ready_timeout: float | None, smoke: bool,
             extra: list[str], smoke_timeout: float | None = None,
             grace: float | None = None) -> ServeConfig:
+    from cleanslate.launch.config import ServeConfig, load_serve_config
+
     data: dict[str, Any] = {}
     if config_file is not None:
         data = load_serve_config(config_file).model_dump(exclude_unset=True)
@@ -118,6 +122,9 @@ def serve(
         # Everything after `--` is positional to click: the first engine flag lands here.
         extra.insert(0, str(config_file))
         config_file = None
+    from cleanslate.launch.lifecycle import start_server
+    from cleanslate.store import Store
+
     config = _config(config_file, engine, model, host, port, gpus, ready_timeout, smoke, extra,
                      smoke_timeout, grace)
     store = Store(store_url)
@@ -194,6 +201,8 @@ def _report_failure(outcome: StartOutcome, json_out: bool) -> None:
 
 async def _foreground(executor: Any, store: Store, run: RunRecord, grace_s: float,
                       gpu_backend: str, json_out: bool) -> int:
+    from cleanslate.launch.lifecycle import run_exit_code, stop_server
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -262,6 +271,9 @@ def stop(
 
 def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
              gpu_backend: str, json_out: bool) -> int:
+    from cleanslate.launch.lifecycle import stop_server
+    from cleanslate.store import Store
+
     store = Store(store_url)
     run = store.get_run(run_id)
     executor = executor_for(None if run.host == "local" else run.host)

@@ -6,7 +6,7 @@ import asyncio
 import json
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,8 +16,11 @@ from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_FAILED, console, console_err
 from cleanslate.cli.check import render_report
 from cleanslate.hosts import executor_for
-from cleanslate.store import Store, TrialRecord
-from cleanslate.tune import StudySpec, TuneView, load_study, run_study, validate_study_flags
+from cleanslate.tune.view import TuneView
+
+if TYPE_CHECKING:  # Optuna and SQLAlchemy are imported when the command runs
+    from cleanslate.store import TrialRecord
+    from cleanslate.tune.study import StudySpec
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -74,6 +77,9 @@ def tune(
 ) -> None:
     """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
     verify, recorded in the store. Rerunning the same study resumes it."""
+    from cleanslate.store import Store
+    from cleanslate.tune import load_study, run_study, validate_study_flags
+
     spec, root = load_study(study_file)
     if host is not None:
         spec = spec.model_copy(update={"host": host})

@@ -16,6 +16,8 @@ registered under the name users write in YAML::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 # The engine modules register their adapters when imported.
 from cleanslate.engines import command as command
 from cleanslate.engines import llamacpp as llamacpp
@@ -50,14 +52,6 @@ from cleanslate.engines._help import (
     parse_help_options,
     validate_flags,
 )
-from cleanslate.engines._smoke import (
-    PromptOutput,
-    SmokeCause,
-    SmokeResult,
-    has_nan_marker,
-    is_degenerate,
-    smoke_test,
-)
 from cleanslate.engines.signatures import (
     ProcessSignature,
     get_signature,
@@ -65,6 +59,28 @@ from cleanslate.engines.signatures import (
     register_signature,
     signatures,
 )
+
+if TYPE_CHECKING:
+    from cleanslate.engines._smoke import (
+        PromptOutput,
+        SmokeCause,
+        SmokeResult,
+        has_nan_marker,
+        is_degenerate,
+        smoke_test,
+    )
+
+_LAZY = {"PromptOutput", "SmokeCause", "SmokeResult", "has_nan_marker", "is_degenerate",
+         "smoke_test"}
+
+
+def __getattr__(name: str) -> Any:
+    # The smoke test needs aiohttp; importing it only when used keeps `cleanslate check` quick.
+    if name in _LAZY:
+        from cleanslate.engines import _smoke
+
+        return getattr(_smoke, name)
+    raise AttributeError(f"module 'cleanslate.engines' has no attribute {name!r}")
 
 
 def classify_log(engine: str, text: str, *, returncode: int | None = None) -> Crash | None:

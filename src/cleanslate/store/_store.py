@@ -28,6 +28,9 @@ def resolve_store_url(url: str | None) -> str:
     value = url or os.environ.get(STORE_ENV) or DEFAULT_STORE_URL
     if "://" not in value:
         value = f"sqlite:///{value}"
+    if value.startswith(("postgresql://", "postgres://")):
+        # SQLAlchemy's default PostgreSQL driver is psycopg2; the one we depend on is psycopg 3.
+        value = "postgresql+psycopg://" + value.split("://", 1)[1]
     return value
 
 
@@ -141,7 +144,7 @@ class Store:
         except ModuleNotFoundError as exc:
             raise InputError(f"the database driver is not installed: {exc.name}",
                              where="--store",
-                             hint="pip install psycopg[binary] for postgresql:// URLs") from None
+                             hint="pip install 'psycopg[binary]' for postgresql:// URLs") from None
         try:
             Base.metadata.create_all(self.engine)
         except OperationalError as exc:

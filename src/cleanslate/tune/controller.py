@@ -33,6 +33,7 @@ from cleanslate.tune.space import (
 )
 from cleanslate.tune.study import StudySpec
 from cleanslate.tune.trial import HostQuarantined, Interrupted, recover_host, run_trial
+from cleanslate.tune.view import TuneView
 
 FINISHED = ("feasible", "infeasible")
 
@@ -48,19 +49,6 @@ class StudyOutcome:
     message: str = ""
     report: Any = None
     resumed: list[str] = field(default_factory=list)
-
-
-class TuneView:
-    """What the controller reports as it goes (the CLI renders it with rich)."""
-
-    def study_started(self, spec: StudySpec, total: int, done: int) -> None: ...
-
-    def trial_started(self, index: int, total: int, number: int,
-                      params: dict[str, Any]) -> None: ...
-
-    def phase(self, message: str) -> None: ...
-
-    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None: ...
 
 
 async def validate_study_flags(spec: StudySpec, root: yaml.Node | None, path: Path,
