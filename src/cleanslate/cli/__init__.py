@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 from cleanslate.cli._common import EXIT_INPUT, console_err
 from cleanslate.errors import InputError
@@ -30,5 +31,6 @@ def main() -> None:
     try:
         app()
     except InputError as exc:
-        console_err.print(f"[bold red]error:[/] {exc.render()}", highlight=False)
+        console_err.print(f"[bold red]error:[/] {escape(exc.render())}", highlight=False,
+                          soft_wrap=True)
         sys.exit(EXIT_INPUT)
