@@ -186,9 +186,9 @@ def test_shm_leftover_files_stay_after_stop(sims: SimServers) -> None:
 
 def test_slow_start_delays_the_port(sims: SimServers) -> None:
     t0 = time.monotonic()
-    server = sims.start("--fault", "slow-start=2", ready=False)
-    time.sleep(1.0)
+    server = sims.start("--fault", "slow-start=4", ready=False)
+    # The context is allocated while loading, the port is not open yet.
+    assert wait_for(lambda: used_mib(server.ledger)[0] > 0, 3.5)
     assert not server.healthy() and server.proc.poll() is None
-    assert used_mib(server.ledger)[0] > 0  # the context is allocated while loading
     server.wait_ready()
-    assert time.monotonic() - t0 >= 2.0
+    assert time.monotonic() - t0 >= 4.0

@@ -190,6 +190,8 @@ class Launcher:
             )
             await self._stop_workers()
             return 1
+        if opts.faults.leave_port is not None:
+            self._spawn_listener(opts.faults.leave_port)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
@@ -201,8 +203,6 @@ class Launcher:
         await site.start()
         self.engine.start()
         self._watchers = [loop.create_task(self._watch(w)) for w in self.workers]
-        if opts.faults.leave_port is not None:
-            self._spawn_listener(opts.faults.leave_port)
         log(
             f"max_total_num_tokens={plan.kv_capacity_tokens}, "
             f"max_running_requests={self.model.s.max_running_requests}, "
@@ -358,10 +358,13 @@ class Launcher:
         child = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             start_new_session=True,
             pass_fds=pass_fds,
         )
+        assert child.stdout is not None
+        child.stdout.readline()  # the port is bound before the server reports ready
+        child.stdout.close()
         log(f"Started a port holder in a new session (pid {child.pid}, port {port})")
 
     # --- stop ----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ Only the standard library and :mod:`cleanslate.sim.ledger` are imported, so a wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -243,9 +244,12 @@ def run_scheduler() -> NoReturn:
                 str(int(grandchild_mib)),
             ],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             start_new_session=True,
         )
+        assert child.stdout is not None
+        child.stdout.readline()  # its memory is in the ledger before this worker is ready
+        child.stdout.close()
         log(tag, f"Started a helper process in a new session (pid {child.pid})")
 
     sys.stdout.write("READY\n")
@@ -262,6 +266,16 @@ def run_scheduler() -> NoReturn:
     _sleep_forever()
 
 
+def _report_ready() -> None:
+    """Tell the parent we are set up, then point stdout at /dev/null (nobody reads it)."""
+    with contextlib.suppress(OSError):
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+
 def run_grandchild(gpu: int, mib: int) -> NoReturn:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     name = "sim::grandchild"
@@ -274,6 +288,7 @@ def run_grandchild(gpu: int, mib: int) -> NoReturn:
         f"Simulated helper holding {mib} MiB on simulated GPU {gpu} "
         f"(pid {os.getpid()}, session {os.getsid(0)})",
     )
+    _report_ready()
     _sleep_forever()
 
 
@@ -288,6 +303,7 @@ def run_listener(port: int, host: str, fd: int | None) -> NoReturn:
         sock.listen(16)
     log("listener", f"Simulated orphan keeps port {port} listening (pid {os.getpid()})")
     sock_keep = sock  # noqa: F841  (held open until the process ends)
+    _report_ready()
     _sleep_forever()
 
 
