@@ -1,1 +1,50 @@
+"""Reports of studies: rich tables, PNG plots, one self-contained HTML page, CSV/JSON exports.
 
+Everything is drawn from a :class:`StudyReport` that :func:`load_report` reads from the store
+(``cs_studies``, ``cs_trials``, ``cs_runs``). matplotlib is imported only by the plotting
+functions.
+"""
+
+from __future__ import annotations
+
+from cleanslate.report._console import (
+    comparison_table,
+    print_report,
+    print_table,
+    trials_table,
+)
+from cleanslate.report._data import (
+    LEVEL_COLUMNS,
+    Effect,
+    StudyReport,
+    TrialView,
+    load_report,
+    pareto,
+    safe_url,
+)
+from cleanslate.report._export import study_document, to_csv, to_json
+from cleanslate.report._html import render_html
+from cleanslate.report._plots import HEIGHT, WIDTH, Plot, render_plots, write_pngs
+
+__all__ = [
+    "HEIGHT",
+    "LEVEL_COLUMNS",
+    "WIDTH",
+    "Effect",
+    "Plot",
+    "StudyReport",
+    "TrialView",
+    "comparison_table",
+    "load_report",
+    "pareto",
+    "print_report",
+    "print_table",
+    "render_html",
+    "render_plots",
+    "safe_url",
+    "study_document",
+    "to_csv",
+    "to_json",
+    "trials_table",
+    "write_pngs",
+]

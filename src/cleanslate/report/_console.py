@@ -1,0 +1,96 @@
+"""The report on a terminal: rich tables of the trials, the best configuration and its launch
+command, and the studies side by side."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from cleanslate.report._data import LEVEL_COLUMNS, StudyReport, format_value
+
+_STYLE = {"feasible": "green", "infeasible": "red", "infra_failed": "yellow",
+          "running": "yellow"}
+
+
+def trials_table(report: StudyReport) -> Table:
+    """Every trial, sorted by the objective: parameters, status and cause, best feasible level,
+    and that level's throughputs and latencies."""
+    table = Table(title=f"study {report.name}: {report.direction} {report.metric} "
+                        f"({report.strategy}, engine {report.engine}"
+                        f"{', simulated' if report.simulated else ''})",
+                  title_justify="left", header_style="bold")
+    table.add_column("#", justify="right")
+    for factor in report.factors:
+        table.add_column(factor, overflow="fold")
+    table.add_column("status", overflow="fold")
+    table.add_column("best level")
+    for _, header, _ in LEVEL_COLUMNS:
+        table.add_column(header, justify="right")
+    best = report.best
+    for t in report.sorted_trials():
+        r = t.record
+        style = _STYLE.get(r.status, "")
+        status = f"[{style}]{escape(r.status)}[/]" if style else escape(r.status)
+        if r.cause:
+            status += f" ({escape(r.cause)})"
+        table.add_row(
+            str(t.number), *(escape(str(r.params.get(f, ""))) for f in report.factors), status,
+            r.best_level or "-", *(format_value(t.metric(k), k) for k, _, _ in LEVEL_COLUMNS),
+            style="bold" if t is best else None)
+    return table
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print a table at its natural width when the output is not a terminal (a file or a
+    pipe, where folding cells to 80 columns helps nobody), else at the terminal's width."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(240)).maximum
+    wide = Console(file=console.file, width=max(console.width, natural), highlight=False,
+                   no_color=console.no_color, force_terminal=False)
+    wide.print(table)
+
+
+def print_report(console: Console, report: StudyReport) -> None:
+    """The trials table, then the best configuration and its launch command."""
+    print_table(console, trials_table(report))
+    if report.simulated:
+        console.print("[yellow]simulated engine:[/] numbers from cleanslate's sim performance "
+                      "model, not from a GPU")
+    best = report.best
+    if best is None:
+        console.print("[bold red]no feasible configuration[/]")
+        return
+    params = " ".join(f"{k}={v}" for k, v in best.record.params.items())
+    console.print(f"[bold green]best configuration[/] (trial {best.number}): {escape(params)}")
+    console.print(f"  {report.metric} = {format_value(best.record.value, report.metric)} at "
+                  f"{best.record.best_level}")
+    console.print("  launch: " + escape(best.launch_command or "(not recorded)"),
+                  soft_wrap=True)
+
+
+def comparison_table(reports: list[StudyReport]) -> Table:
+    """The studies side by side: their best trial and its figures, one column per study."""
+    table = Table(title="comparison", title_justify="left", header_style="bold")
+    table.add_column("")
+    for report in reports:
+        table.add_column(report.name, overflow="fold")
+
+    def row(label: str, values: list[str]) -> None:
+        table.add_row(label, *values)
+
+    bests = [r.best for r in reports]
+    row("engine", [r.engine + (" (simulated)" if r.simulated else "") for r in reports])
+    row("objective", [f"{r.direction} {r.metric}" for r in reports])
+    row("trials", [f"{len(r.results)} results, {sum(1 for t in r.trials if t.feasible)} "
+                   "feasible" for r in reports])
+    row("best trial", [f"#{b.number}" if b else "none" for b in bests])
+    row("best configuration", [escape(" ".join(f"{k}={v}" for k, v in b.record.params.items()))
+                               if b else "-" for b in bests])
+    row("best level", [b.record.best_level or "-" if b else "-" for b in bests])
+    for key, header, _ in LEVEL_COLUMNS:
+        row(header, [format_value(b.metric(key), key) if b else "-" for b in bests])
+    row("launch command", [escape(b.launch_command) if b else "-" for b in bests])
+    return table

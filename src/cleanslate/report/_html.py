@@ -1,0 +1,426 @@
+"""One self-contained HTML page for one study (or two side by side).
+
+Self-contained: the CSS is inline, the plots are base64 PNGs in ``data:`` URLs, there is no
+script, no font, no CDN: the page renders the same from a file, an e-mail attachment or an
+air-gapped host. Every text from the store (parameters, causes, log tails, findings) is
+HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import re
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+
+from cleanslate import __version__
+from cleanslate.report._data import (
+    LEVEL_COLUMNS,
+    StudyReport,
+    TrialView,
+    format_value,
+    level_concurrency,
+)
+from cleanslate.report._plots import Plot, render_plots
+
+_CSS = """
+:root { --fg: #1d2330; --muted: #5b6475; --line: #d9dde5; --bg: #ffffff; --panel: #f6f7f9;
+  --good: #1b5e20; --good-bg: #e3f2e5; --bad: #b71c1c; --bad-bg: #fde8e8; --warn: #8a5300;
+  --warn-bg: #fff3d6; --accent: #1f4e9a; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 24px 32px 48px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI",
+  Roboto, "DejaVu Sans", sans-serif; color: var(--fg); background: var(--bg); }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 19px; margin: 32px 0 10px; padding-bottom: 4px; border-bottom: 2px solid
+  var(--line); }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+p { margin: 6px 0; }
+.meta { color: var(--muted); }
+.meta b { color: var(--fg); font-weight: 600; }
+.banner { margin: 14px 0; padding: 10px 14px; border-radius: 6px; border: 1px solid #e0b44c;
+  background: var(--warn-bg); color: var(--warn); }
+.best { padding: 12px 16px; border-radius: 8px; background: var(--good-bg); border: 1px solid
+  #b9dcbc; }
+.none { padding: 12px 16px; border-radius: 8px; background: var(--bad-bg); border: 1px solid
+  #f1b9b9; }
+table { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
+th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: var(--panel); font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.best-row td { background: #f0f8f1; font-weight: 600; }
+.wide { overflow-x: auto; max-width: 100%; }
+pre { background: #0f1419; color: #e6e6e6; padding: 10px 12px; border-radius: 6px;
+  overflow-x: auto; white-space: pre-wrap; word-break: break-all; font: 12px/1.4
+  ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; margin: 6px 0 12px; }
+code { font: 12px ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; }
+.badge { display: inline-block; padding: 0 7px; border-radius: 10px; font-size: 12px;
+  font-weight: 600; white-space: nowrap; }
+.b-feasible, .b-clean, .b-ok { background: var(--good-bg); color: var(--good); }
+.b-infeasible, .b-dirty, .b-crashed, .b-errors { background: var(--bad-bg); color: var(--bad); }
+.b-unknown, .b-slo_miss, .b-infra_failed, .b-running, .b-warning, .b-interrupted, .b-none {
+  background: var(--warn-bg); color: var(--warn); }
+.b-error { background: var(--bad-bg); color: var(--bad); }
+figure { margin: 12px 0 24px; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
+figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
+.failure { border-left: 4px solid var(--bad); padding: 2px 0 2px 12px; margin: 14px 0; }
+.up { color: var(--good); font-weight: 600; }
+.down { color: var(--bad); font-weight: 600; }
+ul.findings { margin: 0; padding-left: 18px; }
+details { margin: 6px 0; }
+summary { cursor: pointer; font-weight: 600; }
+nav { margin: 14px 0 0; font-size: 13px; }
+nav a { margin-right: 14px; color: var(--accent); }
+footer { margin-top: 40px; color: var(--muted); font-size: 12px; }
+"""
+
+
+def _e(value: Any) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def _badge(text: str | None) -> str:
+    text = text or "-"
+    cls = re.sub(r"[^a-z_]", "", text.lower()) or "none"
+    return f'<span class="badge b-{cls}">{_e(text)}</span>'
+
+
+def _id(*parts: Any) -> str:
+    return "-".join(re.sub(r"[^A-Za-z0-9_-]+", "_", str(p)) for p in parts)
+
+
+def _table(headers: Iterable[str], rows: Iterable[Iterable[str]], *,
+           row_classes: Iterable[str] | None = None, numeric: set[int] | None = None) -> str:
+    """A table from already-escaped cell HTML."""
+    numeric = numeric or set()
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = []
+    classes = list(row_classes) if row_classes is not None else None
+    for i, row in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        cells = "".join(f'<td class="num">{c}</td>' if j in numeric else f"<td>{c}</td>"
+                        for j, c in enumerate(row))
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _when(epoch: float | None) -> str:
+    if not epoch:
+        return "-"
+    return _dt.datetime.fromtimestamp(epoch, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _params_html(params: dict[str, Any]) -> str:
+    return " ".join(f"<code>{_e(k)}={_e(v)}</code>" for k, v in params.items())
+
+
+# -- sections ------------------------------------------------------------------------------------
+
+
+def _header(report: StudyReport) -> str:
+    counts: dict[str, int] = {}
+    for t in report.trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    count_text = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no trials"
+    slo = ", ".join(f"{k} ≤ {v:g}" for k, v in report.slo.items()) or "none"
+    spec = report.spec
+    levels = ", ".join(str(c) for c in spec.get("concurrency", [])) or "-"
+    return (
+        f'<p class="meta"><b>engine</b> {_e(report.engine)} · <b>model</b> {_e(report.model)}'
+        f" · <b>host</b> {_e(spec.get('host') or 'local')} · <b>strategy</b> "
+        f"{_e(report.strategy)} · <b>objective</b> {_e(report.direction)} "
+        f"<code>{_e(report.metric)}</code> · <b>SLOs</b> {_e(slo)} · <b>concurrency</b> "
+        f"{_e(levels)} · <b>workload</b> <code>{_e(_compact(spec.get('workload')))}</code></p>"
+        f'<p class="meta"><b>trials</b> {len(report.trials)} ({_e(count_text)}) · '
+        f"<b>status</b> {_e(report.status)} · <b>started</b> {_e(_when(report.created_at))} · "
+        f"<b>time spent</b> {_e(_duration(report.elapsed_s))}</p>"
+        + (f'<p class="meta"><b>fixed flags</b> {_params_html(spec.get("fixed") or {})}</p>'
+           if spec.get("fixed") else "")
+    )
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return "" if value is None else str(value)
+
+
+def _sim_banner(reports: list[StudyReport]) -> str:
+    sim = [r.name for r in reports if r.simulated]
+    if not sim:
+        return ""
+    which = "this study" if len(reports) == 1 else "study " + ", ".join(sim)
+    return (f'<div class="banner" id="simulated"><b>Simulated engine.</b> The engine of '
+            f"{_e(which)} is cleanslate's simulated one (<code>engine: sim</code>): a test "
+            "double with a performance model, no GPU and no real model. Its numbers show how "
+            "the tool works, not how any hardware performs.</div>")
+
+
+def _best_section(report: StudyReport) -> str:
+    best = report.best
+    if best is None:
+        return ('<div class="none" id="no-best"><b>No feasible configuration.</b> Every trial '
+                "failed or missed the SLOs; see the failures below.</div>")
+    figures = [(h, format_value(best.metric(k), k)) for k, h, _ in LEVEL_COLUMNS]
+    figure_text = " · ".join(f"<b>{_e(h)}</b> {_e(v)}" for h, v in figures)
+    return (
+        f'<div class="best" id="{_id("best", report.name)}">'
+        f"<p><b>Best configuration: trial #{best.number}</b> "
+        f"({_e(report.metric)} = {_e(format_value(best.record.value, report.metric))} at "
+        f"{_e(best.record.best_level)})</p>"
+        f'<p class="best-params">{_params_html(best.record.params)}</p>'
+        f"<p>{figure_text}</p>"
+        "<p><b>Launch command</b></p>"
+        f'<pre class="launch">{_e(best.launch_command or "(not recorded)")}</pre></div>'
+    )
+
+
+def _trials_table(report: StudyReport) -> str:
+    factors = report.factors
+    headers = ["#", *factors, "status", "cause", "best level",
+               *(h for _, h, _ in LEVEL_COLUMNS), "host before", "host after"]
+    rows = []
+    classes = []
+    best = report.best
+    first_metric = 4 + len(factors)
+    for t in report.sorted_trials():
+        r = t.record
+        rows.append([
+            f'<a href="#{_id("trial", report.name, t.number)}">#{t.number}</a>',
+            *(_e(r.params.get(f, "")) for f in factors),
+            _badge(r.status),
+            _e(r.cause or ""),
+            _e(r.best_level or "-"),
+            *(_e(format_value(t.metric(k), k)) for k, _, _ in LEVEL_COLUMNS),
+            _badge(t.host_verdict("before")),
+            _badge(t.host_verdict("after")),
+        ])
+        classes.append("best-row" if t is best else "")
+    numeric = set(range(first_metric, first_metric + len(LEVEL_COLUMNS)))
+    return (f'<p class="meta">Sorted by the objective ({_e(report.direction)} '
+            f"<code>{_e(report.metric)}</code>), best first; the figures are those of each "
+            "trial's best level that met the SLOs.</p>"
+            + _table(headers, rows, row_classes=classes, numeric=numeric))
+
+
+def _ablation_table(report: StudyReport) -> str:
+    effects = report.ablation_effects()
+    base = report.baseline_trial()
+    if report.strategy != "ablation":
+        return ""
+    if not effects or base is None:
+        return "<p>No one-flag change against a finished baseline to show.</p>"
+    rows = []
+    for e in effects:
+        if e.change_pct is None:
+            change = (f'<span class="down">infeasible: {_e(e.cause)}</span>' if e.cause else
+                      "no baseline value")
+        else:
+            change = (f'<span class="{"up" if e.better else "down"}">'
+                      f"{e.change_pct:+.1f}%</span>")
+        rows.append([f'<a href="#{_id("trial", report.name, e.trial.number)}">'
+                     f"#{e.trial.number}</a>", f"<code>{_e(e.factor)}</code>",
+                     _e(e.baseline_value), _e(e.value),
+                     _e(format_value(e.trial.record.value, report.metric)), change])
+    return (f"<p>Against the baseline, trial #{base.number} "
+            f"({_e(report.metric)} = {_e(format_value(base.record.value, report.metric))}).</p>"
+            + _table(["trial", "flag", "baseline", "changed to", report.metric, "change"], rows,
+                     numeric={4, 5}))
+
+
+def _failures(report: StudyReport) -> str:
+    failures = report.failures
+    if not failures:
+        return "<p>Every trial was feasible.</p>"
+    out = []
+    for t in failures:
+        r = t.record
+        tail = t.log_tail
+        out.append(
+            f'<div class="failure"><h3>Trial #{t.number} {_badge(r.status)} '
+            f"{_e(r.cause or '')}</h3>"
+            f"<p>{_params_html(r.params)}</p>"
+            + (f"<p>{_e(r.detail)}</p>" if r.detail else "")
+            + (f'<details open><summary>log tail</summary><pre class="log">{_e(tail)}</pre>'
+               "</details>" if tail else "<p class=\"meta\">no log tail recorded</p>")
+            + "</div>")
+    return "".join(out)
+
+
+def _findings_html(findings: list[dict[str, Any]]) -> str:
+    if not findings:
+        return ""
+    items = "".join(f"<li>{_badge(f.get('severity'))} {_e(f.get('kind'))}: "
+                    f"{_e(f.get('message'))}</li>" for f in findings)
+    return f'<ul class="findings">{items}</ul>'
+
+
+def _hosts(report: StudyReport) -> str:
+    rows = []
+    for t in sorted(report.trials, key=lambda t: t.number):
+        rows.append([
+            f'<a href="#{_id("trial", report.name, t.number)}">#{t.number}</a>',
+            _e(t.record.host or (t.run.host if t.run else "") or "-"),
+            f"<code>{_e(t.record.run_id or '-')}</code>",
+            _badge(t.host_verdict("before")) + _findings_html(t.host_findings("before")),
+            _badge(t.host_verdict("after")) + _findings_html(t.host_findings("after")),
+        ])
+    return ("<p class=\"meta\">The host check before each launch and after each teardown "
+            "(errors and unknowns make a host dirty or unknown; warnings are listed but do "
+            "not).</p>"
+            + _table(["trial", "host", "run", "before", "after"], rows))
+
+
+def _levels_detail(report: StudyReport, t: TrialView) -> str:
+    r = t.record
+    keys = [("output_throughput", "output tok/s"), ("total_token_throughput", "total tok/s"),
+            ("request_throughput", "req/s"), ("p50_ttft_ms", "TTFT p50"),
+            ("p99_ttft_ms", "TTFT p99"), ("median_tpot_ms", "TPOT p50"),
+            ("p99_tpot_ms", "TPOT p99"), ("mean_itl_ms", "ITL mean"),
+            ("completed", "done"), ("failed", "failed")]
+    rows = []
+    for level in r.levels:
+        conc = level_concurrency(level)
+        rows.append([_e(level.get("label", "-")), _e(f"{conc:g}" if conc else "-"),
+                     _badge(t.level_verdict(level)),
+                     *(_e(format_value(_num(level.get(k)), k)) for k, _ in keys)])
+    levels = (_table(["level", "load", "verdict", *(h for _, h in keys)], rows,
+                     numeric=set(range(3, 3 + len(keys))))
+              if rows else '<p class="meta">no level was measured</p>')
+    phases = " · ".join(f"{_e(k.removesuffix('_s'))} {v:.1f} s" for k, v in r.phases.items())
+    status = _badge(r.status) + (f" {_e(t.cause_text)}" if t.cause_text else "")
+    return (
+        f'<details id="{_id("trial", report.name, t.number)}" class="trial"'
+        f"{' open' if t is report.best else ''}>"
+        f"<summary>Trial #{t.number}: {_e(report.short_params(t))}</summary>"
+        f"<p>{status}</p><p>{_params_html(r.params)}</p>{levels}"
+        + (f'<p class="meta">phases: {phases}</p>' if phases else "")
+        + (f'<p class="meta">launch command</p><pre>{_e(t.launch_command)}</pre>'
+           if t.launch_command else "")
+        + "</details>")
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _plots_html(plots: list[Plot]) -> str:
+    out = []
+    for plot in plots:
+        data = base64.b64encode(plot.png).decode("ascii")
+        out.append(f'<figure id="{_id("plot", plot.name)}"><img alt="{_e(plot.title)}" '
+                   f'src="data:image/png;base64,{data}"><figcaption><b>{_e(plot.title)}.</b> '
+                   f"{_e(plot.caption)}</figcaption></figure>")
+    return "".join(out)
+
+
+def _comparison(reports: list[StudyReport]) -> str:
+    """The studies side by side: one column per study."""
+    bests = [r.best for r in reports]
+    rows: list[list[str]] = [
+        ["engine", *(_e(r.engine + (" (simulated)" if r.simulated else "")) for r in reports)],
+        ["model", *(_e(r.model) for r in reports)],
+        ["strategy", *(_e(r.strategy) for r in reports)],
+        ["objective", *(_e(f"{r.direction} {r.metric}") for r in reports)],
+        ["trials", *(_e(f"{len(r.results)} results, "
+                        f"{sum(1 for t in r.trials if t.feasible)} feasible") for r in reports)],
+        ["best trial", *(_e(f"#{b.number}") if b else "none" for b in bests)],
+        ["best configuration", *(_params_html(b.record.params) if b else "-" for b in bests)],
+        ["best level", *(_e(b.record.best_level) if b else "-" for b in bests)],
+    ]
+    for key, header, _ in LEVEL_COLUMNS:
+        rows.append([header, *(_e(format_value(b.metric(key), key)) if b else "-"
+                               for b in bests)])
+    rows.append(["launch command", *(f"<code>{_e(b.launch_command)}</code>" if b else "-"
+                                     for b in bests)])
+    return _table(["", *(r.name for r in reports)],
+                  [[f"<b>{_e(row[0])}</b>", *row[1:]] for row in rows])
+
+
+def _study_sections(report: StudyReport, multi: bool) -> str:
+    def title(text: str) -> str:
+        suffix = f": {_e(report.name)}" if multi else ""
+        return f'<h2 id="{_id(text, report.name)}">{_e(text)}{suffix}</h2>'
+
+    parts = [
+        (f'<h2 id="{_id("study", report.name)}">Study {_e(report.name)}</h2>'
+         + _header(report) if multi else ""),
+        title("Best configuration"), _best_section(report),
+        title("Trials"), _trials_table(report),
+    ]
+    if report.strategy == "ablation":
+        parts += [title("Ablation"), _ablation_table(report)]
+    parts += [
+        title("Failures"), _failures(report),
+        title("Host verdicts"), _hosts(report),
+        title("Trial details"),
+        "".join(_levels_detail(report, t) for t in sorted(report.trials,
+                                                           key=lambda t: t.number)),
+    ]
+    return "".join(parts)
+
+
+def render_html(reports: list[StudyReport], *, plots: list[Plot] | None = None,
+                generated_at: float | None = None) -> str:
+    """The page for one study, or for several side by side (the first is the main one).
+
+    ``plots`` defaults to :func:`render_plots` of the studies.
+    """
+    if not reports:
+        raise ValueError("render_html needs at least one study")
+    plots = render_plots(reports) if plots is None else plots
+    multi = len(reports) > 1
+    names = " vs ".join(r.name for r in reports)
+    now = generated_at if generated_at is not None else _dt.datetime.now(_dt.UTC).timestamp()
+    nav = ['<a href="#plots">Plots</a>']
+    if multi:
+        nav.insert(0, '<a href="#comparison">Comparison</a>')
+        nav += [f'<a href="#{_id("study", r.name)}">{_e(r.name)}</a>' for r in reports]
+    else:
+        r = reports[0]
+        nav = [f'<a href="#{_id(s, r.name)}">{s}</a>' for s in
+               ("Best configuration", "Trials")] + nav
+        if r.strategy == "ablation":
+            nav.append(f'<a href="#{_id("Ablation", r.name)}">Ablation</a>')
+        nav += [f'<a href="#{_id(s, r.name)}">{s}</a>' for s in
+                ("Failures", "Host verdicts", "Trial details")]
+    head = (f"<h1>cleanslate study report: {_e(names)}</h1>"
+            + ("" if multi else _header(reports[0]))
+            + _sim_banner(reports) + f"<nav>{''.join(nav)}</nav>")
+    if multi:
+        body = (f'<h2 id="comparison">Comparison</h2>{_comparison(reports)}'
+                f'<h2 id="plots">Plots</h2>{_plots_html(plots)}'
+                + "".join(_study_sections(r, True) for r in reports))
+    else:
+        r = reports[0]
+        sections = _study_sections(r, False)
+        # The plots go after the trials table, before the ablation / failures sections.
+        marker = f'<h2 id="{_id("Ablation", r.name)}">' if r.strategy == "ablation" else \
+            f'<h2 id="{_id("Failures", r.name)}">'
+        plots_html = f'<h2 id="plots">Plots</h2>{_plots_html(plots)}'
+        body = sections.replace(marker, plots_html + marker, 1)
+    stores = ", ".join(sorted({r.store_url for r in reports}))
+    footer = (f"<footer>Generated by cleanslate {_e(__version__)} on {_e(_when(now))} from "
+              f"<code>{_e(stores)}</code>. Reproduce: <code>cleanslate report "
+              f"{_e(reports[0].name)}"
+              + "".join(f" --compare {_e(r.name)}" for r in reports[1:])
+              + f" --store {_e(stores.split(', ')[0])} --html FILE</code></footer>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<link rel="icon" href="data:,">'
+            f"<title>cleanslate report: {_e(names)}</title><style>{_CSS}</style></head>"
+            f"<body>{head}{body}{footer}</body></html>\n")
