@@ -9,10 +9,22 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from cleanslate.bench import BenchConfig, ClosedLoop, RandomWorkload, run_level
 from tests.bench.conftest import start_fake_server_process
+
+
+def wait_for_tokens(url: str, tokens: int, timeout: float = 30.0) -> None:
+    """Wait until the fake server has streamed ``tokens`` tokens (its own count)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/stats", timeout=5) as resp:
+            if json.loads(resp.read())["tokens"] >= tokens:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not stream {tokens} tokens in {timeout} s")
 
 
 def test_killed_server_ends_the_level_within_5s(procs: Any) -> None:
@@ -26,7 +38,7 @@ def test_killed_server_ends_the_level_within_5s(procs: Any) -> None:
     killed_at: list[float] = []
 
     def kill_later() -> None:
-        time.sleep(1.5)
+        wait_for_tokens(url, 1200)
         killed_at.append(time.monotonic())
         proc.send_signal(signal.SIGKILL)
 
@@ -66,7 +78,7 @@ def test_cli_exit_1_and_partial_json_when_the_server_dies(procs: Any) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    time.sleep(2.0)
+    wait_for_tokens(url, 1000)  # the first requests have completed
     proc.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     out, err = bench.communicate(timeout=30)

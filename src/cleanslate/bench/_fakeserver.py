@@ -20,10 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import json
+import multiprocessing
 import os
+import signal
+import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
@@ -45,13 +50,33 @@ class FakeStats:
     tokens: int = 0
     gap_sum: float = 0.0
     gap_count: int = 0
-    first_token_delays: list[float] = field(default_factory=list)
+    #: multi-process mode: every worker's figures, 4 slots each (see :func:`main`)
+    shared: Any = None
+    index: int = 0
+
+    def publish(self) -> None:
+        if self.shared is not None:
+            base = 4 * self.index
+            self.shared[base : base + 4] = [
+                self.requests,
+                self.tokens,
+                self.gap_sum,
+                self.gap_count,
+            ]
 
     def as_dict(self) -> dict[str, Any]:
+        if self.shared is None:
+            req, tok, gap_sum, gap_count = self.requests, self.tokens, self.gap_sum, self.gap_count
+        else:
+            self.publish()
+            vals = list(self.shared)
+            req, tok, gap_sum, gap_count = (sum(vals[i::4]) for i in range(4))
         return {
-            "requests": self.requests,
-            "tokens": self.tokens,
-            "mean_itl_s": self.gap_sum / self.gap_count if self.gap_count else None,
+            "requests": int(req),
+            "tokens": int(tok),
+            "mean_itl_s": gap_sum / gap_count if gap_count else None,
+            "gap_sum_s": gap_sum,
+            "gap_count": int(gap_count),
         }
 
 
@@ -113,6 +138,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.paused = False
+        self.parked: list[_Stream] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -123,6 +149,10 @@ class _Conn(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        parked = list(self.parked)
+        self.parked.clear()
+        for stream in parked:
+            stream.resume()
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -148,6 +178,9 @@ class _Conn(asyncio.Protocol):
         if method == "GET":
             if path == "/stats":
                 self.transport.write(_plain("200 OK", json.dumps(self.stats.as_dict()).encode()))
+            elif path == "/v1/models":
+                models = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+                self.transport.write(_plain("200 OK", json.dumps(models).encode()))
             else:
                 self.transport.write(_plain("200 OK", b"{}"))
             return
@@ -161,7 +194,9 @@ class _Conn(asyncio.Protocol):
             self.transport.write(_plain("400 Bad Request", b'{"error":"bad json"}'))
             return
         chat = path.endswith("/chat/completions")
-        n = int(req.get("max_tokens") or self.opts.default_tokens)
+        n = int(
+            req.get("max_tokens") or req.get("max_completion_tokens") or self.opts.default_tokens
+        )
         n = max(1, n - self.opts.short_by)
         text = req.get("prompt") if not chat else (req.get("messages") or [{}])[-1].get("content")
         prompt_tokens = len(str(text or "").split())
@@ -193,8 +228,13 @@ class _Stream:
             self.conn.loop.call_soon(self.spin)
 
     def spin(self) -> None:
-        if self.step():
+        if self.conn.paused:  # the client is not reading: wait for resume_writing
+            self.conn.parked.append(self)
+        elif self.step():
             self.conn.loop.call_soon(self.spin)
+
+    def resume(self) -> None:
+        self.conn.loop.call_soon(self.spin if self.conn.opts.itl_s <= 0 else self.step)
 
     def step(self) -> bool:
         """Write the next event; False once the stream is finished or its client is gone."""
@@ -202,8 +242,10 @@ class _Stream:
         transport = conn.transport
         if transport is None or transport.is_closing():
             return False
-        if conn.paused:
-            return True
+        if conn.paused:  # the client is not reading: wait for resume_writing
+            if conn.opts.itl_s > 0:
+                conn.parked.append(self)
+            return False
         now = perf_counter()
         stats = conn.stats
         if self.sent:
@@ -227,17 +269,26 @@ class _Stream:
 
 
 async def serve(
-    port: int, opts: FakeOptions, host: str = "127.0.0.1"
+    port: int,
+    opts: FakeOptions,
+    host: str = "127.0.0.1",
+    *,
+    sock: socket.socket | None = None,
+    stats: FakeStats | None = None,
 ) -> tuple[asyncio.Server, FakeStats]:
-    """Start listening (port 0: any free port); the caller keeps the loop running."""
-    stats = FakeStats()
+    """Start listening (port 0: any free port; or on ``sock``); the caller keeps the loop
+    running."""
+    stats = stats or FakeStats()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Conn(opts, stats), host, port, backlog=1024)
+    if sock is not None:
+        server = await loop.create_server(lambda: _Conn(opts, stats), sock=sock, backlog=1024)
+    else:
+        server = await loop.create_server(lambda: _Conn(opts, stats), host, port, backlog=1024)
     return server, stats
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--itl-ms", type=float, default=0.0)
     ap.add_argument("--ttft-ms", type=float, default=0.0)
@@ -245,10 +296,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--malformed-every", type=int, default=0)
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--short-by", type=int, default=0)
-    ap.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
+    ap.add_argument("--cpu", default=None, help="pin to these CPUs, e.g. 0 or 1-7")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
+    )
     args = ap.parse_args(argv)
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
     opts = FakeOptions(
         itl_s=args.itl_ms / 1000.0,
         ttft_s=args.ttft_ms / 1000.0,
@@ -257,12 +309,70 @@ def main(argv: list[str] | None = None) -> None:
         fail_every=args.fail_every,
         short_by=args.short_by,
     )
+    cpus: list[int] = []
+    for part in (args.cpu or "").split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    if args.workers <= 1:
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))
+        _run_worker(sock, opts, FakeStats(), port, announce=True)
+        return
+    shared = multiprocessing.RawArray("d", 4 * args.workers)
+    children: list[int] = []
+    for i in range(args.workers):
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            if cpus:
+                os.sched_setaffinity(0, {cpus[i % len(cpus)]})
+            _run_worker(sock, opts, FakeStats(shared=shared, index=i), port, announce=False)
+            os._exit(0)
+        children.append(pid)
+    sys.stdout.write(f"READY {port}\n")
+    sys.stdout.flush()
 
+    def stop(_sig: int, _frame: object) -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (no orphaned workers)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _run_worker(
+    sock: socket.socket, opts: FakeOptions, stats: FakeStats, port: int, *, announce: bool
+) -> None:
     async def run() -> None:
-        server, _stats = await serve(args.port, opts)
-        port = server.sockets[0].getsockname()[1]
-        sys.stdout.write(f"READY {port}\n")
-        sys.stdout.flush()
+        server, _ = await serve(port, opts, sock=sock, stats=stats)
+        if announce:
+            sys.stdout.write(f"READY {port}\n")
+            sys.stdout.flush()
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            stats.publish()
+            loop.call_later(0.02, tick)
+
+        tick()
         await server.serve_forever()
 
     asyncio.run(run())
