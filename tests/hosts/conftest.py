@@ -5,7 +5,10 @@ Ports (each a ``Host`` alias in the client config of ``Sshd.home``):
 - ``plain``: a normal login;
 - ``nopy``: a session whose ``PATH`` has the usual tools and a replaying ``nvidia-smi``
   stand-in (the idle H200 fixture) but no ``python3``;
-- ``hang``: a session whose ``python3`` records its PID and hangs.
+- ``hang``: a session whose ``python3`` records its PID and hangs;
+- ``py``: a session whose ``python3`` is the interpreter running the tests (so the simulated
+  engine is importable there), starting in a directory of the test run (where ``serve`` keeps
+  a remote run's files, relative to the login directory).
 
 Skipped, with the reason, only where ``/usr/sbin/sshd`` is missing (``apt-get install -y
 openssh-server``); CI installs it.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,10 +68,14 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     hang = restricted_bin(root / "hang-bin", {
         "python3": HANGING_PYTHON.format(pids=root / "hang-pids"),
     })
+    pybin = root / "py-bin"
+    pybin.mkdir()
+    (pybin / "python3").symlink_to(sys.executable)
     server = start_sshd(root, {
         "plain": Profile(),
         "nopy": Profile(path=str(nopy)),
         "hang": Profile(path=f"{hang}:/usr/local/bin:/usr/bin:/bin"),
+        "py": Profile(path=f"{pybin}:/usr/local/bin:/usr/bin:/bin", cwd=str(root / "login")),
     })
     try:
         yield server

@@ -54,6 +54,7 @@ class Profile:
 
     path: str | None = None
     delay_s: float = 0.0
+    cwd: str | None = None
 
 
 @dataclass
@@ -151,7 +152,7 @@ def start_sshd(root: Path, profiles: Mapping[str, Profile], *, timeout: float = 
         "Subsystem sftp internal-sftp",
     ]
     for alias, profile in profiles.items():
-        if profile.path is None and not profile.delay_s:
+        if profile.path is None and not profile.delay_s and profile.cwd is None:
             continue
         wrapper = root / f"session-{alias}.sh"
         body = ["#!/bin/sh"]
@@ -159,6 +160,9 @@ def start_sshd(root: Path, profiles: Mapping[str, Profile], *, timeout: float = 
             body.append(f"/bin/sleep {profile.delay_s}")
         if profile.path is not None:
             body.append(f"PATH={profile.path}; export PATH")
+        if profile.cwd is not None:
+            Path(profile.cwd).mkdir(parents=True, exist_ok=True)
+            body.append(f"cd {profile.cwd} || exit 1")
         body.append('exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"')
         wrapper.write_text("\n".join(body) + "\n")
         wrapper.chmod(0o755)
