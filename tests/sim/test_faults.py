@@ -90,6 +90,25 @@ def test_hang_after_n_requests_while_health_is_ok(sims: SimServers) -> None:
     assert server.proc.poll() is None
 
 
+def test_health_generate_goes_through_the_scheduler(sims: SimServers) -> None:
+    import urllib.request
+
+    server = sims.start("--time-scale", "0.1", "--fault", "hang-after=0")
+    with urllib.request.urlopen(server.url + "/health_generate", timeout=10) as resp:
+        assert resp.status == 200  # a probe does not count as a request
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as session:
+            assert not (await one_request(session, server.url, MODEL, "x", 2, timeout_s=1)).ok
+            timeout = aiohttp.ClientTimeout(total=2)
+            with pytest.raises(asyncio.TimeoutError):
+                async with session.get(server.url + "/health_generate", timeout=timeout):
+                    pass
+
+    asyncio.run(go())
+    assert server.healthy()
+
+
 @pytest.mark.parametrize("args", [["--fault", "oom-at-start"], ["--mem-fraction-static", "0.95"]])
 def test_oom_at_start_exits_1_with_a_cuda_oom(sims: SimServers, args: list[str]) -> None:
     server = sims.start("--tp-size", "2", *args, ready=False)

@@ -93,6 +93,12 @@ def serve_command(
         str | None,
         typer.Option("--ground-truth", help="Append one JSON line per request here (sim only)."),
     ] = None,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Accepted and ignored (SGLang flag).")
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="Accepted and ignored (SGLang flag).")
+    ] = "info",
     log_interval: Annotated[
         int, typer.Option("--decode-log-interval", min=1, help="Decode steps between log lines.")
     ] = 40,

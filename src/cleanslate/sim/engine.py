@@ -127,8 +127,13 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
 
     # --- requests ----------------------------------------------------------------------------
-    def submit(self, req: SimRequest) -> None:
+    def submit(self, req: SimRequest, probe: bool = False) -> None:
+        """Queue a request. A ``probe`` (``/health_generate``) does not count for the faults."""
         self.inflight += 1
+        if probe:
+            self.waiting.append(req)
+            self._wake.set()
+            return
         self.admitted += 1
         if self.faults.hang_after is not None and self.admitted > self.faults.hang_after:
             self.hung = True

@@ -13,7 +13,9 @@ Lifecycle, as with real engines:
 - A worker that dies (a crash, a signal) makes the launcher stop the others and exit 1.
 - Startup failures (OOM, not enough memory for the KV cache, the port taken) exit 1.
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
+Endpoints: ``GET /health`` (200 while the process serves, even when the scheduler hangs),
+``GET /health_generate`` (one token through the scheduler: 200, or 503 after 20 s),
+``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream``, ``stream_options.include_usage``, ``max_tokens`` /
 ``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``seed``).
 
@@ -61,6 +63,7 @@ from cleanslate.sim.model import CONTEXT_MIB, SimModel, SimSettings
 from cleanslate.sim.text import NAN_BYTES, VOCAB_BYTES, count_words, text_seed
 
 WORKER_GRACE_S = 3.0
+HEALTH_GENERATE_TIMEOUT_S = 20.0
 LOAD_S = 0.2
 SHM_PREFIX = "cleanslate-sim-"
 BANNER = (
@@ -194,6 +197,7 @@ class Launcher:
             self._spawn_listener(opts.faults.leave_port)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -406,6 +410,21 @@ class Launcher:
 
     # --- HTTP ----------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200, headers={"Server": SERVER_HEADER})
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """SGLang's deeper health check: one token through the scheduler, 503 after 20 s."""
+        engine = self.engine
+        assert engine is not None
+        req = SimRequest(f"health-{next(self._ids)}", 1, 1, 0, True, 1)
+        engine.submit(req, probe=True)
+        try:
+            while not req.finished:
+                await asyncio.wait_for(req.next_tokens(), HEALTH_GENERATE_TIMEOUT_S)
+        except TimeoutError:
+            return web.Response(status=503, text="the scheduler did not answer")
+        finally:
+            engine.finish(req)
         return web.Response(status=200, headers={"Server": SERVER_HEADER})
 
     async def models(self, request: web.Request) -> web.Response:
