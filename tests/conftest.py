@@ -75,15 +75,18 @@ PG_BIN = "/usr/lib/postgresql/15/bin"
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_url() -> Iterator[str]:
     """A real PostgreSQL server in a temporary folder, run as the ``postgres`` user (it refuses
-    to run as root), on a free port; stopped at the end of the session."""
+    to run as root), on a free port; stopped at the end of the session. The folder is outside
+    pytest's (root-only) temporary tree so that the ``postgres`` user can reach it."""
     import shutil
     import socket
+    import tempfile
+    from pathlib import Path
 
     if not os.path.exists(f"{PG_BIN}/initdb"):
         pytest.skip(f"PostgreSQL binaries not found in {PG_BIN}")
-    base = tmp_path_factory.mktemp("pg")
+    base = Path(tempfile.mkdtemp(prefix="cleanslate-pg-"))
     data, sock = base / "data", base / "sock"
     sock.mkdir()
     shutil.chown(base, "postgres")
@@ -103,3 +106,4 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         subprocess.run([*as_pg, f"{PG_BIN}/pg_ctl", "-D", str(data), "-m", "fast", "-w",
                         "stop"], check=False, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
