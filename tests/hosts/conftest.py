@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,12 @@ def nvidia_smi_replay() -> str:
     return NVIDIA_SMI_REPLAY.format(fixtures=FIXTURES, gpu_code=code("idle_query"),
                                     apps_code=code("idle_apps"))
 
+PYTHON_WRAPPER = """\
+#!/bin/sh
+if [ -n {pythonpath} ]; then PYTHONPATH={pythonpath}; export PYTHONPATH; fi
+exec {python} "$@"
+"""
+
 HANGING_PYTHON = """\
 #!/bin/sh
 echo $$ >> "{pids}"
@@ -68,9 +75,11 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     hang = restricted_bin(root / "hang-bin", {
         "python3": HANGING_PYTHON.format(pids=root / "hang-pids"),
     })
-    pybin = root / "py-bin"
-    pybin.mkdir()
-    (pybin / "python3").symlink_to(sys.executable)
+    # A script, not a link: a virtual environment's interpreter must run under its own path,
+    # and the session does not inherit this process's PYTHONPATH.
+    pybin = restricted_bin(root / "py-bin", {"python3": PYTHON_WRAPPER.format(
+        pythonpath=shlex.quote(os.environ.get("PYTHONPATH", "")),
+        python=shlex.quote(sys.executable))})
     server = start_sshd(root, {
         "plain": Profile(),
         "nopy": Profile(path=str(nopy)),
