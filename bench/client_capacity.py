@@ -42,6 +42,17 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 PEERS = {"aiperf": "aiperf==0.13.0", "guidellm": "guidellm==0.8.1"}
 
+# this client through its API (what ``cleanslate bench --no-live`` runs, without the CLI's imports)
+OURS = r"""
+import asyncio, sys
+from pathlib import Path
+from cleanslate.bench import BenchConfig, ClosedLoop, parse_workload, run_benchmark
+url, conc, n, workload, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
+config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
+                     loads=(ClosedLoop(concurrency=conc),), num_prompts=n)
+Path(out).write_text(asyncio.run(run_benchmark(config)).model_dump_json())
+"""
+
 BARE = r"""
 import asyncio, sys, aiohttp, json
 url, conc, n, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -209,23 +220,12 @@ def client_argvs(
     argv = {
         "cleanslate": [
             sys.executable,
-            "-m",
-            "cleanslate",
-            "bench",
-            "--url",
+            "-c",
+            OURS,
             url,
-            "--model",
-            "m",
-            "--endpoint",
-            "chat",
-            "--concurrency",
             str(concurrency),
-            "--num-prompts",
             str(requests),
-            "--workload",
             f"random:input_len=100,output_len={out_len}",
-            "--no-live",
-            "--json",
             str(work / f"cleanslate-{concurrency}.json"),
         ],
         "bare": [sys.executable, "-c", BARE, url, str(concurrency), str(requests), str(out_len)],
@@ -296,7 +296,10 @@ def make_tokenizer(path: Path) -> None:
     """A small byte-level BPE tokenizer trained here (peers that insist on one get it)."""
     if (path / "tokenizer.json").exists():
         return
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:  # only the peers need it
+        return
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
@@ -315,26 +318,9 @@ def itl_accuracy(server_cpus: list[int], client_cpu: int, itl_ms: float, work: P
     try:
         out = work / "itl.json"
         argv = [
-            sys.executable,
-            "-m",
-            "cleanslate",
-            "bench",
-            "--url",
-            server.url,
-            "--model",
-            "m",
-            "--endpoint",
-            "chat",
-            "--concurrency",
-            "64",
-            "--num-prompts",
-            "256",
-            "--workload",
-            "random:input_len=100,output_len=100,range_ratio=0.5",
-            "--no-live",
-            "--json",
-            str(out),
-        ]
+            sys.executable, "-c", OURS, server.url, "64", "256",
+            "random:input_len=100,output_len=100,range_ratio=0.5", str(out),
+        ]  # fmt: skip
         subprocess.run(
             argv,
             check=True,
