@@ -80,8 +80,7 @@ def test_vllm_launch_override_for_the_cpu_build_puts_the_model_after_model() -> 
             [
                 sys.executable,
                 "-m",
-                "cleanslate",
-                "sim",
+                "cleanslate.sim",
                 "serve",
                 "--model-path",
                 "M",
@@ -108,8 +107,8 @@ def test_sim_flags_are_sglang_style() -> None:
         "sim", 8000, {"tp-size": 2, "disable-cuda-graph": True, "fault": ["nan", "slow-release=3"]}
     )
     assert argv == [
-        "py", "-m", "cleanslate", "sim", "serve", "--model-path", "sim", "--port", "8000",
-        "--tp-size", "2", "--disable-cuda-graph", "--fault", "nan", "slow-release=3",
+        "py", "-m", "cleanslate.sim", "serve", "--model-path", "sim", "--port", "8000",
+        "--tp-size", "2", "--disable-cuda-graph", "--fault", "nan", "--fault", "slow-release=3",
     ]  # fmt: skip
 
 

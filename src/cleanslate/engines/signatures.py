@@ -93,8 +93,9 @@ for _signature in (
     _sig(
         "sim",
         r"^sim::",
-        _exe(r"cleanslate\s+sim\s+serve") + "|"
-        r"(?:^|\s)-m\s*cleanslate(?:\.sim\S*)?\s+(?:sim\s+)?serve(?:\s|$)|^sim::",
+        "|".join([_exe(r"cleanslate\s+sim\s+serve"),
+                  r"(?:^|\s)-m\s*cleanslate\s+sim\s+serve(?:\s|$)",
+                  _mod(r"cleanslate\.sim"), r"^sim::"]),
         "cleanslate's simulated engine (a test double, not a real server)",
     ),
 ):
