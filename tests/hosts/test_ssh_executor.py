@@ -192,3 +192,26 @@ def test_env_controls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CLEANSLATE_SSH_ACCEPT_NEW")
     assert not SSHExecutor("gpu1").accept_new
     assert os.environ.get("CLEANSLATE_SSH_ACCEPT_NEW") is None
+
+
+def test_connect_timeout_from_ssh_config(ssh_home: Path) -> None:
+    import socket
+
+    config = ssh_home / ".ssh" / "config"
+    original = config.read_text()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        config.write_text(original + (
+            f"Host silent\n    HostName 127.0.0.1\n    Port {silent.getsockname()[1]}\n"
+            "    ConnectTimeout 1\n"))
+        try:
+            async def go() -> float:
+                started = time.monotonic()
+                r = await SSHExecutor("silent").run(["true"], timeout=10)
+                assert r.error is not None and "within 1 s" in r.error, r.error
+                return time.monotonic() - started
+
+            assert asyncio.run(go()) < 2.5
+        finally:
+            config.write_text(original)

@@ -158,7 +158,7 @@ class _Resolved:
     port: int
     user: str
     known_hosts: tuple[str, ...]
-    strict_default: bool = True
+    connect_timeout: float | None = None
 
 
 def _resolve(target: SSHTarget, config: list[str]) -> _Resolved:
@@ -176,7 +176,9 @@ def _resolve(target: SSHTarget, config: list[str]) -> _Resolved:
         known: tuple[str, ...] = (str(Path("~", ".ssh", "known_hosts").expanduser()),)
     else:
         known = tuple(str(Path(str(f)).expanduser()) for f in list(files))  # type: ignore[call-overload]
-    return _Resolved(host=host, port=port, user=user, known_hosts=known)
+    timeout = cfg.get("ConnectTimeout", None)
+    return _Resolved(host=host, port=port, user=user, known_hosts=known,
+                     connect_timeout=float(str(timeout)) if timeout else None)
 
 
 class HostKeyError(OSError):
@@ -286,10 +288,13 @@ class SSHExecutor:
         self.name = self.target.display
         self.python = python
         env_timeout = os.environ.get(CONNECT_TIMEOUT_ENV)
-        self.connect_timeout = (
+        # Seconds to connect: the argument, the URL, the environment, then ``ConnectTimeout``
+        # of the SSH config (read when the target is resolved), then the default.
+        self._explicit_timeout = (
             connect_timeout or self.target.connect_timeout
-            or (float(env_timeout) if env_timeout else None) or DEFAULT_CONNECT_TIMEOUT_S
+            or (float(env_timeout) if env_timeout else None)
         )
+        self.connect_timeout = self._explicit_timeout or DEFAULT_CONNECT_TIMEOUT_S
         self._accept_new = accept_new if accept_new is not None else self.target.accept_new
         self._resolved: _Resolved | None = None
 
@@ -314,6 +319,8 @@ class SSHExecutor:
                 self._resolved = _resolve(self.target, config)
             except (OSError, ValueError) as exc:
                 raise OSError(f"cannot read the SSH config {config}: {exc}") from exc
+            if self._explicit_timeout is None and self._resolved.connect_timeout:
+                self.connect_timeout = self._resolved.connect_timeout
         resolved = self._resolved
         links = _LINKS.setdefault(loop, {})
         key = self._link_key(resolved)
