@@ -361,11 +361,18 @@ def safe_url(url: str) -> str:
         return url.split("@")[-1] if "@" in url else url
 
 
+#: Level keys that count things (shown without decimals).
+_COUNT_KEYS = frozenset({"completed", "failed", "num_prompts", "total_input_tokens",
+                         "total_output_tokens", "max_concurrent_requests", "good_requests"})
+
+
 def format_value(value: float | None, key: str = "") -> str:
     """A metric as a report shows it: tokens/s without decimals, latencies with one below
     100 ms; ``-`` for no value."""
     if value is None:
         return "-"
+    if key in _COUNT_KEYS:
+        return f"{value:,.0f}"
     if key.endswith("_ms") and abs(value) < 100:
         return f"{value:,.1f}"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"

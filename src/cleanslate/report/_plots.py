@@ -182,6 +182,7 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
             ax.axhline(limit, color=_BAD, linestyle="--", linewidth=1,
                        label=f"SLO p99 TTFT {limit:g} ms{': ' + report.name if multi else ''}")
             ys.append(limit)
+    ax.margins(x=0.08)
     ax.set_title("p99 TTFT against output throughput"
                  + (f": {reports[0].name}" if not multi else ""))
     ax.set_xlabel("output tokens/s")
