@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 # Command modules register themselves on ``app`` when imported.
-from cleanslate.cli import bench, check, clean, serve, sim, tune  # noqa: E402, F401
+from cleanslate.cli import bench, check, clean, report, serve, sim, tune  # noqa: E402, F401
 
 
 def main() -> None:
