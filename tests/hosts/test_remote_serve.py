@@ -12,6 +12,8 @@ host is rightly not clean); the test then skips, saying so. CI is quiet.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -141,3 +143,35 @@ def test_serve_on_an_unreachable_host_fails_without_launching(lab: RemoteLab) ->
     text = json.dumps(doc) + err
     assert "host unreachable" in text or "unknown" in text, text
     assert not [r for r in lab.runs() if r["status"] in ("starting", "ready")]
+
+
+def test_clean_pids_over_ssh(lab: RemoteLab, tmp_path: Path) -> None:
+    """``clean --pid`` on the SSH host ends the process and its child there, by PID."""
+    ready = tmp_path / "tree-ready"
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(ready)])
+    child: int | None = None
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() or not ready.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        child = int(ready.read_text())
+        code_c, report, err = lab.cli("clean", "--host", "py", "--pid", str(parent.pid),
+                                      "--yes", "--grace", "2", "--deadline", "10", "--json",
+                                      "--gpu-backend", "none")
+        assert code_c == 0, (report, err)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while pid_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(child)
+        assert {t["pid"] for t in report["targets"]} >= {parent.pid, child}
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None and pid_alive(child):
+            os.kill(child, signal.SIGKILL)
