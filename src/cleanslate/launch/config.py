@@ -30,8 +30,8 @@ from cleanslate.config import load_yaml_model
 from cleanslate.engines import engine_names
 
 
-class ServeConfig(BaseModel):
-    """A server to launch. See the module docstring for the YAML form."""
+class ServerFields(BaseModel):
+    """The keys that say which server to run and how: shared by server files and study files."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -40,7 +40,6 @@ class ServeConfig(BaseModel):
     host: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
     gpus: list[int] | None = None
-    flags: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     launch: list[str] | None = None
     python: str | None = None
@@ -63,6 +62,12 @@ class ServeConfig(BaseModel):
         if value is not None and any(g < 0 for g in value):
             raise ValueError("GPU indices are 0 or more")
         return value
+
+
+class ServeConfig(ServerFields):
+    """A server to launch. See the module docstring for the YAML form."""
+
+    flags: dict[str, Any] = Field(default_factory=dict)
 
 
 def load_serve_config(path: Path) -> ServeConfig:

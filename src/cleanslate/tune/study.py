@@ -34,8 +34,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cleanslate.config import line_of, load_yaml_model
-from cleanslate.engines import engine_names
 from cleanslate.errors import InputError
+from cleanslate.launch.config import ServerFields
 
 Scalar = bool | int | float | str | None
 
@@ -126,17 +126,12 @@ class Budget(BaseModel):
     hours: float | None = Field(default=None, gt=0)
 
 
-class StudySpec(BaseModel):
-    """A study file. See the module docstring."""
-
-    model_config = ConfigDict(extra="forbid")
+class StudySpec(ServerFields):
+    """A study file. See the module docstring. The server keys (engine, model, host, port, gpus,
+    env, launch, python, readiness_path, ready_timeout_s, smoke, smoke_timeout_s, grace_s) are
+    those of a server file (:class:`~cleanslate.launch.config.ServerFields`)."""
 
     name: str = Field(min_length=1, max_length=200)
-    engine: str
-    model: str
-    host: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    gpus: list[int] | None = None
     fixed: dict[str, Any] = Field(default_factory=dict)
     baseline: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Factor]
@@ -152,23 +147,8 @@ class StudySpec(BaseModel):
     slo: dict[str, float] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0
-    env: dict[str, str] = Field(default_factory=dict)
-    launch: list[str] | None = None
-    python: str | None = None
-    readiness_path: str | None = None
-    ready_timeout_s: float = Field(default=600.0, gt=0)
-    smoke: bool = True
-    smoke_timeout_s: float = Field(default=60.0, gt=0)
-    grace_s: float = Field(default=30.0, ge=0)
     verify_deadline_s: float = Field(default=120.0, gt=0)
     retries: int = Field(default=2, ge=0, description="cleanings of a dirty host per trial")
-
-    @field_validator("engine")
-    @classmethod
-    def _engine(cls, value: str) -> str:
-        if value not in engine_names():
-            raise ValueError(f"unknown engine {value!r}; known: {', '.join(engine_names())}")
-        return value
 
     @field_validator("space")
     @classmethod
