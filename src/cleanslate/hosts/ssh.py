@@ -162,23 +162,23 @@ class _Resolved:
 
 
 def _resolve(target: SSHTarget, config: list[str]) -> _Resolved:
-    # Only the config is needed here; keys are loaded (and their errors reported) by connect.
-    cfg = asyncssh.config.SSHClientConfig.load(
-        None, config, False, False, False, getpass.getuser(),
-        target.user if target.user is not None else (), target.host,
-        target.port if target.port is not None else (),
+    """Apply the SSH config as ``asyncssh.connect`` will (``Host`` matching, ``HostName``,
+    ``Port``, ``User``, ``UserKnownHostsFile``, ``ConnectTimeout``). Raises ``OSError`` or
+    ``ValueError`` for an unreadable config or key file."""
+    options = asyncssh.SSHClientConnectionOptions(
+        config=config, host=target.host,
+        port=target.port if target.port is not None else (),
+        username=target.user if target.user is not None else (),
     )
-    host = str(cfg.get("Hostname", target.host))
-    port = target.port if target.port is not None else int(str(cfg.get("Port", 22)))
-    user = target.user or str(cfg.get("User", "") or getpass.getuser())
-    files = cfg.get("UserKnownHostsFile", None)
-    if files is None:
-        known: tuple[str, ...] = (str(Path("~", ".ssh", "known_hosts").expanduser()),)
+    files = options.known_hosts
+    if isinstance(files, (list, tuple)) and files and all(isinstance(f, str) for f in files):
+        known = tuple(str(Path(f).expanduser()) for f in files)
     else:
-        known = tuple(str(Path(str(f)).expanduser()) for f in list(files))  # type: ignore[call-overload]
-    timeout = cfg.get("ConnectTimeout", None)
-    return _Resolved(host=host, port=port, user=user, known_hosts=known,
-                     connect_timeout=float(str(timeout)) if timeout else None)
+        known = (str(Path("~", ".ssh", "known_hosts").expanduser()),)
+    timeout = options.connect_timeout
+    return _Resolved(host=str(options.host), port=int(options.port),
+                     user=str(options.username or getpass.getuser()), known_hosts=known,
+                     connect_timeout=float(timeout) if timeout else None)
 
 
 class HostKeyError(OSError):
@@ -318,7 +318,9 @@ class SSHExecutor:
             try:
                 self._resolved = _resolve(self.target, config)
             except (OSError, ValueError) as exc:
-                raise OSError(f"cannot read the SSH config {config}: {exc}") from exc
+                where = f" (config {', '.join(config)})" if config else ""
+                raise OSError(f"cannot use the SSH settings of {self.target.host}{where}: "
+                              f"{exc}") from exc
             if self._explicit_timeout is None and self._resolved.connect_timeout:
                 self.connect_timeout = self._resolved.connect_timeout
         resolved = self._resolved
