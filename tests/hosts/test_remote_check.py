@@ -262,3 +262,21 @@ def test_many_hosts_concurrently_one_entry_each_worst_wins(
     assert code == 1, err  # DIRTY beats UNKNOWN
     assert [h["verdict"] for h in doc["hosts"]] == ["dirty", "unknown"]
     assert pid in findings(doc["hosts"][0], "stray_process")
+
+
+def test_refused_login_and_missing_key_file_are_unknown(sshd: Sshd, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(sshd.home, home)
+    key = home / ".ssh" / "id_ed25519"
+    key.unlink()
+    Path(str(key) + ".pub").unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    code, doc, err, _ = check(sshd, "--host", "plain", "--gpu-backend", "none", home=home)
+    assert code == 3, err
+    message = " ".join(f["message"] for f in doc["hosts"][0]["findings"])
+    assert "cannot log in" in message, message
+    key.unlink()
+    code, doc, err, _ = check(sshd, "--host", "plain", "--gpu-backend", "none", home=home)
+    assert code == 3, err
+    message = " ".join(f["message"] for f in doc["hosts"][0]["findings"])
+    assert "id_ed25519" in message, message
