@@ -149,3 +149,37 @@ def test_ablation_plot_of_an_infeasible_baseline_says_so(
     fig = ablation_figure(replace(report, trials=broken))
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert any("baseline (#0) is infeasible (nan)" in t for t in texts)
+
+
+def test_unfinished_trials_are_listed_last_and_rendered(
+        reports: dict[str, StudyReport]) -> None:
+    report = reports["report-tiny"]
+    base = report.trials[0]
+    extra = (
+        replace(base, record=base.record.model_copy(update={
+            "number": 7, "status": "infra_failed", "cause": "controller_died", "value": None,
+            "best_level": None, "verdict_after": None})),
+        replace(base, record=base.record.model_copy(update={
+            "number": 8, "status": "running", "cause": None, "value": None, "levels": (),
+            "best_level": None, "verdict_after": None, "run_id": None, "argv": ()}), run=None),
+    )
+    grown = replace(report, trials=report.trials + extra)
+    assert [t.number for t in grown.sorted_trials()][-2:] == [7, 8]
+    assert grown.best is not None and grown.best.number == report.best.number  # type: ignore[union-attr]
+    page = render_html([grown])
+    assert 'id="trial-report-tiny-7"' in page and 'id="trial-report-tiny-8"' in page
+    assert "controller_died" in page and "b-infra_failed" in page and "b-running" in page
+
+
+def test_many_trials_keep_the_legend_readable(reports: dict[str, StudyReport]) -> None:
+    from cleanslate.report._plots import MAX_LEGEND, pareto_figure, throughput_figure
+
+    report = reports["quickstart"]
+    many = tuple(replace(t, record=t.record.model_copy(update={"number": t.number + 10 * k}))
+                 for k in range(6) for t in report.trials)
+    big = replace(report, trials=many)
+    for figure in (throughput_figure([big]), pareto_figure([big])):
+        legend = figure.axes[0].get_legend()
+        names = [t.get_text() for t in legend.get_texts() if t.get_text().startswith("#")]
+        assert 0 < len(names) <= MAX_LEGEND
+        assert any(n.startswith(f"#{big.best.number} ") for n in names)  # type: ignore[union-attr]

@@ -4,6 +4,7 @@ with ``cleanslate tune``, about 40 s, once per session)."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -22,37 +23,17 @@ from cleanslate.report import load_report
 from cleanslate.store import Store
 from tests.conftest import Processes, run_cli
 from tests.report.conftest import StudyStore, free_port
+from tests.report.test_browser import CONSOLE, assert_screenshot, run_chromium
 from tests.report.test_html_plots import assert_real_plot
 
 pytestmark = pytest.mark.slow
-
-#: Console messages of the page, as ``chromium --enable-logging=stderr`` logs them.
-CONSOLE = re.compile(r":CONSOLE[:(]\d*\)?\]? ?(.*)")
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; "
-                    ".ci/run installs it)")
-    return path
-
-
-def run_chromium(page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Headless Chromium on a local file: no network, a throwaway profile."""
-    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", "--disable-default-apps", "--disable-extensions",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr",
-            "--v=0", *args, page.resolve().as_uri()]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")
 def html_page(live_store: StudyStore) -> Path:
     page = live_store.folder / "report.html"
     done = run_cli("report", "report-tiny", "--store", live_store.url, "--html", str(page),
-               timeout=120)
+                   timeout=120)
     assert done.returncode == 0, done.stderr
     return page
 
@@ -64,25 +45,7 @@ def test_html_renders_in_chromium_without_console_errors(html_page: Path,
     assert done.returncode == 0, done.stderr[-3000:]
     console = [m.group(1) for m in CONSOLE.finditer(done.stderr)]
     assert console == [], f"console messages: {console}"
-    assert shot.is_file()
-    import matplotlib.image
-
-    pixels = matplotlib.image.imread(str(shot))
-    assert pixels.shape[:2] == (2000, 1280)
-    rgb = pixels[..., :3]
-    assert float(rgb.std()) > 0.05, "the screenshot is (nearly) uniform"
-    assert float((rgb.mean(axis=2) < 0.8).mean()) > 0.02, "the screenshot is (nearly) blank"
-
-
-def test_chromium_console_check_catches_errors(tmp_path: Path) -> None:
-    """The console check above is not vacuous: a page with a script error is caught."""
-    bad = tmp_path / "bad.html"
-    bad.write_text('<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
-                   "<p>x</p><script>console.error('boom'); missing();</script></body></html>")
-    done = run_chromium(bad, tmp_path, "--dump-dom")
-    console = [m.group(1) for m in CONSOLE.finditer(done.stderr)]
-    assert any("boom" in m for m in console), done.stderr[-3000:]
-    assert any("missing is not defined" in m for m in console)
+    assert_screenshot(shot)
 
 
 def test_dom_shows_the_best_configuration_and_every_trial(
@@ -99,7 +62,7 @@ def test_dom_shows_the_best_configuration_and_every_trial(
     assert f"Best configuration: trial #{best.number}" in dom
     launch = re.search(r'<pre class="launch">(.*?)</pre>', dom, re.S)
     assert launch is not None
-    assert launch.group(1).replace("&amp;", "&") == best.launch_command
+    assert html.unescape(launch.group(1)) == best.launch_command
     oom = next(t for t in report.trials if t.record.cause == "oom")
     assert "OutOfMemoryError" in dom and f"Trial #{oom.number}" in dom
     assert 'id="simulated"' in dom

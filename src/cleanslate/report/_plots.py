@@ -75,6 +75,20 @@ def _colors(reports: list[StudyReport]) -> dict[tuple[str, int], Any]:
     return {key: cmap(i % cmap.N) for i, key in enumerate(keys)}
 
 
+#: At most this many trials are named in a legend (the best ones); the rest are drawn unnamed.
+MAX_LEGEND = 16
+
+
+def _named(reports: list[StudyReport]) -> set[tuple[str, int]]:
+    """The trials a legend names: all of them, or each study's best when there are many."""
+    drawn = [(r, t) for r in reports for t in r.trials if t.record.levels]
+    if len(drawn) <= MAX_LEGEND:
+        return {(r.name, t.number) for r, t in drawn}
+    per_study = max(1, MAX_LEGEND // len(reports))
+    return {(r.name, t.number) for r in reports
+            for t in [t for t in r.sorted_trials() if t.record.levels][:per_study]}
+
+
 def _label(report: StudyReport, trial: TrialView, multi: bool, width: int = 48) -> str:
     text = f"#{trial.number} {report.short_params(trial)}"
     if trial.status != "feasible":
@@ -100,6 +114,7 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
     ax = fig.add_subplot()
     colors = _colors(reports)
     multi = len(reports) > 1
+    named = _named(reports)
     unplotted: list[str] = []
     xs: list[float] = []
     for si, report in enumerate(reports):
@@ -120,7 +135,8 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
             xs += x
             width = 2.6 if report.best is trial else 1.4
             ax.plot(x, y, linestyle=style, color=color, linewidth=width,
-                    label=_label(report, trial, multi))
+                    label=_label(report, trial, multi)
+                    if (report.name, trial.number) in named else None)
             for xi, yi, (_, _, level) in zip(x, y, points, strict=True):
                 marker, filled = _MARKERS.get(trial.level_verdict(level), ("o", True))
                 ax.plot([xi], [yi], marker=marker, markersize=7, color=color,
@@ -140,8 +156,12 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
     else:
         _empty(ax, "no level was measured")
     note = "filled: met the SLOs   hollow: missed an SLO   X: crashed"
+    total = sum(1 for r in reports for t in r.trials if t.record.levels)
+    if len(named) < total:
+        note += f"   |   legend: the {len(named)} best of {total} trials"
     if unplotted:
-        note += "   |   no level measured: " + ", ".join(unplotted)
+        shown = unplotted[:6] + ([f"{len(unplotted) - 6} more"] if len(unplotted) > 6 else [])
+        note += "   |   no level measured: " + ", ".join(shown)
     _note(fig, note)
     return fig
 
@@ -153,6 +173,7 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
     ax = fig.add_subplot()
     colors = _colors(reports)
     multi = len(reports) > 1
+    named = _named(reports)
     ys: list[float] = []
     seen: set[tuple[str, int]] = set()
     for si, report in enumerate(reports):
@@ -162,7 +183,8 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
             key = (report.name, trial.number)
             ax.plot([x], [y], linestyle="none", marker=marker, markersize=7, color=color,
                     markerfacecolor=color if filled else "white", markeredgewidth=1.5,
-                    label=None if key in seen else _label(report, trial, multi))
+                    label=None if key in seen or key not in named
+                    else _label(report, trial, multi))
             seen.add(key)
             ys.append(y)
         front = report.pareto_front()
