@@ -10,7 +10,9 @@ start time so a reused PID is never hit.
 memory here); 3. SIGTERM the rest, wait ``term_wait_s``; re-scan (markers catch setsid'd
 grandchildren) and SIGKILL whatever is still in scope, until a scan finds nothing; 4. report
 D-state survivors instead of hanging; 5. remove the run's own ``/dev/shm`` files and verify with
-``check --until-clean`` on the run's GPUs and port.
+``check --until-clean`` on the run's GPUs and port. A ``/dev/shm`` file that a live process
+still maps or holds open is never removed: once the scope is gone, its holder is someone else's
+(another run, a benchmark client), whatever its name and time say.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class TeardownReport(BaseModel):
     d_state: tuple[int, ...] = ()
     survivors: tuple[int, ...] = ()
     shm_removed: tuple[str, ...] = ()
+    shm_in_use: tuple[str, ...] = Field(
+        default=(), description="the run's candidates left alone: a live process holds them")
     elapsed_s: float
     verify: CheckReport | None = None
 
@@ -122,6 +126,27 @@ async def send_signal(executor: Executor, targets: Iterable[Target], signal: str
                       f"{result.describe_failure()}")
     data: dict[str, Any] = json.loads(result.stdout)
     return data
+
+
+@cache
+def _shm_holders_source() -> bytes:
+    return resources.files("cleanslate.teardown").joinpath("_shm_holders.py").read_bytes()
+
+
+async def shm_in_use(executor: Executor, names: Iterable[str], directory: str = "/dev/shm",
+                     timeout: float = 15.0) -> dict[str, list[int]]:
+    """``{name: [pid, ..]}`` for the named ``/dev/shm`` files that a live process maps or holds
+    open (matched by inode). Raises :class:`OSError` when the host cannot be read."""
+    spec = {"dir": directory, "names": sorted(set(names))}
+    if not spec["names"]:
+        return {}
+    result = await executor.run([executor.python, "-I", "-S", "-", json.dumps(spec)],
+                                timeout=timeout, stdin=_shm_holders_source())
+    if not result.ok:
+        raise OSError(f"could not read /dev/shm holders on {executor.name}: "
+                      f"{result.describe_failure()}")
+    held: dict[str, list[int]] = json.loads(result.stdout)["held"]
+    return held
 
 
 def resolve_scope(snapshot: Snapshot, spec: ScopeSpec) -> list[Target]:
@@ -267,9 +292,20 @@ async def teardown(
         stamp("SIGKILL", sent["sent"])
     survivors = await _wait_gone(executor, list(every.values()), 0.0)
     shm_removed: list[str] = []
+    held: list[str] = []
     if remove_shm is not None:
         snapshot = await probe_host(executor, NoGpuBackend(), timeout=15.0)
-        shm_removed = remove_shm(snapshot)
+        candidates = remove_shm(snapshot)
+        # The scope is gone: a candidate still mapped or open is another process's live file.
+        try:
+            holders = await shm_in_use(executor, candidates)
+        except OSError as exc:
+            say(f"not removing /dev/shm files: {exc}")
+            holders = {name: [] for name in candidates}
+        held = [name for name in candidates if name in holders]
+        shm_removed = [name for name in candidates if name not in holders]
+        if held:
+            say(f"left /dev/shm/{{{', '.join(held)}}}: still in use by another process")
         if shm_removed:
             await executor.run(["rm", "-f", "--", *(f"/dev/shm/{n}" for n in shm_removed)],
                                timeout=15.0)
@@ -286,6 +322,7 @@ async def teardown(
         d_state=tuple(sorted(d_state)),
         survivors=tuple(t.pid for t in survivors),
         shm_removed=tuple(shm_removed),
+        shm_in_use=tuple(held),
         elapsed_s=round(time.monotonic() - started, 3),
         verify=report,
     )
