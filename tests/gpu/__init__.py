@@ -1,0 +1,1 @@
+"""Tests against live GPUs (marked ``gpu``): run by hand on the accelerator machine."""
