@@ -7,7 +7,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cleanslate.report._data import LEVEL_COLUMNS, StudyReport, format_value
+from cleanslate.report._data import (
+    LEVEL_COLUMNS,
+    StudyReport,
+    format_value,
+    params_text,
+    show,
+)
 
 _STYLE = {"feasible": "green", "infeasible": "red", "infra_failed": "yellow",
           "running": "yellow"}
@@ -34,11 +40,16 @@ def trials_table(report: StudyReport) -> Table:
         status = f"[{style}]{escape(r.status)}[/]" if style else escape(r.status)
         if r.cause:
             status += f" ({escape(r.cause)})"
+        params = (escape(show(r.params.get(f)) if f in r.params else "") for f in report.factors)
         table.add_row(
-            str(t.number), *(escape(str(r.params.get(f, ""))) for f in report.factors), status,
+            str(t.number), *params, status,
             r.best_level or "-", *(format_value(t.metric(k), k) for k, _, _ in LEVEL_COLUMNS),
             style="bold" if t is best else None)
     return table
+
+
+#: The widest a table is printed when the output is not a terminal (columns).
+MAX_WIDTH = 180
 
 
 def print_table(console: Console, table: Table) -> None:
@@ -47,7 +58,7 @@ def print_table(console: Console, table: Table) -> None:
     if console.is_terminal:
         console.print(table)
         return
-    natural = console.measure(table, options=console.options.update_width(240)).maximum
+    natural = console.measure(table, options=console.options.update_width(MAX_WIDTH)).maximum
     wide = Console(file=console.file, width=max(console.width, natural), highlight=False,
                    no_color=console.no_color, force_terminal=False)
     wide.print(table)
@@ -63,7 +74,7 @@ def print_report(console: Console, report: StudyReport) -> None:
     if best is None:
         console.print("[bold red]no feasible configuration[/]")
         return
-    params = " ".join(f"{k}={v}" for k, v in best.record.params.items())
+    params = params_text(best.record.params)
     console.print(f"[bold green]best configuration[/] (trial {best.number}): {escape(params)}")
     console.print(f"  {report.metric} = {format_value(best.record.value, report.metric)} at "
                   f"{best.record.best_level}")
@@ -87,7 +98,7 @@ def comparison_table(reports: list[StudyReport]) -> Table:
     row("trials", [f"{len(r.results)} results, {sum(1 for t in r.trials if t.feasible)} "
                    "feasible" for r in reports])
     row("best trial", [f"#{b.number}" if b else "none" for b in bests])
-    row("best configuration", [escape(" ".join(f"{k}={v}" for k, v in b.record.params.items()))
+    row("best configuration", [escape(params_text(b.record.params))
                                if b else "-" for b in bests])
     row("best level", [b.record.best_level or "-" if b else "-" for b in bests])
     for key, header, _ in LEVEL_COLUMNS:

@@ -36,6 +36,16 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def show(value: Any) -> str:
+    """A flag value as a report shows it: ``unset`` for null (the flag is not passed)."""
+    return "unset" if value is None else str(value)
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """``flag=value flag=value`` with :func:`show`'s values."""
+    return " ".join(f"{k}={show(v)}" for k, v in params.items())
+
+
 def level_concurrency(level: dict[str, Any]) -> float | None:
     """The x of a level in throughput-against-load plots: the closed loop's concurrency, an
     open loop's rate (requests/s), else the parsed ``c=N`` label."""
@@ -151,7 +161,7 @@ class Effect:
 
     @property
     def label(self) -> str:
-        return f"{self.factor}: {self.baseline_value} → {self.value}"
+        return f"{self.factor}: {show(self.baseline_value)} → {show(self.value)}"
 
 
 @dataclass(frozen=True)
@@ -261,7 +271,7 @@ class StudyReport:
         if base and params == {k: base.get(k) for k in params}:
             return "baseline"
         shown = {k: v for k, v in params.items() if not base or base.get(k) != v}
-        return " ".join(f"{k}={v}" for k, v in shown.items())
+        return params_text(shown)
 
     # -- derived figures ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from cleanslate.report._data import (
     TrialView,
     format_value,
     level_concurrency,
+    show,
 )
 from cleanslate.report._plots import Plot, render_plots
 
@@ -124,7 +125,7 @@ def _duration(seconds: float | None) -> str:
 
 
 def _params_html(params: dict[str, Any]) -> str:
-    return " ".join(f"<code>{_e(k)}={_e(v)}</code>" for k, v in params.items())
+    return " ".join(f"<code>{_e(k)}={_e(show(v))}</code>" for k, v in params.items())
 
 
 # -- sections ------------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ def _trials_table(report: StudyReport) -> str:
         r = t.record
         rows.append([
             f'<a href="#{_id("trial", report.name, t.number)}">#{t.number}</a>',
-            *(_e(r.params.get(f, "")) for f in factors),
+            *(_e(show(r.params.get(f)) if f in r.params else "") for f in factors),
             _badge(r.status),
             _e(r.cause or ""),
             _e(r.best_level or "-"),
@@ -233,7 +234,7 @@ def _ablation_table(report: StudyReport) -> str:
                       f"{e.change_pct:+.1f}%</span>")
         rows.append([f'<a href="#{_id("trial", report.name, e.trial.number)}">'
                      f"#{e.trial.number}</a>", f"<code>{_e(e.factor)}</code>",
-                     _e(e.baseline_value), _e(e.value),
+                     _e(show(e.baseline_value)), _e(show(e.value)),
                      _e(format_value(e.trial.record.value, report.metric)), change])
     return (f"<p>Against the baseline, trial #{base.number} "
             f"({_e(report.metric)} = {_e(format_value(base.record.value, report.metric))}).</p>"
