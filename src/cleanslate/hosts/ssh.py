@@ -17,8 +17,9 @@ Contract, in addition to :mod:`cleanslate.hosts.base`:
   shared by every command of that loop; a lost connection is reopened by the next command.
 - connecting has a deadline (``connect_timeout``, default :data:`DEFAULT_CONNECT_TIMEOUT_S`).
   When the host cannot be reached, ``run`` does not raise: it returns a result with
-  ``returncode=None`` and ``error`` saying why (``host unreachable: ...``), so a probe turns it
-  into an UNKNOWN source like any command that could not run.
+  ``returncode=None`` and ``error`` saying why (``host unreachable: ...``, or ``host refused:
+  ...`` for a host key), so a probe turns it into an UNKNOWN source like any command that could
+  not run.
 - every command runs on the host as ``timeout -k 2 SECS ARGV`` (GNU coreutils ``timeout``): the
   host itself ends the command and its process group at the deadline even when the connection
   is gone; locally the wait is bounded by ``SECS`` plus :data:`LOCAL_GRACE_S`. A command ended
@@ -410,6 +411,8 @@ class SSHExecutor:
 
         try:
             conn, link = await self._connection()
+        except HostKeyError as exc:
+            return failed(f"host refused: {exc}")
         except OSError as exc:
             return failed(f"host unreachable: {exc}")
         command = self.command_line(argv, timeout, env)
