@@ -90,3 +90,17 @@ def test_unknown_study_names_the_known_ones(recorded_store: StudyStore) -> None:
     assert "nope" in info.value.message
     assert info.value.hint is not None
     assert "report-tiny" in info.value.hint and "quickstart" in info.value.hint
+
+
+def test_minimize_sorts_ascending_and_judges_changes_the_other_way(
+        quickstart: StudyReport) -> None:
+    from dataclasses import replace
+
+    spec = {**quickstart.spec, "objective": {"minimize": "output_throughput"}}
+    low = replace(quickstart, spec=spec)
+    values = [t.record.value for t in low.sorted_trials() if t.feasible]
+    assert values == sorted(values)
+    assert low.best is not None and low.best.record.value == min(v for v in values if v)
+    for effect in low.ablation_effects():
+        if effect.change_pct is not None:
+            assert effect.better == (effect.change_pct < 0)

@@ -53,7 +53,8 @@ def _format(fmt: str | None, out: Path | None) -> str | None:
 
 @app.command()
 def report(
-    study: Annotated[str, typer.Argument(help="The study's name (the `name:` of its file).")],
+    study: Annotated[str, typer.Argument(metavar="STUDY",
+                                         help="The study's name (the `name:` of its file).")],
     store_url: Annotated[str | None, typer.Option(
         "--store", help="Store URL (default $CLEANSLATE_STORE or sqlite:///cleanslate.db).")
     ] = None,
