@@ -68,6 +68,9 @@ class EngineAdapter:
     default_readiness_path: ClassVar[str] = "/health"
     supports_completions: ClassVar[bool] = True
     supports_chat: ClassVar[bool] = True
+    #: whether the server accepts vLLM/SGLang's ``ignore_eos`` and ``min_tokens`` request fields
+    #: (``transformers serve`` answers 422 "Unexpected fields" to them)
+    accepts_ignore_eos: ClassVar[bool] = True
     port_flag: ClassVar[str] = "--port"
     host_flag: ClassVar[str] = "--host"
     default_model_flag: ClassVar[str | None] = None

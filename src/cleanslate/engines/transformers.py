@@ -19,6 +19,8 @@ class TransformersEngine(EngineAdapter):
     description = "Hugging Face `transformers serve`"
     default_port = 8000
     leftovers = Leftovers(notes="a single process; nothing known to outlive it")
+    # Its request models reject unknown fields: ``ignore_eos`` / ``min_tokens`` get HTTP 422.
+    accepts_ignore_eos = False
 
     def default_launch(self) -> tuple[str, ...]:
         return ("transformers", "serve")

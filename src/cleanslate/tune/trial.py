@@ -205,14 +205,14 @@ async def _levels(
     slo = SLO(**{k: v for k, v in (("ttft_ms", spec.slo.get("ttft_p99_ms")),
                                    ("tpot_ms", spec.slo.get("tpot_p99_ms")),
                                    ("e2e_ms", spec.slo.get("e2e_p99_ms"))) if v})
+    adapter = adapter_for(config, executor)
     bench = BenchConfig(
         url=run.url, model=spec.model, endpoint=spec.endpoint,
         workload=_workload(spec.workload, where="workload"),
         loads=tuple(ClosedLoop(concurrency=c) for c in spec.concurrency),
         num_prompts=spec.requests_per_level, duration_s=spec.duration_s_per_level,
-        seed=spec.seed, slo=slo,
+        seed=spec.seed, slo=slo, ignore_eos=adapter.accepts_ignore_eos,
     )
-    adapter = adapter_for(config, executor)
     levels: list[LevelResult] = []
     verdicts: dict[str, str] = {}
     cause = detail = None
