@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drive the H200 validation (issue 9) on the GPU machine, from the repository root there:
 #   bash bench/h200_study.sh            # env, GPU tests, model, study (until DEADLINE_S)
-#   PHASES="model tune" bash bench/h200_study.sh   # resume the study (carried store)
+#   PHASES="model tune tests" bash bench/h200_study.sh   # phases run in the order given
 # Needs: wheels in .whl/h200/ (the packages the machine lacks, see docs/validation/
 # h200-transformers.md), cleanslate's source in $CS_SRC (default: src). Writes to $OUT (default
 # ./out): env.txt, gpu_tests.log, gpu_tests.jsonl, tune.log, h200.db, artifacts.tgz, final.txt.
@@ -16,7 +16,6 @@ CS_SRC=${CS_SRC:-src}
 MODEL=${MODEL:-/tmp/tiny-llama-0.8b}
 STORE_IN=${STORE_IN:-.whl/state/h200.db}
 WORK=/tmp/cs-h200
-has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
 stamp() { echo "== $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s $*"; }
 
 # Install into a fresh folder (pip --target keeps stale files in an existing one).
@@ -32,7 +31,7 @@ command -v transformers >/dev/null || export PATH=$PYBIN:$PATH
 python3 -c "import cleanslate.cli, optuna, sqlalchemy, fastapi, uvicorn, openai" || exit 1
 stamp installed
 
-if has env; then
+phase_env() {
   {
     stamp env; date -u; uname -a; nproc
     nvidia-smi
@@ -61,16 +60,17 @@ PY
     python3 -m cleanslate check --gpu-backend nvidia-smi --json; echo "exit $?"
   } > "$OUT/env.txt" 2>&1
   stamp env done
-fi
+}
 
-if has tests; then
+phase_tests() {
   stamp gpu tests
-  CLEANSLATE_GPU_TEST_LOG=$OUT/gpu_tests.jsonl timeout 240 python3 -m pytest -p no:cacheprovider \
+  CLEANSLATE_GPU_TEST_LOG=$OUT/gpu_tests.jsonl timeout 150 python3 -m pytest -p no:cacheprovider \
     -v -s -m gpu tests/gpu tests/probe/gpu/test_gpu_real.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
   stamp gpu tests done
-fi
+}
 
-if has model && [ ! -f "$MODEL/model.safetensors" ]; then
+phase_model() {
+  [ -f "$MODEL/model.safetensors" ] && return 0
   stamp model
   python3 - "$MODEL" <<'PY' || exit 1
 import sys, time
@@ -86,9 +86,9 @@ print(f"built {out} in {time.time() - t0:.1f} s: vocab {cfg['vocab_size']}, "
       f"{size / 2**30:.2f} GiB of bf16 weights = {size / 2 / 1e9:.3f} B parameters")
 PY
   stamp model done
-fi
+}
 
-if has tune; then
+phase_tune() {
   mkdir -p "$WORK"
   [ -f "$STORE_IN" ] && [ ! -f "$WORK/h200.db" ] && cp "$STORE_IN" "$WORK/h200.db"
   left=$(( START + DEADLINE_S - $(date +%s) ))
@@ -98,7 +98,9 @@ if has tune; then
   stamp "tune exited ${PIPESTATUS[0]}"
   cp "$WORK/h200.db" "$OUT/h200.db"
   [ -d "$WORK/artifacts" ] && tar -C "$WORK" -czf "$OUT/artifacts.tgz" artifacts
-fi
+}
+
+for phase in $PHASES; do "phase_$phase" || exit 1; done
 
 {
   stamp final

@@ -203,6 +203,15 @@ def test_idle_host_is_clean(backend: str) -> None:
     assert len(host["gpus"]) == GPUS
 
 
+def alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie: an orphan's exit status waits for its new parent (PID 1 of the
+    machine) to reap it, and psutil counts a zombie as running."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_gone(pid: int, index: int, timeout: float = 30) -> float:
     """Seconds until neither backend lists ``pid`` on GPU ``index``."""
     t0 = time.monotonic()
@@ -243,7 +252,7 @@ def test_orphaned_tree_is_found_and_cleaned(tree: Tree) -> None:
     tree.popen.wait(timeout=30)
     released = _wait_gone(parent, a)
     _log("parent SIGKILL -> its PID gone from GPU a (s)", {"gpu": a, "seconds": released})
-    assert tree.procs["child"].is_running() and tree.procs["grandchild"].is_running()
+    assert alive(tree.procs["child"]) and alive(tree.procs["grandchild"])
     assert tree.procs["child"].ppid() != parent
     for backend in BACKENDS:
         code, document = check(backend)
@@ -277,7 +286,7 @@ def test_orphaned_tree_is_found_and_cleaned(tree: Tree) -> None:
         if waiter.poll() is None:
             waiter.kill()
             waiter.wait(timeout=30)
-    assert not tree.procs["child"].is_running() and not tree.procs["grandchild"].is_running()
+    assert not alive(tree.procs["child"]) and not alive(tree.procs["grandchild"])
     waited = json.loads(out)
     _log(f"check --until-clean started 2 s before clean (exit {waiter.returncode})", waited)
     assert waited["verdict"] == "clean", err[-2000:]
