@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -130,6 +131,12 @@ def serve(
     store = Store(store_url)
     executor = executor_for(config.host)
     say = (lambda _m: None) if json_out else (lambda m: console_err.print(f"[dim]{m}[/]"))
+    # In the foreground a Ctrl-C or SIGTERM from the moment of launch means "tear it down":
+    # remember it here, act on it as soon as the server is up (never leave it running).
+    interrupted = threading.Event()
+    if not detach:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda _s, _f: interrupted.set())
     outcome = asyncio.run(start_server(executor, store, config, gpu_backend=gpu_backend,
                                        preflight=not no_preflight, progress=say))
     if not outcome.ok:
@@ -143,7 +150,8 @@ def serve(
         _print_started(run, outcome)
     if detach:
         raise typer.Exit(0)
-    code = asyncio.run(_foreground(executor, store, run, config.grace_s, gpu_backend, json_out))
+    code = asyncio.run(_foreground(executor, store, run, config.grace_s, gpu_backend, json_out,
+                                   interrupted))
     raise typer.Exit(code)
 
 
@@ -200,13 +208,15 @@ def _report_failure(outcome: StartOutcome, json_out: bool) -> None:
 
 
 async def _foreground(executor: Any, store: Store, run: RunRecord, grace_s: float,
-                      gpu_backend: str, json_out: bool) -> int:
+                      gpu_backend: str, json_out: bool, interrupted: threading.Event) -> int:
     from cleanslate.launch.lifecycle import run_exit_code, stop_server
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if interrupted.is_set():
+        stop.set()
     if not json_out:
         console.print("[dim]serving in the foreground; Ctrl-C tears it down[/]")
     status, cause = "stopped", None
