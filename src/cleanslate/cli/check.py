@@ -15,7 +15,7 @@ from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_INPUT, console, console_err, parse_int_list
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
-from cleanslate.hosts import executor_for
+from cleanslate.hosts import executor_for, set_accept_new_host_keys
 from cleanslate.probe.gpu.base import backend_names
 from cleanslate.verdict.baseline import Baseline
 from cleanslate.verdict.check import CheckOptions, CheckReport, check_host, check_hosts
@@ -59,10 +59,15 @@ def check(
     strict: Annotated[bool, typer.Option(
         "--strict", help="Warnings (shm leftovers, open device files) make the host DIRTY.")
     ] = False,
+    accept_new_host_key: Annotated[bool, typer.Option(
+        "--accept-new-host-key", help="Trust and record unknown SSH host keys (changed keys are "
+        "always refused).")] = False,
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print one JSON document on stdout and nothing else.")] = False,
 ) -> None:
     """Probe the host(s) and print CLEAN, DIRTY or UNKNOWN (exit 0, 1 or 3)."""
+    if accept_new_host_key:
+        set_accept_new_host_keys(True)
     if gpu_backend != "auto" and gpu_backend not in backend_names():
         raise InputError(f"unknown GPU backend {gpu_backend!r}", where="--gpu-backend",
                          hint="choose one of auto, " + ", ".join(backend_names()))

@@ -4,8 +4,9 @@ Contract:
 - ``run`` executes an argv (never through a shell unless the argv says so), feeds ``stdin``, and
   returns within ``timeout`` seconds plus a small grace. On timeout the command *and everything
   it started* are ended (locally: its own process group; remotely: a remote-side ``timeout``),
-  and the result has ``timed_out=True`` and ``returncode=None``. It never raises for a command
-  that fails or times out; it raises ``OSError`` only when the host itself cannot be reached.
+  and the result has ``timed_out=True`` and ``returncode=None``. It never raises: a command that
+  fails, times out, or cannot run because the host is unreachable gives a result (the last with
+  ``returncode=None`` and ``error`` saying why).
 - ``python`` names the interpreter used to run the stdlib-only probe scripts on that host.
 - ``name`` is what reports call the host (``local`` or ``user@host:port``).
 - ``write_file`` / ``read_file`` move small files (scripts, specs, log tails) to and from the

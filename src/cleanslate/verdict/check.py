@@ -6,6 +6,7 @@ This is what ``cleanslate check`` runs, and what teardown and the tuner call to 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,7 +66,12 @@ async def check_host(executor: Executor, options: CheckOptions) -> tuple[HostVer
     since = options.baseline.kmsg_last_us if options.baseline else None
     snapshot = await probe_host(executor, backend, ports=list(options.ports),
                                 timeout=options.timeout, kmsg_since_us=since)
-    return evaluate(snapshot, options.scope, options.baseline), snapshot
+    scope = options.scope
+    if not executor.is_local:
+        # Our PIDs mean nothing on another host; the collector excludes itself and its SSH
+        # ancestors there (``collector_pid``).
+        scope = dataclasses.replace(scope, exclude_roots=frozenset())
+    return evaluate(snapshot, scope, options.baseline), snapshot
 
 
 async def check_hosts(executors: list[Executor], options: CheckOptions) -> CheckReport:
