@@ -293,23 +293,30 @@ def install_peers(peers: Path) -> None:
 
 
 def make_tokenizer(path: Path) -> None:
-    """A small byte-level BPE tokenizer trained here (peers that insist on one get it)."""
+    """A word-level tokenizer made here (no download) for the peers that insist on one: one
+    token per whitespace-separated word, the same count the fake and sim servers use, so
+    ``--isl 256`` means 256 prompt tokens to the server as it does for this client."""
     if (path / "tokenizer.json").exists():
         return
     try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from tokenizers import Tokenizer, models, pre_tokenizers
     except ImportError:  # only the peers need it
         return
+    from cleanslate.bench._tokens import WORDS
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
-    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
-    text = [f"the quick brown fox jumps over the lazy dog {i} tok" for i in range(500)]
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # type: ignore[assignment]
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 100000})
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": 1000000,
+                "unk_token": "[UNK]",
+            }
+        )
     )
 
 

@@ -41,6 +41,7 @@ class Figures:
     output_throughput: float
     ttft_p50_ms: float
     completed: int
+    in_flight: float = 0.0
 
 
 def free_port() -> int:
@@ -107,7 +108,15 @@ class Sim:
         end = max(r["last_token_mono"] for r in ok)
         tokens = sum(r["completion_tokens"] for r in ok)
         ttft = statistics.median((r["first_token_mono"] - r["arrival_mono"]) * 1000 for r in ok)
-        return Figures(tokens / (end - start), ttft, len(ok))
+        # mean requests in flight as the server saw them: did the client keep its concurrency?
+        events = sorted(
+            [(r["arrival_mono"], 1) for r in ok] + [(r["last_token_mono"], -1) for r in ok]
+        )
+        area, cur, last = 0.0, 0, events[0][0]
+        for t, d in events:
+            area += cur * (t - last)
+            last, cur = t, cur + d
+        return Figures(tokens / (end - start), ttft, len(ok), area / (end - start))
 
 
 def run_cleanslate(url: str, c: int, n: int, isl: int, osl: int, work: Path) -> Figures:
@@ -237,7 +246,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--peers", default="aiperf,vllm")
+    ap.add_argument("--peers", default="aiperf,vllm", help="aiperf and/or vllm")
     ap.add_argument("--peers-dir", type=Path, default=REPO / "scratch" / "bench-peers")
     ap.add_argument("--vllm", default=str(REPO / "scratch" / "vllm-venv" / "bin" / "vllm"))
     ap.add_argument("--sim-args", default="", help="extra flags for cleanslate sim serve")
@@ -266,6 +275,12 @@ def main() -> None:
                         fig = run_aiperf(aiperf, sim.url, c, n, isl, osl, work)
                     else:
                         fig = run_vllm(args.vllm, sim.url, c, n, isl, osl, work)
+                except subprocess.CalledProcessError as exc:
+                    tail = (exc.stderr or b"")[-400:].decode(errors="replace")
+                    print(f"{name} c={c}: failed (exit {exc.returncode}), skipped: {tail}")
+                    if name == "cleanslate":
+                        raise
+                    continue
                 finally:
                     sim.stop()
                 rows[name] = (fig, sim.ground_truth())
