@@ -59,22 +59,13 @@ class LiveView:
 def summary_table(result: BenchResult) -> Table:
     """One row per level: the figures a user reads first."""
     table = Table(title=f"{result.model} @ {result.url} ({result.endpoint})")
-    for col in (
-        "level",
-        "ok",
-        "err",
-        "dur s",
-        "req/s",
-        "out tok/s",
-        "TTFT p50/p99 ms",
-        "TPOT p50/p99 ms",
-        "ITL p50 ms",
-        "goodput",
-        "cpu",
-    ):
+    with_slo = not result.slo.is_empty()
+    cols = ["level", "ok", "err", "s", "req/s", "out tok/s", "TTFT ms p50/p99", "TPOT ms p50/p99"]
+    cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "cpu"]
+    for col in cols:
         table.add_column(col, justify="right" if col != "level" else "left")
     for lv in result.levels:
-        table.add_row(
+        cells = [
             lv.label + (" [red](partial)[/]" if lv.partial else ""),
             str(lv.completed),
             str(lv.failed),
@@ -84,9 +75,11 @@ def summary_table(result: BenchResult) -> Table:
             _pair(lv, "ttft"),
             _pair(lv, "tpot"),
             _fmt(lv.itl_ms.median),
-            "-" if lv.request_goodput is None else f"{lv.request_goodput:.2f}",
-            f"{lv.client_cpu_util:.0%}",
-        )
+        ]
+        if with_slo:
+            cells.append("-" if lv.request_goodput is None else f"{lv.request_goodput:.2f}")
+        cells.append(f"{lv.client_cpu_util:.0%}")
+        table.add_row(*cells)
     return table
 
 
