@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from cleanslate.bench import OpenLoop
-from cleanslate.bench._arrivals import intervals, schedule
+from cleanslate.bench._arrivals import intervals, iter_offsets, schedule
 
 
 def cv(xs: list[float]) -> float:
@@ -40,3 +40,10 @@ def test_seeded_and_infinite_rate() -> None:
     assert intervals(load, 50, seed=7) == intervals(load, 50, seed=7)
     assert intervals(load, 50, seed=7) != intervals(load, 50, seed=8)
     assert intervals(OpenLoop(rate=math.inf), 4, seed=0) == [0.0] * 4
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "constant", "gamma"])
+def test_endless_offsets_match_the_schedule(arrival: str) -> None:
+    load = OpenLoop(rate=7, arrival=arrival, burstiness=0.5)  # type: ignore[arg-type]
+    it = iter_offsets(load, seed=4)
+    assert [next(it) for _ in range(30)] == pytest.approx(schedule(load, 30, seed=4))

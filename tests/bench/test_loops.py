@@ -144,3 +144,9 @@ def test_connection_refused_ends_the_level_partial() -> None:
     assert "unreachable" in lv.partial_reason
     assert lv.completed == 0 and set(lv.errors) <= {"connection_refused", "aborted"}
     assert lv.failed < 1000
+
+
+def test_open_loop_for_a_duration_at_infinite_rate_is_bounded_by_the_cap() -> None:
+    lv = level(OpenLoop(rate=math.inf, max_concurrency=2), {"itl_s": 0.005}, duration_s=0.4)
+    assert lv.completed >= 4 and lv.max_concurrent_requests == 2
+    assert lv.duration < 1.0

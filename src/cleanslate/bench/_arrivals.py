@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 
 from cleanslate.bench._models import OpenLoop
 
@@ -40,3 +41,22 @@ def schedule(load: OpenLoop, n: int, *, seed: int) -> list[float]:
         t += gap
         out.append(t)
     return out
+
+
+def iter_offsets(load: OpenLoop, *, seed: int) -> Iterator[float]:
+    """Endless cumulative send offsets in seconds (the same sequence as :func:`schedule`)."""
+    if math.isinf(load.rate):
+        while True:
+            yield 0.0
+    rng = random.Random(f"{seed}:arrivals")
+    mean = 1.0 / load.rate
+    t = 0.0
+    yield t
+    while True:
+        if load.arrival == "constant":
+            t += mean
+        elif load.arrival == "poisson":
+            t += rng.expovariate(load.rate)
+        else:
+            t += rng.gammavariate(load.burstiness, mean / load.burstiness)
+        yield t

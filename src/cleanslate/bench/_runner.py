@@ -29,7 +29,7 @@ import aiohttp
 
 from cleanslate import __version__
 from cleanslate.bench import _metrics as m
-from cleanslate.bench._arrivals import schedule
+from cleanslate.bench._arrivals import iter_offsets
 from cleanslate.bench._client import (
     CONNECTION_ERRORS,
     RequestBuilder,
@@ -219,12 +219,7 @@ class _Level:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
     async def open(self, load: OpenLoop) -> None:
-        if self.config.duration_s is None:
-            n = len(self.prompts)
-        else:
-            rate = load.rate if not math.isinf(load.rate) else 1e6
-            n = int(rate * self.config.duration_s * 1.2) + 10
-        offsets = schedule(load, n, seed=self.config.seed)
+        offsets = iter_offsets(load, seed=self.config.seed)  # endless; prompts bound it
         sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
         running: set[asyncio.Task[None]] = set()
         it = self.prompt_iter()
