@@ -5,8 +5,9 @@ serve``, same flags and seed, so each client meets the same server) is started w
 ``--ground-truth``, the client runs the same closed-loop workload against it, and the script
 prints each client's output throughput and TTFT p50 next to this client's, plus the server's
 own figures from its ground-truth log (output tokens over first arrival -> last token, TTFT p50
-over ``first_token - arrival``). Pass criteria of issue 6: output throughput within 5% and TTFT
-p50 within 10% of the peer's.
+over ``first_token - arrival``, and the mean number of requests in flight as the server saw them,
+which shows whether a client kept its concurrency). Pass criteria of issue 6: output throughput
+within 5% and TTFT p50 within 10% of the peer's.
 
 Peers: ``aiperf`` (``--peers-dir``/aiperf/bin/aiperf) and ``vllm`` (``vllm bench serve``;
 ``--vllm`` names its executable), each skipped with a note when absent. Scratch folders only;
@@ -288,7 +289,7 @@ def main() -> None:
             print(f"\nc={c}, {n} requests, input {isl}, output {osl} tokens, completions")
             print(
                 f"{'client':>11} {'out tok/s':>10} {'TTFT p50 ms':>12} {'server tok/s':>13}"
-                f" {'server TTFT p50':>16}   vs cleanslate"
+                f" {'server TTFT p50':>16} {'in flight':>9}   vs cleanslate"
             )
             for name, (fig, truth) in rows.items():
                 cmp = ""
@@ -303,7 +304,8 @@ def main() -> None:
                     )
                 print(
                     f"{name:>11} {fig.output_throughput:>10,.0f} {fig.ttft_p50_ms:>12.1f}"
-                    f" {truth.output_throughput:>13,.0f} {truth.ttft_p50_ms:>16.1f}   {cmp}"
+                    f" {truth.output_throughput:>13,.0f} {truth.ttft_p50_ms:>16.1f}"
+                    f" {truth.in_flight:>9.1f}   {cmp}"
                 )
     sys.exit(1 if failures else 0)
 
