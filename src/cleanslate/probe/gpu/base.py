@@ -59,7 +59,7 @@ def backend_names() -> list[str]:
 
 def _load_builtin() -> None:
     # Imported for their registration side effect; kept lazy so importing the probe stays cheap.
-    from cleanslate.probe.gpu import nvidia_smi, none, nvml, sim  # noqa: F401
+    from cleanslate.probe.gpu import none, nvidia_smi, nvml, sim  # noqa: F401
 
 
 def get_backend(name: str) -> GpuBackend:
