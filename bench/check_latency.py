@@ -37,7 +37,7 @@ from cleanslate.probe.host import probe_host
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _time(fn: Callable[[], object], runs: int) -> list[float]:
