@@ -240,7 +240,8 @@ async def _levels(
         if level.failed:
             verdicts[level.label] = "errors"
             cause = "request_errors"
-            detail = f"{level.failed} of {level.num_prompts} requests failed at {level.label}: " \
+            sent = level.completed + level.failed
+            detail = f"{level.failed} of {sent} requests failed at {level.label}: " \
                      f"{level.errors}"
             say(f"{load.label}: {detail}")
             break
