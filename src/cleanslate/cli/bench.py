@@ -13,30 +13,25 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
 
-from cleanslate.bench import (
-    SLO,
-    BenchConfig,
-    BenchResult,
-    ClosedLoop,
-    OpenLoop,
-    ShareGPTWorkload,
-    WorkloadSpec,
-    parse_workload,
-    run_benchmark,
-)
-from cleanslate.bench._live import LiveView, summary_table
 from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_FAILED, EXIT_OK, console, console_err
 from cleanslate.errors import InputError
 
+if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
+    from cleanslate.bench import SLO, BenchConfig, BenchResult, WorkloadSpec
+
 
 def parse_slo(text: str | None) -> SLO:
     """``ttft_ms=500,tpot_ms=50,e2e_ms=10000`` -> :class:`SLO` (InputError on bad input)."""
+    from cleanslate.bench import (
+        SLO,
+    )
+
     if text is None or not text.strip():
         return SLO()
     values: dict[str, float] = {}
@@ -68,6 +63,7 @@ def parse_slo(text: str | None) -> SLO:
 
 def parse_rates(text: str) -> list[float]:
     """``"1,2.5,inf"`` -> request rates per second."""
+
     out: list[float] = []
     for part in text.split(","):
         part = part.strip()
@@ -88,6 +84,7 @@ def parse_rates(text: str) -> list[float]:
 
 
 def parse_concurrency(text: str) -> list[int]:
+
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -167,6 +164,8 @@ def bench(
 ) -> None:
     """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
     (--rate), streaming, with TTFT/TPOT/ITL/E2E percentiles, throughputs and goodput."""
+    from cleanslate.bench._live import summary_table
+
     config = build_config(
         url=url,
         model=model,
@@ -217,6 +216,11 @@ def bench(
 
 
 async def _run(config: BenchConfig, show_live: bool) -> BenchResult:
+    from cleanslate.bench import (
+        run_benchmark,
+    )
+    from cleanslate.bench._live import LiveView
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -251,6 +255,14 @@ def build_config(
     api_key: str | None,
 ) -> BenchConfig:
     """Turn the command-line options into a :class:`BenchConfig`; InputError on bad input."""
+    from cleanslate.bench import (
+        BenchConfig,
+        ClosedLoop,
+        OpenLoop,
+        ShareGPTWorkload,
+        parse_workload,
+    )
+
     if not url.startswith(("http://", "https://")):
         raise InputError(f"{url!r} is not an http(s) URL", where="--url", hint="http://HOST:PORT")
     if endpoint not in ("completions", "chat"):

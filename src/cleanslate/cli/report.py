@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from cleanslate.cli import app
 from cleanslate.cli._common import console, console_err
 from cleanslate.errors import InputError
-from cleanslate.store import Store, resolve_store_url
+
+if TYPE_CHECKING:  # SQLAlchemy is imported when the command runs
+    from cleanslate.store import Store
 
 _FORMATS = ("csv", "json")
 
 
 def _open_store(url: str | None) -> Store:
     """The store, refusing a SQLite file that does not exist (opening would create it)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from cleanslate.store import Store, resolve_store_url
+
     resolved = resolve_store_url(url)
     try:
         parsed = make_url(resolved)
@@ -37,6 +42,8 @@ def _open_store(url: str | None) -> Store:
 
 
 def _format(fmt: str | None, out: Path | None) -> str | None:
+
+
     if fmt is not None:
         fmt = fmt.lower()
         if fmt not in _FORMATS:
@@ -73,6 +80,8 @@ def report(
 ) -> None:
     """Report on a study: its trials sorted by the objective, the best configuration and its
     launch command; plots, an HTML page, CSV/JSON exports on request."""
+
+
     from cleanslate.report import (
         comparison_table,
         load_report,
