@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,10 +32,26 @@ class Processes:
         return self.start([sys.executable, "-c", code, *extra_args], **kwargs)
 
     def end_all(self) -> None:
+        """SIGTERM each started process (a server stops its workers then), wait, SIGKILL what is
+        left; descendants found before the first signal are ended too, by PID and start time,
+        so that nothing a test started outlives it as an orphan."""
+        import psutil
+
+        tree: list[psutil.Process] = []
         for proc in self.started:
+            with contextlib.suppress(psutil.Error):
+                tree += psutil.Process(proc.pid).children(recursive=True)
             if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.started:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for child in tree:  # psutil checks the start time: a reused PID is not signalled
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 @pytest.fixture
