@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from cleanslate.engines import EngineAdapter
@@ -135,8 +134,3 @@ async def _read_state(executor: Executor, state_path: str, timeout: float) -> di
                               f"({state_path})")
         await asyncio.sleep(0.05)
 
-
-def local_run_dir(artifacts: Path, run_id: str) -> str:
-    path = artifacts / run_id
-    path.mkdir(parents=True, exist_ok=True)
-    return str(path)

@@ -16,7 +16,7 @@ The rules, each one a small function below:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cleanslate.engines.signatures import match_engine
 from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot
@@ -50,7 +50,6 @@ class Scope:
     markers: frozenset[str] | None = None
     idle_tolerance_mib: int = DEFAULT_IDLE_TOLERANCE_MIB
     strict: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
 
     def has_gpu(self, index: int) -> bool:
         return self.gpus is None or index in self.gpus
