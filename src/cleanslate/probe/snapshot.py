@@ -8,7 +8,9 @@ turned into a zero. Units are in the field names (``_mib``, ``_s``, ``_bytes``).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cleanslate.redact import redact_argv
 
 
 class Frozen(BaseModel):
@@ -36,7 +38,9 @@ class ProcessInfo(Frozen):
     The equivalent command: ``ps -eo pid,ppid,pgid,sid,stat,comm,args``.
 
     ``comm`` is the kernel's name (what ``prctl(PR_SET_NAME)`` sets, 15 characters at most);
-    ``cmdline`` is the argv as the process last wrote it. ``run_marker`` is the value of the
+    ``cmdline`` is the argv as the process last wrote it, with secret values redacted
+    (:mod:`cleanslate.redact`: another server's ``--api-key``, a ``Bearer`` header) so that no
+    snapshot, finding, store row or report carries them. ``run_marker`` is the value of the
     ``CLEANSLATE_RUN`` environment variable, ``None`` when absent *or* unreadable
     (``environ_readable`` tells which). ``create_time`` is seconds since the epoch.
     """
@@ -53,6 +57,13 @@ class ProcessInfo(Frozen):
     run_marker: str | None = None
     environ_readable: bool = False
     threads: int | None = None
+
+    @field_validator("cmdline", mode="before")
+    @classmethod
+    def _redact(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            return tuple(redact_argv([str(a) for a in value]))
+        return value
 
     @property
     def command(self) -> str:
