@@ -35,8 +35,8 @@ _WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", 
           "ACCESSKEY", "PRIVATEKEY", "SECRETKEY")
 _EXACT = ("KEY", "AUTH", "PASS", "PW")
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
-_AUTH_HEADER = re.compile(r"(?P<head>(?:\b[Aa]uthorization\s*[:=]\s*(?:\w+\s+)?|\bBearer\s+|\bBasic\s+))"
-                          r"[^\s'\"]+")
+_AUTH_HEADER = re.compile(r"(?P<head>(?:\b[Aa]uthorization\s*[:=]\s*(?:\w+\s+)?"
+                          r"|\bBearer\s+|\bBasic\s+))[^\s'\"]+")
 # NAME=value and --name=value / --name value in free text (log lines, details, shell commands).
 _ASSIGNMENT = re.compile(r"(?P<name>(?<![\w-])-{0,2}[A-Za-z_][\w.-]*)(?P<sep>=|:\s|\s+)"
                          r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;]+)")
