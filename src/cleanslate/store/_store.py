@@ -52,6 +52,10 @@ class RunRecord(BaseModel):
     ``pid`` is the engine's root process, ``supervisor_pid`` the process that started it (the
     child subreaper, locally); ``create_time`` fields guard against PID reuse. ``marker`` is the
     value of ``CLEANSLATE_RUN`` in the run's environment: every process of the run carries it.
+    ``boot_id`` (``/proc/sys/kernel/random/boot_id``) and ``machine_id`` (``/etc/machine-id``)
+    say which boot of which machine the PIDs belong to: a record from another boot or machine
+    names no live process. ``cgroup`` is the run's own cgroup (v2) path when the host allowed
+    one to be made, ``None`` otherwise.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -89,6 +93,10 @@ class RunRecord(BaseModel):
     shm_before: tuple[str, ...] = ()
     study: str | None = None
     trial: int | None = None
+    boot_id: str | None = None
+    machine_id: str | None = None
+    cgroup: str | None = None
+    user: str | None = None
 
 
 class TrialRecord(BaseModel):
