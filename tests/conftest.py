@@ -1,4 +1,5 @@
-"""Shared fixtures: processes that a test starts and ends by PID, and the CLI as a user runs it."""
+"""Shared fixtures: processes that a test starts and ends by PID, the CLI as a user runs it, and
+the quiet-host guard of the tests that expect a clean verdict (see :mod:`tests._isolation`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,59 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+from tests._isolation import STATE_ENV
+
+
+def isolated() -> bool:
+    """Whether this session runs in its own PID, network and mount namespaces."""
+    return os.environ.get(STATE_ENV) == "isolated"
+
+
+def pytest_report_header() -> str:
+    state = os.environ.get(STATE_ENV, "no: tests._isolation was not loaded")
+    if state == "isolated":
+        return "host: private PID, network and mount namespaces (a quiet host)"
+    return (f"host: shared ({state.removeprefix('no: ')}); tests marked quiet_host skip when "
+            "other processes make it not clean")
+
+
+_QUIET: dict[str, Any] = {}
+
+
+def host_noise() -> list[str]:
+    """What on this host, not started by this session, would spoil a clean verdict: engine
+    processes, run markers, ``/dev/shm`` leftovers, listeners on the engines' default ports.
+    Empty on a quiet host. Cached for a few seconds (it is a whole probe)."""
+    import asyncio
+    import time
+
+    from cleanslate.hosts.local import LocalExecutor
+    from cleanslate.verdict.check import CheckOptions, check_hosts
+    from cleanslate.verdict.findings import Severity
+    from cleanslate.verdict.rules import Scope
+
+    now = time.monotonic()
+    if _QUIET and now - _QUIET["at"] < 5.0:
+        return list(_QUIET["noise"])
+    options = CheckOptions(scope=Scope(exclude_roots=frozenset({os.getpid()})),
+                           gpu_backend="none")
+    report = asyncio.run(check_hosts([LocalExecutor()], options))
+    noise = [f.message for host in report.hosts for f in host.findings
+             if f.severity in (Severity.ERROR, Severity.UNKNOWN, Severity.WARNING)]
+    _QUIET.update(at=now, noise=noise)
+    return noise
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``quiet_host`` asserts verdicts about the whole host: outside private
+    namespaces it runs only when the host is quiet, and otherwise skips saying what is there."""
+    if item.get_closest_marker("quiet_host") is None or isolated():
+        return
+    noise = host_noise()
+    if noise:
+        pytest.skip(f"this machine is not quiet ({len(noise)} findings not made by this test, "
+                    f"e.g. {noise[0][:160]}); run as root for private namespaces")
 
 
 class Processes:
