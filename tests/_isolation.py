@@ -69,8 +69,9 @@ def _reexec() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     init = os.path.join(here, "_nsinit.py")
     argv = [sys.executable, *sys.orig_argv[1:]]
+    print("tests run in private PID, network and mount namespaces (a quiet host); "
+          f"{SWITCH_ENV}=0 runs them on the host as it is", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    sys.stderr.flush()
     os.execv(unshare, [unshare, *UNSHARE_FLAGS, sys.executable, init, "--", *argv])
 
 

@@ -41,8 +41,6 @@ def main() -> int:
     loopback_up()
     private_shm()
     os.environ["CLEANSLATE_TEST_ISOLATED"] = "isolated"
-    print("tests run in private PID, network and mount namespaces (a quiet host); "
-          "CLEANSLATE_TEST_ISOLATION=0 runs them on the host as it is", file=sys.stderr)
     child = os.fork()
     if child == 0:
         os.execv(argv[0], argv)
