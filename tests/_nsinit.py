@@ -8,6 +8,7 @@ namespace, its exit makes the kernel end every process still in the namespace.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -46,10 +47,8 @@ def main() -> int:
         os.execv(argv[0], argv)
 
     def forward(signum: int, _frame: object) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child, signum)
-        except ProcessLookupError:
-            pass
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
