@@ -70,23 +70,44 @@ def slo_misses(level: LevelResult, limits: dict[str, float]) -> list[str]:
     return out
 
 
-def _summary(report: dict[str, Any] | None) -> tuple[str | None, tuple[dict[str, Any], ...]]:
-    if not report:
-        return None, ()
+#: The verdicts a check document may hold; anything else reads as ``unknown``.
+_VERDICTS = frozenset({"clean", "dirty", "unknown"})
+
+
+def verdict_of(report: Any) -> str:
+    """The verdict of a check document: ``clean``, ``dirty`` or ``unknown``.
+
+    Missing or unreadable data is never clean: no document, a document that is not a mapping,
+    or one without a known ``verdict`` reads as ``unknown``."""
+    if not isinstance(report, dict):
+        return "unknown"
+    verdict = report.get("verdict")
+    return verdict if isinstance(verdict, str) and verdict in _VERDICTS else "unknown"
+
+
+def _summary(report: Any) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """The verdict (see :func:`verdict_of`) and the error and unknown findings of a check
+    document."""
+    if not isinstance(report, dict):
+        return "unknown", ()
+    hosts = report.get("hosts")
     findings = tuple(
-        f for host in report.get("hosts", []) for f in host.get("findings", [])
-        if f.get("severity") in ("error", "unknown")
+        f for host in (hosts if isinstance(hosts, list) else [])
+        if isinstance(host, dict) and isinstance(host.get("findings"), list)
+        for f in host["findings"]
+        if isinstance(f, dict) and f.get("severity") in ("error", "unknown")
     )
-    return report.get("verdict"), findings
+    return verdict_of(report), findings
 
 
 async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: Say) -> int:
     """Tear down every run of this study that may still have processes: those the store says
-    are running, and those whose last verification was not clean. Returns how many were
-    stopped (the processes are found by their marker even when orphaned)."""
+    are running, and those whose last verification was not clean (dirty, unknown, or missing:
+    a run with no recorded verdict is not known to be gone). Returns how many were stopped
+    (the processes are found by their marker even when orphaned)."""
     stopped = 0
     for run in store.runs(study=spec.name):
-        unverified = (run.verdict_after or {}).get("verdict", "clean") != "clean"
+        unverified = verdict_of(run.verdict_after) != "clean"
         if (run.status in ("starting", "ready") or unverified) and run.host == executor.name:
             say(f"cleaning up run {run.id} left by an earlier controller")
             await stop_server(executor, store, run, grace_s=min(spec.grace_s, 10.0),
@@ -140,7 +161,7 @@ async def run_trial(
     before_verdict, before_findings = _summary(run.verdict_before if run else None)
     record = record.model_copy(update={
         "run_id": run.id if run else None, "argv": run.argv if run else (),
-        "verdict_before": before_verdict or "clean", "findings_before": before_findings})
+        "verdict_before": before_verdict, "findings_before": before_findings})
     store.save_trial(record)
     if not outcome.ok:
         after = outcome.teardown.verify.model_dump(mode="json") if (
