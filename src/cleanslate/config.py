@@ -3,6 +3,12 @@
 Serve configs and study files go through :func:`load_yaml_model`: a YAML syntax error, a wrong
 type, a missing or unknown key becomes an :class:`~cleanslate.errors.InputError` that names the
 file and the line of the offending value, with pydantic's message and a hint.
+
+User files are bounded before they are built into Python objects (:func:`read_yaml`): at most
+:data:`MAX_YAML_BYTES` bytes of UTF-8, lists and mappings nested at most
+:data:`MAX_YAML_DEPTH` deep, and no aliases (``*name``): an alias repeats a node without
+repeating its text, so a few lines of nested aliases (a "billion laughs" file) expand into
+more objects than memory holds.
 """
 
 from __future__ import annotations
@@ -43,15 +49,69 @@ def line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return node.start_mark.line + 1 if node is not None else None
 
 
-def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
-    """Parse a YAML file: its data and its node tree (for line numbers)."""
+#: The largest YAML file read, in bytes (a study or server file is a few kilobytes).
+MAX_YAML_BYTES = 1 << 20
+#: The deepest nesting of lists and mappings in a YAML file (the top-level mapping is 1).
+MAX_YAML_DEPTH = 32
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: at most :data:`MAX_YAML_BYTES` bytes of UTF-8 (InputError otherwise)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise InputError(f"the file is larger than {MAX_YAML_BYTES // 1024} KiB",
+                         where=str(path), hint="a study or server file is a few kilobytes; "
+                         "is this the right file?")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})",
+                         where=f"{path}:{line}", hint="save the file as UTF-8") from None
+
+
+def _check_structure(text: str, path: Path) -> None:
+    """Refuse aliases and nesting deeper than :data:`MAX_YAML_DEPTH`, from the parser's event
+    stream (flat: no recursion, no object built). YAML errors propagate to the caller."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            line = event.start_mark.line + 1 if event.start_mark is not None else None
+            raise InputError(
+                f"YAML aliases are not accepted (*{event.anchor})",
+                where=f"{path}:{line}" if line else str(path),
+                hint="write the value out in full where it is used")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else None
+                raise InputError(
+                    f"lists and mappings are nested more than {MAX_YAML_DEPTH} deep",
+                    where=f"{path}:{line}" if line else str(path),
+                    hint="flatten the value")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    """Parse a YAML file: its data and its node tree (for line numbers).
+
+    Bounded (see the module docstring): a file too large, not UTF-8, nested too deep, with an
+    alias, with a YAML error or a value Python cannot hold (an integer of more than 4300
+    digits) is an :class:`InputError` naming the file, and the line where known."""
+    text = _read_text(path)
+    try:
+        _check_structure(text, path)
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -60,6 +120,8 @@ def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
                          hint="check indentation and quoting on that line") from None
     except yaml.YAMLError as exc:
         raise InputError(f"YAML error: {exc}", where=str(path)) from None
+    except (ValueError, OverflowError) as exc:
+        raise InputError(f"a value cannot be read: {exc}", where=str(path)) from None
     return data, root
 
 
