@@ -14,6 +14,7 @@ pydantic models; their JSON uses vLLM's ``vllm bench serve`` key names (``docs/b
 from __future__ import annotations
 
 from cleanslate.bench._models import (
+    LEVEL_METRICS,
     SLO,
     BenchConfig,
     BenchResult,
@@ -38,6 +39,7 @@ from cleanslate.bench._workloads import (
 )
 
 __all__ = [
+    "LEVEL_METRICS",
     "SLO",
     "WORKLOADS",
     "BenchConfig",

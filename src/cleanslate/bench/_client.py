@@ -3,8 +3,14 @@
 The read loop does the least it can per network read: take ``time.perf_counter()`` and keep the
 bytes. Parsing (``_sse``) happens once the stream has ended. Failures are classified, never
 raised: the record's ``error`` is one of ``connection_refused``, ``connection_reset``,
-``connection_error``, ``timeout``, ``http_<status>``, ``malformed_sse``, ``server_error``
-(an error event in the stream), ``empty_response``, ``aborted``.
+``connection_error``, ``timeout`` (no byte for the read timeout), ``deadline`` (no end within
+the request's deadline), ``response_too_large``, ``http_<status>``, ``malformed_sse``,
+``server_error`` (an error event in the stream), ``empty_response``, ``aborted``; its
+``error_detail`` is the server's error body or the exception, as printable text.
+
+Every request is bounded: it ends within its deadline (:func:`~cleanslate.bench._limits.
+request_deadline_s`) and reads at most :func:`~cleanslate.bench._limits.response_byte_cap`
+bytes, so a server that streams forever cannot hold a level or the client's memory.
 """
 
 from __future__ import annotations
@@ -18,12 +24,23 @@ from typing import Any, Literal
 
 import aiohttp
 
+from cleanslate.bench._limits import request_deadline_s, response_byte_cap
 from cleanslate.bench._sse import extract_text, parse_stream
 from cleanslate.bench._tokens import Tokenizer
 from cleanslate.bench._workloads import Prompt
 
 #: Errors that say the server may be gone (they trigger a liveness probe).
 CONNECTION_ERRORS = frozenset({"connection_refused", "connection_reset", "connection_error"})
+
+#: Characters of an error detail kept (a server's error body, an exception's text).
+DETAIL_CHARS = 300
+
+
+def printable(text: str, limit: int = DETAIL_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, control characters (terminal escapes, newlines)
+    replaced by spaces: safe to print and to keep in JSON."""
+    text = text[:limit]
+    return "".join(ch if ch.isprintable() else " " for ch in text).strip()
 
 
 @dataclass(slots=True)
@@ -62,7 +79,10 @@ class RequestBuilder:
         ignore_eos: bool,
         extra_body: dict[str, Any],
         api_key: str | None,
+        deadline_s: float | None = None,
     ) -> None:
+        """``deadline_s``: seconds from send to the last byte of every request (``None``: the
+        default derived from each prompt's output length, see ``_limits``)."""
         base = base_url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
@@ -72,6 +92,7 @@ class RequestBuilder:
         self.endpoint = endpoint
         self.ignore_eos = ignore_eos
         self.extra_body = extra_body
+        self.deadline_s = deadline_s
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
@@ -98,7 +119,7 @@ class RequestBuilder:
 
 def classify(exc: BaseException) -> tuple[str, str]:
     """Map an exception raised by a request to an error type and a short detail."""
-    detail = f"{type(exc).__name__}: {exc}"[:200]
+    detail = printable(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
         return "timeout", detail
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -145,17 +166,21 @@ async def send_request(
     times: list[float] = []
     chunks: list[bytes] = []
     rec = RequestRecord(perf_counter(), prompt.input_tokens, prompt.input_source, prompt.output_len)
+    deadline = request_deadline_s(prompt.output_len, builder.deadline_s)
+    cap = response_byte_cap(prompt.output_len)
+    bound = asyncio.timeout(deadline)
     try:
-        async with session.post(builder.url, data=body, headers=builder.headers) as resp:
+        async with bound, session.post(builder.url, data=body, headers=builder.headers) as resp:
             if resp.status != 200:
                 text = await resp.content.read(2048)
                 rec.t_end = perf_counter()
                 rec.error = f"http_{resp.status}"
-                rec.error_detail = text.decode(errors="replace")[:200]
+                rec.error_detail = printable(text.decode(errors="replace"))
                 return rec
             read = resp.content.readany
             t_append = times.append
             c_append = chunks.append
+            size = 0
             while True:
                 data = await read()
                 if not data:
@@ -164,10 +189,21 @@ async def send_request(
                 c_append(data)
                 if on_chunk is not None:
                     on_chunk[0] += 1
+                size += len(data)
+                if size > cap:
+                    rec.error = "response_too_large"
+                    rec.error_detail = (
+                        f"more than {cap:,} bytes for {prompt.output_len} output tokens"
+                    )
+                    break
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # classified, counted, never fatal
-        rec.error, rec.error_detail = classify(exc)
+        if bound.expired():
+            rec.error = "deadline"
+            rec.error_detail = f"no end {deadline:g} s after the send (the request deadline)"
+        else:
+            rec.error, rec.error_detail = classify(exc)
     rec.t_end = perf_counter()
     # Let every other stream woken in this loop turn take its timestamps before this one's
     # parsing and the caller's next send: under a closed loop many streams end together, and

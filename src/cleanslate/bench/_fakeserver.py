@@ -10,7 +10,9 @@ Knobs (constructor or command line) used by the tests and ``bench/client_capacit
 ``itl_s`` gap between tokens, ``ttft_s`` delay before the first token, ``usage`` whether to send
 a usage event, ``malformed_every`` a junk line every N events, ``fail_every`` answer every Nth
 request with HTTP 500, ``short_by`` send this many tokens fewer than ``max_tokens`` (a server that
-ignores ``ignore_eos``).
+ignores ``ignore_eos``), ``endless`` never end a stream (a server that streams forever),
+``reject_fields`` answer HTTP 422 ``{"detail": "Unexpected fields: ..."}`` to a request that has
+any of these body fields (as ``transformers serve`` answers ``ignore_eos``).
 
 Run: ``python -m cleanslate.bench._fakeserver --port 8123 [--itl-ms 10] [--cpu 0]``; prints
 ``READY <port>`` on stdout once listening.
@@ -42,6 +44,8 @@ class FakeOptions:
     fail_every: int = 0
     short_by: int = 0
     default_tokens: int = 16
+    endless: bool = False
+    reject_fields: tuple[str, ...] = ()
 
 
 @dataclass
@@ -196,6 +200,13 @@ class _Conn(asyncio.Protocol):
         except ValueError:
             self.transport.write(_plain("400 Bad Request", b'{"error":"bad json"}'))
             return
+        unexpected = [f for f in self.opts.reject_fields if f in req]
+        if unexpected:
+            detail = {"detail": f"Unexpected fields: {', '.join(unexpected)}"}
+            self.transport.write(
+                _plain("422 Unprocessable Entity", json.dumps(detail).encode())
+            )
+            return
         chat = path.endswith("/chat/completions")
         n = int(
             req.get("max_tokens") or req.get("max_completion_tokens") or self.opts.default_tokens
@@ -260,9 +271,9 @@ class _Stream:
         every = conn.opts.malformed_every
         if every and self.sent % every == 0:
             transport.write(self.event + _MALFORMED)
-        elif self.sent < self.n:
+        elif self.sent < self.n or conn.opts.endless:
             transport.write(self.event)
-        if self.sent >= self.n:
+        if self.sent >= self.n and not conn.opts.endless:
             tail = _final(self.chat, self.prompt_tokens, self.n) if self.usage else b""
             transport.write(self.event + tail + _DONE)
             return False
@@ -299,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--malformed-every", type=int, default=0)
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--short-by", type=int, default=0)
+    ap.add_argument("--endless", action="store_true", help="never end a stream")
+    ap.add_argument("--reject-fields", default="",
+                    help="answer 422 to requests with these body fields, e.g. ignore_eos")
     ap.add_argument("--cpu", default=None, help="pin to these CPUs, e.g. 0 or 1-7")
     ap.add_argument(
         "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
@@ -311,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
         malformed_every=args.malformed_every,
         fail_every=args.fail_every,
         short_by=args.short_by,
+        endless=args.endless,
+        reject_fields=tuple(f for f in args.reject_fields.split(",") if f),
     )
     cpus: list[int] = []
     for part in (args.cpu or "").split(","):

@@ -7,6 +7,7 @@ from types import TracebackType
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from cleanslate.bench._models import BenchResult, LevelResult
@@ -48,17 +49,17 @@ class LiveView:
         if p.target_rate is not None:
             rate += f" (target {p.target_rate:g})"
         table = Table.grid(padding=(0, 2))
-        table.add_row("level", p.label)
+        table.add_row("level", escape(p.label))
         table.add_row("done", f"{p.done + p.failed}{total}  in flight {p.in_flight}")
         table.add_row("output", f"{p.output_tokens / elapsed:,.0f} tok/s  ({p.chunks[0]:,} chunks)")
         table.add_row("rate", rate)
-        table.add_row("errors", errors)
+        table.add_row("errors", escape(errors))
         return Group(table)
 
 
 def summary_table(result: BenchResult) -> Table:
     """One row per level: the figures a user reads first."""
-    table = Table(title=f"{result.model} @ {result.url} ({result.endpoint})")
+    table = Table(title=escape(f"{result.model} @ {result.url} ({result.endpoint})"))
     with_slo = not result.slo.is_empty()
     cols = ["level", "ok", "err", "s", "req/s", "out tok/s", "TTFT ms p50/p99", "TPOT ms p50/p99"]
     cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "cpu"]
@@ -66,7 +67,7 @@ def summary_table(result: BenchResult) -> Table:
         table.add_column(col, justify="right" if col != "level" else "left")
     for lv in result.levels:
         cells = [
-            lv.label + (" [red](partial)[/]" if lv.partial else ""),
+            escape(lv.label) + (" [red](partial)[/]" if lv.partial else ""),
             str(lv.completed),
             str(lv.failed),
             f"{lv.duration:.1f}",

@@ -14,9 +14,28 @@ from __future__ import annotations
 
 import math
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from cleanslate.bench._limits import (
+    MAX_BURSTINESS,
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_LEVELS,
+    MAX_NUM_PROMPTS,
+    MAX_PROMPT_TOKENS,
+    MAX_TIMEOUT_S,
+    MIN_BURSTINESS,
+    MIN_RATE,
+)
 from cleanslate.bench._workloads import WorkloadSpec
 
 #: Percentiles reported for every latency distribution, as ``(key word, percent)``.
@@ -107,7 +126,7 @@ class ClosedLoop(_Frozen):
     """A fixed number of requests in flight: a new one is sent as soon as one finishes."""
 
     kind: Literal["closed"] = "closed"
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
 
     @property
     def label(self) -> str:
@@ -125,10 +144,10 @@ class OpenLoop(_Frozen):
     """
 
     kind: Literal["open"] = "open"
-    rate: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE)
     arrival: Arrival = "poisson"
-    burstiness: float = Field(default=1.0, gt=0)
-    max_concurrency: int | None = Field(default=None, ge=1)
+    burstiness: float = Field(default=1.0, ge=MIN_BURSTINESS, le=MAX_BURSTINESS)
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
 
     @property
     def label(self) -> str:
@@ -146,29 +165,85 @@ class BenchConfig(_Frozen):
     A level runs ``num_prompts`` requests, or sends requests for ``duration_s`` seconds and then
     waits for those in flight; exactly one of the two is used (``duration_s`` wins when both are
     set). ``warmup`` requests are sent before the first level of a run and not measured.
+
+    Bounds (``docs/bench.md``): each request must end within ``request_timeout_s`` of its send
+    (default: 600 s plus 1 s per output token asked for) and may wait at most
+    ``read_timeout_s`` for its next byte; sizes are capped (:mod:`cleanslate.bench._limits`).
     """
 
     url: str
     model: str
     endpoint: Endpoint = "completions"
     workload: WorkloadSpec = Field(default_factory=lambda: _default_workload())
-    loads: tuple[Load, ...] = Field(default=(ClosedLoop(concurrency=1),), min_length=1)
-    num_prompts: int | None = Field(default=None, ge=1)
-    duration_s: float | None = Field(default=None, gt=0)
-    warmup: int = Field(default=0, ge=0)
+    loads: tuple[Load, ...] = Field(
+        default=(ClosedLoop(concurrency=1),), min_length=1, max_length=MAX_LEVELS
+    )
+    num_prompts: int | None = Field(default=None, ge=1, le=MAX_NUM_PROMPTS)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
+    warmup: int = Field(default=0, ge=0, le=MAX_NUM_PROMPTS)
     seed: int = 0
     tokenizer: str | None = None
     slo: SLO = SLO()
     ignore_eos: bool = True
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="seconds from a request's send to its last byte; None: 600 s plus 1 s "
+        "per output token asked for",
+    )
+    read_timeout_s: float = Field(
+        default=600.0, gt=0, le=MAX_TIMEOUT_S, description="seconds to wait for the next byte"
+    )
     stall_timeout_s: float = Field(
         default=5.0,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description="no byte from any request for this long while requests are in flight: "
         "probe the server; end the level if it does not accept a connection",
     )
     api_key: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        """An ``http(s)://HOST[:PORT][/v1]`` URL that every request can be sent to."""
+        if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError("the URL contains whitespace or control characters")
+        try:
+            split = urlsplit(value)
+            port = split.port
+        except ValueError as exc:  # "Port out of range 0-65535", a port that is not a number
+            raise ValueError(f"{value!r} is not a valid URL: {exc}") from None
+        if split.scheme not in ("http", "https"):
+            raise ValueError(f"{value!r} is not an http(s) URL (http://HOST:PORT)")
+        if not split.hostname:
+            raise ValueError(f"{value!r} names no host (http://HOST:PORT)")
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is out of range 1-65535")
+        if split.query or split.fragment:
+            raise ValueError(f"{value!r}: give the server's base URL, without ?query or #part")
+        return value
+
+    @model_validator(mode="after")
+    def _bounded(self) -> BenchConfig:
+        """The prompts of a level are built before it starts: cap their total tokens."""
+        per_prompt = self.workload.max_input_tokens()
+        for load in self.loads:
+            n = self.prompts_for(load)
+            if n > MAX_NUM_PROMPTS:
+                raise ValueError(
+                    f"{load.label} would use {n:,} prompts (5 per slot): at most "
+                    f"{MAX_NUM_PROMPTS:,}; set num_prompts"
+                )
+            if n * per_prompt > MAX_PROMPT_TOKENS:
+                raise ValueError(
+                    f"{load.label}: {n:,} prompts of up to {per_prompt:,} input tokens hold "
+                    f"{n * per_prompt:,} tokens; at most {MAX_PROMPT_TOKENS:,} per level "
+                    "(about 2.8 GB of client memory); use fewer prompts or shorter inputs"
+                )
+        return self
 
     def prompts_for(self, load: ClosedLoop | OpenLoop) -> int:
         """Requests per level when ``num_prompts`` is not set: 5 per slot, at least 50."""
@@ -215,6 +290,10 @@ class LevelResult(_Frozen):
     itl_ms: Stats
     e2el_ms: Stats
     errors: dict[str, int] = Field(default_factory=dict)
+    error_details: dict[str, str] = Field(
+        default_factory=dict,
+        description="the first detail (an HTTP error body, an exception) of each error kind",
+    )
     malformed_sse_events: int = 0
     output_tokens_source: TokenSource
     input_tokens_source: TokenSource
@@ -301,3 +380,17 @@ class BenchResult(_Frozen):
     def failed(self) -> bool:
         """True when any level ended early or had a failed request."""
         return self.partial or any(lv.failed > 0 for lv in self.levels)
+
+
+def _level_metrics() -> frozenset[str]:
+    numeric = (int, float, int | None, float | None)
+    keys = {name for name, f in LevelResult.model_fields.items() if f.annotation in numeric}
+    for metric in LATENCY_METRICS:
+        keys.update(Stats().flat(metric))
+        keys.add(f"count_{metric}")
+    return frozenset(keys)
+
+
+#: The numeric keys of a serialized :class:`LevelResult`: what a study's objective may name
+#: (``output_throughput``, ``request_goodput``, ``p99_ttft_ms``, ``mean_e2el_ms`` ...).
+LEVEL_METRICS: frozenset[str] = _level_metrics()

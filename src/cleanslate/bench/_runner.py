@@ -10,6 +10,10 @@ counted by type). The level ends early, with ``partial=True``, when
   cancelled and counted as ``aborted``), so a server that dies ends the level within a few
   seconds;
 * ``stop`` (an :class:`asyncio.Event` the caller owns, e.g. set on Ctrl-C) is set.
+
+Each request ends within its deadline (``BenchConfig.request_timeout_s``, by default derived
+from its output length), so a server that streams forever ends a level too; a duration-mode
+level stops sending after :data:`~cleanslate.bench._limits.MAX_NUM_PROMPTS` requests.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from cleanslate.bench import _metrics as m
 from cleanslate.bench._arrivals import iter_offsets
 from cleanslate.bench._client import (
     CONNECTION_ERRORS,
+    DETAIL_CHARS,
     RequestBuilder,
     RequestRecord,
     aborted_record,
     send_request,
 )
+from cleanslate.bench._limits import MAX_NUM_PROMPTS
 from cleanslate.bench._models import (
     BenchConfig,
     BenchResult,
@@ -109,6 +115,7 @@ class _Level:
         self.abort_reason: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self._probing = False
+        self.capped = False
         split = urlsplit(builder.url)
         self.host = split.hostname or "127.0.0.1"
         self.port = split.port or (443 if split.scheme == "https" else 80)
@@ -119,15 +126,15 @@ class _Level:
 
     def prompt_iter(self) -> Iterator[int]:
         """Indices of the prompts to send: ``num_prompts`` of them, or cycling until the
-        deadline in duration mode."""
+        deadline in duration mode (at most ``MAX_NUM_PROMPTS`` requests: every request's record
+        is kept until the level ends)."""
         n = len(self.prompts)
         if self.config.duration_s is None:
             yield from range(n)
         else:
-            i = 0
-            while True:
+            for i in range(MAX_NUM_PROMPTS):
                 yield i % n
-                i += 1
+            self.capped = True
 
     def end(self, reason: str) -> None:
         if self.abort_reason is None:
@@ -291,7 +298,26 @@ def _result(
         goodput = per_s(good)
     tpots = [t for t in (m.tpot_s(r) for r in ok) if t is not None]
     errors = Counter(r.error for r in records if r.error is not None)
+    details: dict[str, str] = {}
+    for r in records:
+        if r.error is not None and r.error not in details:
+            details[r.error] = (r.error_detail or "")[:DETAIL_CHARS]
     warnings: list[str] = []
+    if config.ignore_eos:
+        for kind in ("http_422", "http_400"):
+            body = details.get(kind, "")
+            if "ignore_eos" in body or "min_tokens" in body:
+                warnings.append(
+                    f"the server rejected requests with {kind} naming ignore_eos/min_tokens "
+                    f"({body[:120]}): it does not accept them; run again with --no-ignore-eos "
+                    "(BenchConfig.ignore_eos=False), output lengths are then up to the model"
+                )
+                break
+    if level.capped:
+        warnings.append(
+            f"the level stopped sending after {MAX_NUM_PROMPTS:,} requests (the cap per level) "
+            "before its duration ended"
+        )
     out_sources: Counter[str] = Counter(r.output_source for r in ok)
     in_sources: Counter[str] = Counter(r.input_source for r in ok)
     short = [r for r in ok if r.output_source != "approx" and r.output_tokens < r.requested_output]
@@ -349,6 +375,7 @@ def _result(
         itl_ms=m.stats_ms(m.pooled_itls(ok)),
         e2el_ms=m.stats_ms([m.e2e_s(r) for r in ok]),
         errors=dict(sorted(errors.items())),
+        error_details=dict(sorted(details.items())),
         malformed_sse_events=malformed,
         output_tokens_source=m.source_of(out_sources),
         input_tokens_source=m.source_of(in_sources),
@@ -364,11 +391,12 @@ def _result(
 
 
 def make_session(config: BenchConfig) -> aiohttp.ClientSession:
-    """The one connection pool of a run: keep-alive, no connection limit, no total timeout;
-    a read that waits longer than ``request_timeout_s`` fails the request as ``timeout``."""
+    """The one connection pool of a run: keep-alive, no connection limit; a read that waits
+    longer than ``read_timeout_s`` fails the request as ``timeout`` (each request's total
+    deadline is enforced by :func:`~cleanslate.bench._client.send_request`)."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(
-        total=None, sock_read=config.request_timeout_s, sock_connect=10.0
+        total=None, sock_read=config.read_timeout_s, sock_connect=10.0
     )
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
@@ -419,6 +447,7 @@ async def run_level(
         ignore_eos=config.ignore_eos,
         extra_body=config.extra_body,
         api_key=config.api_key,
+        deadline_s=config.request_timeout_s,
     )
     if warmup:
         await _warmup(session, builder, prompts, warmup, load, tokenizer, config)
@@ -451,13 +480,9 @@ async def _warmup(
     sem = asyncio.Semaphore(max(1, min(slots, n)))
 
     async def one(i: int) -> None:
-        async with sem:
+        async with sem:  # send_request never raises and ends within its deadline
             p = prompts[i % len(prompts)]
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    send_request(session, builder, p, builder.body(p), tokenizer=tokenizer),
-                    timeout=config.request_timeout_s,
-                )
+            await send_request(session, builder, p, builder.body(p), tokenizer=tokenizer)
 
     await asyncio.gather(*(one(i) for i in range(n)))
 

@@ -129,7 +129,8 @@ def _event(out: ParsedStream, payload: bytes, t: float, content_times: list[floa
             except (ValueError, AttributeError):
                 err = None
             if err is not None:
-                out.error = str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+                text = str(err.get("message", err) if isinstance(err, dict) else err)
+                out.error = "".join(c if c.isprintable() else " " for c in text[:300]).strip()
     elif payload.strip() == b"[DONE]":
         out.done = True
     else:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from cleanslate.bench._limits import MAX_LEN, MAX_PREFIXES
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
 from cleanslate.errors import InputError
 
@@ -44,10 +45,17 @@ class RandomWorkload(_Spec):
     (vLLM's convention); ``prefix_len`` tokens of one fixed random prefix start every prompt."""
 
     kind: Literal["random"] = "random"
-    input_len: int = Field(default=1024, ge=1)
-    output_len: int = Field(default=128, ge=1)
+    input_len: int = Field(default=1024, ge=1, le=MAX_LEN)
+    output_len: int = Field(default=128, ge=1, le=MAX_LEN)
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
-    prefix_len: int = Field(default=0, ge=0)
+    prefix_len: int = Field(default=0, ge=0, le=MAX_LEN)
+
+    def max_input_tokens(self) -> int:
+        """The longest prompt this workload generates, in (approximate) tokens."""
+        return int(self.input_len * (1 + self.range_ratio)) + 1 + self.prefix_len
+
+    def max_output_tokens(self) -> int:
+        return int(self.output_len * (1 + self.range_ratio)) + 1
 
 
 class ShareGPTWorkload(_Spec):
@@ -57,9 +65,15 @@ class ShareGPTWorkload(_Spec):
 
     kind: Literal["sharegpt"] = "sharegpt"
     path: str
-    output_len: int | None = Field(default=None, ge=1)
-    max_input_len: int = Field(default=1024, ge=1)
-    max_output_len: int = Field(default=2048, ge=1)
+    output_len: int | None = Field(default=None, ge=1, le=MAX_LEN)
+    max_input_len: int = Field(default=1024, ge=1, le=MAX_LEN)
+    max_output_len: int = Field(default=2048, ge=1, le=MAX_LEN)
+
+    def max_input_tokens(self) -> int:
+        return self.max_input_len
+
+    def max_output_tokens(self) -> int:
+        return self.output_len or self.max_output_len
 
 
 class SharedPrefixWorkload(_Spec):
@@ -67,10 +81,16 @@ class SharedPrefixWorkload(_Spec):
     (round robin) plus a random suffix of ``suffix_len`` tokens: exercises prefix caching."""
 
     kind: Literal["shared-prefix"] = "shared-prefix"
-    num_prefixes: int = Field(default=8, ge=1)
-    prefix_len: int = Field(default=1024, ge=1)
-    suffix_len: int = Field(default=128, ge=1)
-    output_len: int = Field(default=128, ge=1)
+    num_prefixes: int = Field(default=8, ge=1, le=MAX_PREFIXES)
+    prefix_len: int = Field(default=1024, ge=1, le=MAX_LEN)
+    suffix_len: int = Field(default=128, ge=1, le=MAX_LEN)
+    output_len: int = Field(default=128, ge=1, le=MAX_LEN)
+
+    def max_input_tokens(self) -> int:
+        return self.prefix_len + self.suffix_len + 1
+
+    def max_output_tokens(self) -> int:
+        return self.output_len
 
 
 WorkloadSpec = Annotated[
@@ -177,19 +197,39 @@ def _shared_prefix(
     return out
 
 
-@register_workload("sharegpt")
-def _sharegpt(
-    spec: ShareGPTWorkload, n: int, rng: random.Random, tok: Tokenizer | None
-) -> list[Prompt]:
-    path = Path(spec.path)
+def read_dataset(path: Path) -> Any:
+    """The JSON document of a dataset file; unreadable, not UTF-8 or not JSON is an
+    :class:`InputError` naming the file (and the line where known)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}", where="--dataset") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(
+            f"not UTF-8 text (byte 0x{raw[exc.start]:02x})", where=f"{path}:{line}",
+            hint="a ShareGPT-format JSON file in UTF-8") from None
+    del raw
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(
             f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}", hint="a ShareGPT-format list"
         ) from None
+    except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting 100000 deep
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise InputError(f"not a usable JSON document: {reason}", where=str(path),
+                         hint="a ShareGPT-format list") from None
+
+
+@register_workload("sharegpt")
+def _sharegpt(
+    spec: ShareGPTWorkload, n: int, rng: random.Random, tok: Tokenizer | None
+) -> list[Prompt]:
+    data = read_dataset(Path(spec.path))
+    path = Path(spec.path)
     if not isinstance(data, list):
         raise InputError("expected a JSON list of conversations", where=str(path))
     count = tok.count if tok is not None else approx_count

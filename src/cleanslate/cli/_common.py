@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
 from rich.console import Console
 
 from cleanslate.errors import InputError
@@ -11,8 +16,22 @@ EXIT_FAILED = 1
 EXIT_INPUT = 2
 EXIT_UNKNOWN = 3
 
-console = Console(highlight=False)
-console_err = Console(stderr=True, highlight=False)
+#: The width of a console whose output is not a terminal (a file or a pipe): tables are printed
+#: at their natural width (rich never widens a table to the console), not folded or cut at
+#: 80 columns, which helps nobody who reads a file or greps a pipe.
+PIPE_WIDTH = 1000
+
+
+def _width(stream: TextIO) -> int | None:
+    """``None`` (the terminal's own width) on a terminal, else :data:`PIPE_WIDTH`."""
+    try:
+        return None if stream.isatty() else PIPE_WIDTH
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return PIPE_WIDTH
+
+
+console = Console(highlight=False, width=_width(sys.stdout))
+console_err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 def parse_int_list(value: str | None, *, option: str) -> list[int] | None:
@@ -31,3 +50,19 @@ def parse_int_list(value: str | None, *, option: str) -> list[int] | None:
                 f"{part!r} is not an integer", where=option, hint="write a list like 0,1,2"
             ) from None
     return out
+
+
+def check_writable(path: Path, *, option: str) -> None:
+    """Refuse an output path that cannot be written, before the work that produces it (a
+    benchmark, a study) rather than after: an :class:`InputError` naming ``option``.
+
+    It checks that the folder exists and is writable and that ``path`` is not a folder; the
+    write itself still handles ``OSError`` (a full disk)."""
+    if path.is_dir():
+        raise InputError(f"{path} is a folder", where=option, hint="give a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise InputError(f"the folder {parent} does not exist", where=option)
+    if not os.access(parent, os.W_OK | os.X_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"cannot write {path}: permission denied", where=option)
