@@ -33,7 +33,8 @@ def _ps_fixture(stem: str) -> tuple[ProcessInfo, ...]:
     for line in lines:
         pid, ppid, pgid, sid, stat, _elapsed, comm, *args = line.split()
         out.append(ProcessInfo(pid=int(pid), ppid=int(ppid), pgid=int(pgid), sid=int(sid),
-                               state=stat[0], comm=comm, cmdline=tuple(args), create_time=0.0))
+                               state=stat[0], comm=comm, cmdline=tuple(args), create_time=0.0,
+                               environ_readable=True))
     return tuple(out)
 
 
@@ -139,7 +140,7 @@ def _reading(*gpus: Gpu) -> GpuReading:
 def _proc(pid: int, comm: str = "python3", cmdline: Sequence[str] = ("python3",),
           **kw: Any) -> ProcessInfo:
     fields: dict[str, Any] = {"ppid": 1, "pgid": pid, "sid": pid, "state": "S",
-                              "create_time": 1.0, **kw}
+                              "create_time": 1.0, "environ_readable": True, **kw}
     return ProcessInfo(pid=pid, comm=comm, cmdline=tuple(cmdline), **fields)
 
 

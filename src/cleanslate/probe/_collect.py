@@ -56,8 +56,9 @@ def _boot_time() -> float | None:
     return None
 
 
-def _processes(marker: str, errors: list[str]) -> list[dict[str, Any]]:
-    """Every process from /proc/PID/{stat,cmdline,environ}."""
+def _processes(marker: str, errors: list[int]) -> list[dict[str, Any]]:
+    """Every process from /proc/PID/{stat,cmdline,environ}. PIDs listed in /proc whose stat
+    could not be read (other than because they exited) are appended to ``errors``."""
     ticks = os.sysconf("SC_CLK_TCK")
     boot = _boot_time() or 0.0
     needle = marker.encode() + b"="
@@ -72,8 +73,8 @@ def _processes(marker: str, errors: list[str]) -> list[dict[str, Any]]:
             st_uid = os.stat(base).st_uid
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited while we looked
-        except OSError as exc:
-            errors.append(f"pid {pid}: {exc}")
+        except OSError:
+            errors.append(pid)
             continue
         # comm may contain spaces and parentheses: it lies between the first '(' and last ')'.
         lpar = stat.find("(")
@@ -121,23 +122,26 @@ def _processes(marker: str, errors: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _listening(ports: set[int]) -> dict[int, tuple[int, str]]:
-    """LISTEN sockets on the given ports from /proc/net/tcp and tcp6: {inode: (port, addr)}."""
+def _listening() -> dict[int, tuple[int, str]]:
+    """Every LISTEN socket from /proc/net/tcp and tcp6: {inode: (port, addr)}.
+
+    ``tcp6`` is absent where IPv6 is disabled; any other failure to read a table raises, since
+    a listener in it would go unseen.
+    """
     found: dict[int, tuple[int, str]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = _read(table, 1 << 26).decode().splitlines()[1:]
-        except OSError:
-            continue
+            lines = _read(table, 1 << 28).decode().splitlines()[1:]
+        except FileNotFoundError:
+            if table.endswith("6"):
+                continue
+            raise
         for line in lines:
             parts = line.split()
             if len(parts) < 10 or parts[3] != "0A":  # 0A: TCP_LISTEN
                 continue
             addr_hex, port_hex = parts[1].split(":")
-            port = int(port_hex, 16)
-            if port not in ports:
-                continue
-            found[int(parts[9])] = (port, _addr(addr_hex))
+            found[int(parts[9])] = (int(port_hex, 16), _addr(addr_hex))
     return found
 
 
@@ -151,21 +155,30 @@ def _addr(hexaddr: str) -> str:
 
 def _fd_scan(
     pids: list[int], socket_inodes: set[int]
-) -> tuple[list[dict[str, Any]], dict[int, set[int]]]:
-    """Device files /dev/nvidia* each process holds, and the owners of the given sockets."""
+) -> tuple[list[dict[str, Any]], dict[int, set[int]], list[int]]:
+    """Device files /dev/nvidia* each process holds, the owners of the given sockets, and the
+    PIDs whose open files could not be read (no permission: they may hold either unseen)."""
     holders: list[dict[str, Any]] = []
     owners: dict[int, set[int]] = {}
+    unreadable: list[int] = []
     for pid in pids:
         fd_dir = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited
         except OSError:
+            unreadable.append(pid)
             continue
         devices: set[str] = set()
+        denied = False
         for fd in fds:
             try:
                 target = os.readlink(fd_dir + "/" + fd)
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # closed, or exited, meanwhile
             except OSError:
+                denied = True
                 continue
             if target.startswith("/dev/nvidia"):
                 devices.add(target)
@@ -175,7 +188,9 @@ def _fd_scan(
                     owners.setdefault(inode, set()).add(pid)
         if devices:
             holders.append({"pid": pid, "devices": sorted(devices)})
-    return holders, owners
+        if denied:
+            unreadable.append(pid)
+    return holders, owners, unreadable
 
 
 def _shm(directory: str = "/dev/shm") -> list[dict[str, Any]]:
@@ -193,6 +208,27 @@ def _shm(directory: str = "/dev/shm") -> list[dict[str, Any]]:
                 )
                 break
     return out
+
+
+def _boot_id() -> str | None:
+    try:
+        return _read("/proc/sys/kernel/random/boot_id").decode().strip() or None
+    except OSError:
+        return None
+
+
+def _hidepid() -> str | None:
+    """The ``hidepid`` option of the /proc mount when it hides other users' processes from this
+    user (``None``: it does not, or this is root)."""
+    if os.geteuid() == 0:
+        return None
+    for line in _read("/proc/self/mountinfo").decode("utf-8", "replace").splitlines():
+        parts = line.split()
+        if len(parts) > 4 and parts[4] == "/proc":
+            for option in line.split(" - ", 1)[-1].split()[-1].split(","):
+                if option.startswith("hidepid=") and option[8:] not in ("0", "off"):
+                    return option
+    return None
 
 
 def _kmsg(
@@ -242,7 +278,13 @@ def _source(
 
 
 def collect(options: dict[str, Any]) -> dict[str, Any]:
-    """Collect every source; a failing source yields an explicit error, never a zero."""
+    """Collect every source; a failing source yields an explicit error, never a zero.
+
+    Options: ``ports`` (listeners on these are reported as ``sockets``), ``listeners`` (also
+    report every listening socket, any port, as ``listeners``), ``marker``, ``budget_s``,
+    ``shm_dir``, ``kmsg`` (read the kernel log), ``kmsg_since_us`` with ``kmsg_since_boot_id``
+    (only kernel records after that position of that boot).
+    """
     ports = set(options.get("ports") or ())
     marker = options.get("marker") or "CLEANSLATE_RUN"
     deadline = time.monotonic() + float(options.get("budget_s") or 10.0)
@@ -258,37 +300,49 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     try:
         result["boot_time"] = _boot_time()
-        errors: list[str] = []
+        result["boot_id"] = _boot_id()
+        result["proc_hidepid"] = _hidepid()
+        errors: list[int] = []
         procs = _processes(marker, errors)
         result["processes"] = procs
-        # Unreadable single processes are common (races, permissions); a failed listing is not.
+        # Unreadable single processes are reported by PID (the verdict says how many); a
+        # failed listing fails the source.
+        result["stat_unreadable"] = errors
         sources.append(_source("processes", True, started))
     except Exception as exc:
         procs = []
         sources.append(_source("processes", True, started, f"{type(exc).__name__}: {exc}"))
 
     started = time.monotonic()
+    want_all = bool(options.get("listeners"))
     sockets: dict[int, tuple[int, str]] = {}
     sockets_error: str | None = None
     try:
-        sockets = _listening(ports) if ports else {}
-        if ports and not os.path.exists("/proc/net/tcp"):
-            raise OSError("/proc/net/tcp is not readable")
+        sockets = _listening() if ports or want_all else {}
     except Exception as exc:
         sockets_error = f"{type(exc).__name__}: {exc}"
 
     try:
-        holders, owners = _fd_scan([p["pid"] for p in procs], set(sockets))
+        holders, owners, fd_unreadable = _fd_scan([p["pid"] for p in procs], set(sockets))
         result["device_holders"] = holders
+        result["fd_unreadable"] = fd_unreadable
         sources.append(_source("device_files", True, started))
     except Exception as exc:
         owners = {}
         sources.append(_source("device_files", True, started,
                                f"{type(exc).__name__}: {exc}"))
-    result["sockets"] = [
-        {"port": port, "address": addr, "inode": inode, "pids": sorted(owners.get(inode, ()))}
-        for inode, (port, addr) in sorted(sockets.items())
-    ]
+
+    def socket_dicts(wanted: set[int] | None) -> list[dict[str, Any]]:
+        return [
+            {"port": port, "address": addr, "inode": inode,
+             "pids": sorted(owners.get(inode, ()))}
+            for inode, (port, addr) in sorted(sockets.items())
+            if wanted is None or port in wanted
+        ]
+
+    result["sockets"] = socket_dicts(ports)
+    if want_all and sockets_error is None:
+        result["listeners"] = socket_dicts(None)
     sources.append(_source("ports", True, started, sockets_error))
 
     started = time.monotonic()
@@ -301,7 +355,12 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     if options.get("kmsg", True):
         try:
-            events, last_us = _kmsg(options.get("kmsg_since_us"), deadline)
+            since = options.get("kmsg_since_us")
+            # A position from another boot means nothing in this one: read the whole log.
+            since_boot = options.get("kmsg_since_boot_id")
+            if since_boot and since_boot != result.get("boot_id"):
+                since = None
+            events, last_us = _kmsg(since, deadline)
             result["kernel_events"] = events
             result["kmsg_last_us"] = last_us
             sources.append(_source("kmsg", False, started))

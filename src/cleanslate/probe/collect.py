@@ -22,15 +22,21 @@ async def run_collector(
     ports: list[int],
     timeout: float,
     kmsg_since_us: int | None = None,
+    kmsg_since_boot_id: str | None = None,
     shm_dir: str | None = None,
+    listeners: bool = False,
 ) -> tuple[dict[str, Any] | None, CommandResult]:
     """Run the collector with ``timeout`` seconds. Returns the parsed JSON (``None`` on failure)
-    and the command's result, whose :meth:`~CommandResult.describe_failure` says what went wrong."""
+    and the command's result, whose :meth:`~CommandResult.describe_failure` says what went wrong.
+    ``listeners``: also report every listening socket (any port); ``kmsg_since_us`` counts only
+    in the boot ``kmsg_since_boot_id`` (when given)."""
     options = {
         "ports": ports,
         "kmsg_since_us": kmsg_since_us,
+        "kmsg_since_boot_id": kmsg_since_boot_id,
         "budget_s": max(0.5, timeout * 0.5),
         "shm_dir": shm_dir,
+        "listeners": listeners,
     }
     result = await executor.run(
         [executor.python, "-I", "-S", "-", json.dumps(options)],

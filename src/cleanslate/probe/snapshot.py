@@ -79,7 +79,7 @@ class DeviceHolder(Frozen):
 
 
 class ListeningSocket(Frozen):
-    """A TCP socket listening on a port in scope (``ss -ltnp sport = :PORT``).
+    """A listening TCP socket (``ss -ltnp sport = :PORT``).
 
     ``pids`` is empty when the owner is not visible (another PID namespace, no permission).
     """
@@ -163,18 +163,33 @@ class GpuReading(Frozen):
 
 
 class Snapshot(Frozen):
-    """Everything the probe saw on one host. See the module docstring."""
+    """Everything the probe saw on one host. See the module docstring.
+
+    ``sockets`` are the listeners on ``ports_in_scope``; ``listeners`` every listening TCP
+    socket on any port, read only when asked (baselines), ``None`` when not read.
+    What the probe could not read is said, never dropped: ``stat_unreadable`` (PIDs listed in
+    ``/proc`` whose ``stat`` could not be read), ``fd_unreadable`` (PIDs whose open files could
+    not be read: a ``/dev/nvidia*`` file or a socket they hold is not seen),
+    ``ProcessInfo.environ_readable`` (the run marker), ``proc_hidepid`` (the ``/proc`` mount
+    option that hides other users' processes from a non-root probe, ``None`` when nothing is
+    hidden). ``boot_id`` is ``/proc/sys/kernel/random/boot_id`` (``None``: not read).
+    """
 
     host: str
     taken_at: str = Field(description="ISO 8601 UTC time the probe started")
     elapsed_s: float
     boot_time: float | None = None
+    boot_id: str | None = None
     collector_pid: int | None = None
     exclude_pids: tuple[int, ...] = ()
     ports_in_scope: tuple[int, ...] = ()
     processes: tuple[ProcessInfo, ...] = ()
     device_holders: tuple[DeviceHolder, ...] = ()
     sockets: tuple[ListeningSocket, ...] = ()
+    listeners: tuple[ListeningSocket, ...] | None = None
+    stat_unreadable: tuple[int, ...] = ()
+    fd_unreadable: tuple[int, ...] = ()
+    proc_hidepid: str | None = None
     shm: tuple[ShmEntry, ...] = ()
     kernel_events: tuple[KernelEvent, ...] = ()
     kmsg_last_us: int | None = None

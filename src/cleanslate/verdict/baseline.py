@@ -2,21 +2,38 @@
 
 A baseline records, per GPU, the memory in use and the uncorrected ECC count when the host was
 idle, the GPU set (UUIDs), the long-lived device-file holders (``nvidia-persistenced``, a DCGM
-host engine), the ``/dev/shm`` names already present, and the kernel log position. It never
-records processes as acceptable: an engine process is a stray whatever the baseline says.
+host engine), the ``/dev/shm`` names already present, the kernel log position, and (version 2)
+the boot it was taken in, every listening TCP socket with its owners, and every process (PID and
+start time). A check against it then reports what is *new*: a listener on any port (an error),
+a process (a warning). It never records processes as acceptable strays: an engine process is a
+stray whatever the baseline says.
+
+The file is JSON. Fields are only ever added: a version-1 file (no listeners, no processes, no
+boot id) still loads, and a check against it says what it cannot compare.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cleanslate.errors import InputError
-from cleanslate.probe.snapshot import Snapshot
+from cleanslate.probe.snapshot import ListeningSocket, Snapshot
 
 _HINT = "create one with `cleanslate check --save-baseline FILE`"
+
+#: Largest baseline file read (bytes): a host with 100,000 processes makes about 5 MB.
+MAX_BASELINE_BYTES = 64 << 20
+
+#: Seconds two readings of a process's start time may differ and still name the same process
+#: (the no-python3 probe derives it from whole seconds of elapsed time).
+START_TIME_SLACK_S = 1.5
+
+#: The baseline format written by this version.
+VERSION = 2
 
 
 class BaselineGpu(BaseModel):
@@ -26,6 +43,16 @@ class BaselineGpu(BaseModel):
     uuid: str | None = None
     memory_used_mib: int | None = None
     ecc_uncorrected: int | None = None
+
+
+class BaselineListener(BaseModel):
+    """A listening socket at the baseline: port, address and owners as (PID, start time)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    port: int
+    address: str
+    owners: tuple[tuple[int, float], ...] = ()
 
 
 class Baseline(BaseModel):
@@ -39,11 +66,25 @@ class Baseline(BaseModel):
     device_holders: tuple[tuple[int, float], ...] = ()
     shm: tuple[str, ...] = ()
     kmsg_last_us: int | None = None
+    boot_id: str | None = None
+    #: ``None``: not recorded (a version-1 baseline, or the listeners could not be read).
+    listeners: tuple[BaselineListener, ...] | None = None
+    #: ``None``: not recorded (a version-1 baseline).
+    processes: tuple[tuple[int, float], ...] | None = None
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> Baseline:
         create = {p.pid: p.create_time for p in snapshot.processes}
+        listeners = None
+        if snapshot.listeners is not None:
+            listeners = tuple(
+                BaselineListener(port=s.port, address=s.address,
+                                 owners=tuple((pid, create[pid]) for pid in s.pids
+                                              if pid in create))
+                for s in snapshot.listeners
+            )
         return cls(
+            version=VERSION,
             host=snapshot.host,
             saved_at=snapshot.taken_at,
             gpu_backend=snapshot.gpu.backend,
@@ -57,6 +98,9 @@ class Baseline(BaseModel):
             ),
             shm=tuple(e.name for e in snapshot.shm),
             kmsg_last_us=snapshot.kmsg_last_us,
+            boot_id=snapshot.boot_id,
+            listeners=listeners,
+            processes=tuple((p.pid, p.create_time) for p in snapshot.processes),
         )
 
     def gpu(self, index: int) -> BaselineGpu | None:
@@ -65,23 +109,92 @@ class Baseline(BaseModel):
                 return gpu
         return None
 
+    def process_index(self) -> dict[int, list[float]]:
+        """Start times by PID of the processes at the baseline (empty when not recorded); see
+        :func:`had_process`."""
+        index: dict[int, list[float]] = {}
+        for pid, create_time in self.processes or ():
+            index.setdefault(pid, []).append(create_time)
+        return index
+
+    def had_listener(self, sock: ListeningSocket, create: dict[int, float]) -> bool:
+        """Whether this listener (same port and address, and one same owner when the owners are
+        visible both now and then) was there at the baseline. ``create``: start times by PID."""
+        for old in self.listeners or ():
+            if old.port != sock.port or old.address != sock.address:
+                continue
+            owners = [(pid, create[pid]) for pid in sock.pids if pid in create]
+            if not owners or not old.owners:
+                return not owners and not old.owners
+            if any(_known(old.owners, pid, t) for pid, t in owners):
+                return True
+        return False
+
+    @staticmethod
+    def check_writable(path: Path) -> None:
+        """Refuse, before any probing, a path that cannot be written (exit 2, not a traceback
+        after the probe ran)."""
+        if path.is_dir():
+            raise InputError("is a directory", where=str(path), hint="name a file to write")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(f"the folder {parent} does not exist", where=str(path))
+        if (path.exists() and not os.access(path, os.W_OK)) or not os.access(parent, os.W_OK):
+            raise InputError("cannot write the baseline: permission denied", where=str(path))
+
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=2) + "\n")
+        """Write the baseline (UTF-8 JSON); an unwritable path is an :class:`InputError`."""
+        try:
+            path.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write the baseline: {exc.strerror or exc}",
+                             where=str(path)) from None
 
     @classmethod
     def load(cls, path: Path) -> Baseline:
-        """Read a baseline file; a missing or malformed file is an :class:`InputError`."""
+        """Read a baseline file; a missing, unreadable, oversized, non-UTF-8, non-JSON or
+        malformed file is an :class:`InputError`."""
         try:
-            text = path.read_text()
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_BASELINE_BYTES + 1)
         except OSError as exc:
-            raise InputError(f"cannot read baseline: {exc.strerror}", where=str(path),
+            raise InputError(f"cannot read baseline: {exc.strerror or exc}", where=str(path),
+                             hint=_HINT) from None
+        if len(raw) > MAX_BASELINE_BYTES:
+            raise InputError(f"larger than {MAX_BASELINE_BYTES >> 20} MiB: not a baseline",
+                             where=str(path), hint=_HINT)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[:exc.start].count(b"\n") + 1
+            raise InputError(f"not UTF-8 text (byte {exc.start}): not a baseline",
+                             where=f"{path}:{line}", hint=_HINT) from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}",
+                             hint=_HINT) from None
+        except RecursionError:
+            raise InputError("not JSON: nested too deeply", where=str(path),
                              hint=_HINT) from None
         try:
-            return cls.model_validate(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}") from None
+            baseline = cls.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
+            loc = ".".join(str(p) for p in first["loc"]) or "the document"
             raise InputError(f"not a cleanslate baseline: {loc}: {first['msg']}",
                              where=str(path), hint=_HINT) from None
+        if baseline.version > VERSION:
+            raise InputError(f"baseline format {baseline.version} is newer than this "
+                             f"cleanslate reads ({VERSION})", where=str(path),
+                             hint="upgrade cleanslate, or save a new baseline")
+        return baseline
+
+
+def had_process(index: dict[int, list[float]], pid: int, create_time: float) -> bool:
+    """Whether the process (PID and start time) is in a :meth:`Baseline.process_index`."""
+    return any(abs(t - create_time) <= START_TIME_SLACK_S for t in index.get(pid, ()))
+
+
+def _known(pairs: tuple[tuple[int, float], ...], pid: int, create_time: float) -> bool:
+    return any(p == pid and abs(t - create_time) <= START_TIME_SLACK_S for p, t in pairs)

@@ -55,6 +55,14 @@ class FindingKind(StrEnum):
     GPU_HEALTH = "gpu_health"
     GPU_COUNT_CHANGED = "gpu_count_changed"
     PROBE_ERROR = "probe_error"
+    #: Processes or files the probe could not read (environments, open files, hidden PIDs).
+    UNREADABLE = "unreadable"
+    #: A listening socket that was not there at the baseline (any port).
+    NEW_LISTENER = "new_listener"
+    #: A process started since the baseline.
+    NEW_PROCESS = "new_process"
+    #: An engine process seen after the host had read clean (``--until-clean``).
+    RESPAWNED = "respawned"
 
 
 class Finding(BaseModel):

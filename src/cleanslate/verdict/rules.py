@@ -9,7 +9,13 @@ The rules, each one a small function below:
 - an idle GPU is not 0 MiB: used memory is compared with the baseline plus a tolerance;
 - ``[N/A]`` in a field the verdict needs (memory used) is unknown; health problems are errors;
 - an open ``/dev/nvidia*`` alone is a warning, with held memory an error;
-- a listening socket on a port in scope is an error naming its owner;
+- a listening socket on a port in scope is an error naming its owner; a port in scope only by
+  default (an engine's default port, a recorded run's port: ``Scope.port_reasons``) accepts a
+  listener that was there at the baseline;
+- with a baseline, a listener on any port that was not there is an error, a process started
+  since is a warning;
+- what the probe could not read (environments, open files, processes hidden by ``hidepid``) is
+  a warning naming the count, UNKNOWN with ``strict``: missing data is never clean;
 - ``/dev/shm`` leftovers are warnings (errors with ``strict``), Xid lines since the baseline errors.
 """
 
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 
 from cleanslate.engines.signatures import match_engine
 from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot
-from cleanslate.verdict.baseline import Baseline
+from cleanslate.verdict.baseline import Baseline, had_process
 from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
 
 #: MiB above the baseline (or above 0 without one) that an idle GPU may show. An idle H200 reads
@@ -41,7 +47,9 @@ class Scope:
     ``gpus``: GPU indices in scope (``None``: all). ``exclude_roots``: PIDs whose whole process
     trees are the checker's own (locally, the checker's PID). ``engines``: engines whose
     signatures count as strays (``None``: all known). ``markers``: ``CLEANSLATE_RUN`` values
-    that count as strays (``None``: any run's). ``strict``: warnings make a host DIRTY.
+    that count as strays (``None``: any run's). ``strict``: warnings make a host DIRTY, and
+    what could not be read makes it UNKNOWN. ``port_reasons``: ports in scope by default, not
+    because the user named them, with why (``vllm's default port``, ``the port of run R``).
     """
 
     gpus: frozenset[int] | None = None
@@ -50,6 +58,7 @@ class Scope:
     markers: frozenset[str] | None = None
     idle_tolerance_mib: int = DEFAULT_IDLE_TOLERANCE_MIB
     strict: bool = False
+    port_reasons: tuple[tuple[int, str], ...] = ()
 
     def has_gpu(self, index: int) -> bool:
         return self.gpus is None or index in self.gpus
@@ -98,7 +107,9 @@ def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None)
     findings += _process_rules(snapshot, scope, own, gpu_pids)
     findings += _gpu_rules(snapshot, scope, baseline, own)
     findings += _device_file_rules(snapshot, scope, baseline, own, gpu_pids)
-    findings += _port_rules(snapshot, own)
+    findings += _port_rules(snapshot, scope, baseline, own)
+    findings += _unreadable_rules(snapshot, scope, own)
+    findings += _baseline_rules(snapshot, scope, baseline, own)
     findings += _shm_rules(snapshot, scope, baseline)
     findings += _kernel_rules(snapshot, baseline)
     gpus = tuple(g for g in snapshot.gpu.gpus if scope.has_gpu(g.index))
@@ -335,12 +346,14 @@ def _device_file_rules(
 ) -> list[Finding]:
     out = []
     by_pid = {p.pid: p for p in snapshot.processes}
-    known = set(baseline.device_holders) if baseline else set()
+    known: dict[int, list[float]] = {}
+    for pid, create_time in baseline.device_holders if baseline else ():
+        known.setdefault(pid, []).append(create_time)
     for holder in snapshot.device_holders:
         proc = by_pid.get(holder.pid)
         if holder.pid in own or proc is None or proc.comm in GPU_DAEMONS:
             continue
-        if (proc.pid, proc.create_time) in known:
+        if had_process(known, proc.pid, proc.create_time):
             continue
         indices = {i for i in map(_device_index, holder.devices) if i is not None}
         if scope.gpus is not None and indices and not (indices & scope.gpus):
@@ -356,21 +369,186 @@ def _device_file_rules(
     return out
 
 
-def _port_rules(snapshot: Snapshot, own: set[int]) -> list[Finding]:
+def _port_rules(
+    snapshot: Snapshot, scope: Scope, baseline: Baseline | None, own: set[int]
+) -> list[Finding]:
     out = []
     by_pid = {p.pid: p for p in snapshot.processes}
+    create = {p.pid: p.create_time for p in snapshot.processes}
+    reasons = dict(scope.port_reasons)
     for sock in snapshot.sockets:
         owners = [pid for pid in sock.pids if pid not in own]
         if sock.pids and not owners:
             continue
+        reason = reasons.get(sock.port)
+        if reason is not None and baseline is not None and baseline.had_listener(sock, create):
+            continue  # a long-lived service on an engine's default port, there at the baseline
         who = "; ".join(_describe(by_pid.get(pid), pid) for pid in owners) or \
             "an owner that is not visible (another PID namespace, or no permission)"
         out.append(Finding(
             kind=_K.PORT_IN_USE, severity=_S.ERROR, port=sock.port,
             pid=owners[0] if owners else None,
-            message=f"port {sock.port} is bound ({sock.address}) by {who}",
-            evidence={"address": sock.address, "pids": owners, "inode": sock.inode},
+            message=f"port {sock.port}{f' ({reason})' if reason else ''} is bound "
+                    f"({sock.address}) by {who}",
+            evidence={"address": sock.address, "pids": owners, "inode": sock.inode,
+                      "why_in_scope": reason or "asked for"},
         ))
+    return out
+
+
+def _kernel_thread(proc: ProcessInfo) -> bool:
+    return proc.pid == 2 or proc.ppid == 2
+
+
+#: PIDs named in an ``unreadable`` finding's message (all of them are in its evidence).
+_NAMED_PIDS = 5
+
+
+def _unreadable_rules(snapshot: Snapshot, scope: Scope, own: set[int]) -> list[Finding]:
+    """What the probe could not read: a warning per kind naming the count and a few PIDs
+    (UNKNOWN with ``strict``). A process whose environment cannot be read may carry a run
+    marker that no one sees; one whose open files cannot be read may hold a GPU device file or
+    a listening socket."""
+    severity = _S.UNKNOWN if scope.strict else _S.WARNING
+    by_pid = {p.pid: p for p in snapshot.processes}
+
+    def relevant(pid: int) -> bool:
+        proc = by_pid.get(pid)
+        return proc is None or not (pid in own or _kernel_thread(proc) or proc.state == "Z")
+
+    def finding(what: str, pids: list[int], consequence: str) -> Finding:
+        pids = sorted(pids)
+        named = ", ".join(
+            f"{pid} ({by_pid[pid].comm}, uid {by_pid[pid].uid})" if pid in by_pid else str(pid)
+            for pid in pids[:_NAMED_PIDS])
+        more = f" and {len(pids) - _NAMED_PIDS} more" if len(pids) > _NAMED_PIDS else ""
+        return Finding(
+            kind=_K.UNREADABLE, severity=severity,
+            message=f"{what} of {len(pids)} process{'es' if len(pids) != 1 else ''} could not "
+                    f"be read (PID {named}{more}): {consequence}; run the check as root or as "
+                    "their owner",
+            evidence={"what": what, "count": len(pids), "pids": pids},
+        )
+
+    out = []
+    environ = [p.pid for p in snapshot.processes if not p.environ_readable and relevant(p.pid)]
+    if environ:
+        out.append(finding("the environment", environ,
+                           f"a {_MARKER_NAME} marker on them would not be seen"))
+    files = [pid for pid in snapshot.fd_unreadable if relevant(pid)]
+    if files:
+        out.append(finding("the open files", files,
+                           "a /dev/nvidia* file or a listening socket they hold would not be "
+                           "seen"))
+    stat = [pid for pid in snapshot.stat_unreadable if pid not in own]
+    if stat:
+        out.append(finding("the status (/proc/PID/stat)", stat,
+                           "they are missing from the process list"))
+    if snapshot.proc_hidepid:
+        out.append(Finding(
+            kind=_K.UNREADABLE, severity=severity,
+            message=f"/proc is mounted with {snapshot.proc_hidepid}: other users' processes "
+                    "are hidden from this user and were not checked; run the check as root",
+            evidence={"what": "processes", "hidepid": snapshot.proc_hidepid},
+        ))
+    return out
+
+
+_MARKER_NAME = "CLEANSLATE_RUN"
+
+
+def _baseline_rules(
+    snapshot: Snapshot, scope: Scope, baseline: Baseline | None, own: set[int]
+) -> list[Finding]:
+    """What is new since the baseline: listeners on any port (errors), processes (warnings)."""
+    if baseline is None:
+        return []
+    out = []
+    if baseline.boot_id and snapshot.boot_id and baseline.boot_id != snapshot.boot_id:
+        out.append(Finding(
+            kind=_K.PROBE_ERROR, severity=_S.WARNING,
+            message=f"the baseline of {baseline.saved_at} was taken in another boot of the host: "
+                    "the processes and listeners it names are gone (save a new one)",
+            evidence={"baseline_boot_id": baseline.boot_id, "boot_id": snapshot.boot_id},
+        ))
+    if baseline.listeners is None or baseline.processes is None:
+        out.append(Finding(
+            kind=_K.PROBE_ERROR, severity=_S.WARNING,
+            message=f"the baseline of {baseline.saved_at} does not record listeners and "
+                    "processes (an older format): new ones are not reported (save a new one)",
+            evidence={"baseline_version": baseline.version},
+        ))
+    by_pid = {p.pid: p for p in snapshot.processes}
+    create = {p.pid: p.create_time for p in snapshot.processes}
+    if baseline.listeners is not None and snapshot.listeners is not None:
+        in_scope = {s.inode for s in snapshot.sockets}
+        for sock in snapshot.listeners:
+            owners = [pid for pid in sock.pids if pid not in own]
+            if (sock.pids and not owners) or sock.inode in in_scope:
+                continue  # ours, or already a port_in_use finding
+            if baseline.had_listener(sock, create):
+                continue
+            who = "; ".join(_describe(by_pid.get(pid), pid) for pid in owners) or \
+                "an owner that is not visible (another PID namespace, or no permission)"
+            out.append(Finding(
+                kind=_K.NEW_LISTENER, severity=_S.ERROR, port=sock.port,
+                pid=owners[0] if owners else None,
+                message=f"port {sock.port} ({sock.address}) is listened on by {who}: new since "
+                        f"the baseline of {baseline.saved_at}",
+                evidence={"address": sock.address, "pids": owners, "inode": sock.inode},
+            ))
+    if baseline.processes is not None:
+        known = baseline.process_index()
+        theirs = _checker_processes(snapshot, scope.exclude_roots, known)
+        for proc in snapshot.processes:
+            if (proc.pid in own or proc.pid in theirs or _kernel_thread(proc)
+                    or had_process(known, proc.pid, proc.create_time)):
+                continue
+            if match_engine(proc.comm, proc.cmdline, scope.engines) is not None or (
+                    proc.run_marker is not None
+                    and (scope.markers is None or proc.run_marker in scope.markers)):
+                continue  # a stray_process finding already
+            out.append(Finding(
+                kind=_K.NEW_PROCESS, severity=_S.WARNING, pid=proc.pid,
+                message=f"{_describe(proc, proc.pid)} started since the baseline of "
+                        f"{baseline.saved_at}",
+                evidence=_evidence(proc),
+            ))
+    return out
+
+
+def _checker_processes(
+    snapshot: Snapshot, roots: Iterable[int], known: dict[int, list[float]]
+) -> set[int]:
+    """Processes that are the checker's own doing, not new work on the host: the ancestors of
+    the checker (``roots``) and of the collector (the shell that ran it, an SSH session), and,
+    over SSH (no ``roots``), everything under the collector's topmost ancestor that is new since
+    the baseline (the connection's session: the GPU backend's command runs beside the
+    collector)."""
+    by_pid = {p.pid: p for p in snapshot.processes}
+    children: dict[int, list[int]] = {}
+    for each in snapshot.processes:
+        children.setdefault(each.ppid, []).append(each.pid)
+    out: set[int] = set()
+    roots = list(roots)
+    for pid in [*roots, snapshot.collector_pid]:
+        proc = by_pid.get(pid) if pid is not None else None
+        while proc is not None and proc.pid not in out and proc.pid != 1:
+            out.add(proc.pid)
+            proc = by_pid.get(proc.ppid)
+    collector = by_pid.get(snapshot.collector_pid or -1)
+    if not roots and collector is not None:
+        top = collector
+        parent: ProcessInfo | None = by_pid.get(top.ppid)
+        while (parent is not None and parent.pid != 1
+               and not had_process(known, parent.pid, parent.create_time)):
+            top = parent
+            parent = by_pid.get(top.ppid)
+        stack = [top.pid]
+        while stack:
+            pid = stack.pop()
+            out.add(pid)
+            stack.extend(c for c in children.get(pid, ()) if c not in out)
     return out
 
 
