@@ -157,7 +157,7 @@ def test_orphan_grandchild_found_by_marker_and_removed(lab: Lab) -> None:
     assert stopped.returncode == 0, stopped.stdout
     orphans = [t for t in report["targets"] if t["comm"].startswith("sim::grandchild")]
     assert orphans, report["targets"]
-    assert orphans[0]["why"] in ("marker", "session", "descendant")
+    assert orphans[0]["why"] in ("cgroup", "marker", "session", "descendant")
     assert report["verify"]["verdict"] == "clean"
     assert not alive(orphans[0]["pid"])
 
@@ -196,8 +196,10 @@ def test_stop_leaves_unrelated_processes_and_clean_engine_refuses_without_yes(
     lab: Lab, procs: Processes
 ) -> None:
     doc = _served(lab.serve(free_port()))
-    # Started after the launch (the preflight would rightly refuse a host with it running).
-    bystander = procs.python("import time; time.sleep(120)", "-m", "sglang.launch_server")
+    # Started after the launch (the preflight would rightly refuse a host with it running), in
+    # a session of its own: `clean` never ends members of its caller's session.
+    bystander = procs.python("import time; time.sleep(120)", "-m", "sglang.launch_server",
+                             start_new_session=True)
     assert lab.stop(doc["run_id"]).returncode == 0
     assert alive(bystander.pid)
     refused = run_cli("clean", "--engine", "sglang")  # stdin is not a TTY here
@@ -212,7 +214,7 @@ def test_clean_pid_with_yes_ends_the_tree(procs: Processes, tmp_path: Path) -> N
     code = ("import subprocess, sys, time\n"
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
             "open(sys.argv[1], 'w').write(str(c.pid)); time.sleep(120)\n")
-    parent = procs.python(code, str(ready))
+    parent = procs.python(code, str(ready), start_new_session=True)
     deadline = time.monotonic() + 10
     while not ready.exists() or not ready.read_text():
         assert time.monotonic() < deadline

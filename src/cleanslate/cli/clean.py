@@ -1,4 +1,9 @@
-"""``cleanslate clean``: tear down what is in scope, then verify."""
+"""``cleanslate clean``: tear down what is in scope, then verify.
+
+``--pid`` never reaches PID 1, a kernel thread, an ancestor of this process (the shell that runs
+it) or a member of its session: asking for one is an input error (exit 2) that says why. The
+targets table shows each process's owner; process names and command lines are printed as text.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,15 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_INPUT, console, console_err
-from cleanslate.cli.serve import _print_teardown, stop_run
+from cleanslate.cli.serve import _print_teardown, progress_printer, stop_run, targets_table
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
-from cleanslate.probe.gpu.none import NoGpuBackend
-from cleanslate.probe.host import probe_host
-from cleanslate.teardown.teardown import ScopeSpec, Target, resolve_scope, teardown
+from cleanslate.teardown.teardown import ScopeSpec, Target, scan_scope, teardown
 from cleanslate.verdict.check import CheckOptions
 from cleanslate.verdict.rules import Scope
 
@@ -43,7 +46,8 @@ def clean(
                         ] = False,
 ) -> None:
     """End a run (--run), an engine's stray processes (--engine) or given PIDs (--pid), then
-    verify. --engine and --pid list their targets and act only with --yes or a confirmation."""
+    verify. --engine and --pid list their targets and act only with --yes or a confirmation.
+    PID 1, kernel threads, this command's ancestors and its session are never ended."""
     chosen = [name for name, value in (("--run", run), ("--engine", engine), ("--pid", pid))
               if value]
     if len(chosen) != 1:
@@ -53,21 +57,36 @@ def clean(
         raise typer.Exit(stop_run(run, store_url, grace, deadline, gpu_backend, json_out))
     if engine:
         get_signature(engine)
+    bad = [p for p in pid or () if p <= 0]
+    if bad:
+        raise InputError(f"{bad[0]} is not a process id", where="--pid",
+                         hint="a PID is a positive number (see `ps -e`)")
     executor = executor_for(host)
     spec = ScopeSpec(engine=engine, pids=tuple(pid or ()),
                      exclude_roots=frozenset({os.getpid()}))
-    snapshot = asyncio.run(probe_host(executor, NoGpuBackend()))
-    targets = resolve_scope(snapshot, spec)
+    targets, protected = asyncio.run(scan_scope(executor, spec))
+    named_protected = [t for t in protected if t.pid in (pid or ())]
+    if named_protected:
+        first = named_protected[0]
+        raise InputError(
+            f"refusing to end PID {first.pid} ({first.comm}): it is {first.protected}",
+            where="--pid",
+            hint="cleanslate never ends PID 1, kernel threads, its own ancestors or the "
+                 "processes of the session it runs in; end those yourself if you must")
     missing = sorted(set(pid or ()) - {t.pid for t in targets})
     if missing:
         raise InputError(f"no such process: {', '.join(map(str, missing))}", where="--pid")
     if not targets:
         if not json_out:
-            console.print(f"no {engine} processes found")
+            console.print(Text(f"no {engine} processes found"))
+            if protected:
+                console.print(targets_table("left alone (protected)", protected))
         else:
-            typer.echo(json.dumps({"targets": [], "verify": None}))
+            typer.echo(json.dumps({"targets": [],
+                                   "left_alone": [t.as_dict() for t in protected],
+                                   "verify": None}))
         raise typer.Exit(0)
-    _list_targets(targets, json_out)
+    _list_targets(targets, protected, json_out)
     if not yes:
         if not sys.stdin.isatty():
             console_err.print("[bold red]refusing:[/] these processes were not started by "
@@ -79,7 +98,7 @@ def clean(
         scope=Scope(engines=(engine,) if engine else (), markers=frozenset(),
                     exclude_roots=frozenset({os.getpid()})),
         gpu_backend=gpu_backend)
-    say = (lambda _m: None) if json_out else (lambda m: console_err.print(f"[dim]{m}[/]"))
+    say = (lambda _m: None) if json_out else progress_printer()
     report = asyncio.run(teardown(executor, spec, grace_s=grace, verify=verify,
                                   verify_deadline_s=deadline, progress=say))
     if json_out:
@@ -89,11 +108,8 @@ def clean(
     raise typer.Exit(report.exit_code)
 
 
-def _list_targets(targets: list[Target], json_out: bool) -> None:
+def _list_targets(targets: list[Target], protected: list[Target], json_out: bool) -> None:
     out = console_err if json_out else console
-    table = Table(title="targets", title_justify="left")
-    for column in ("PID", "why", "comm", "command"):
-        table.add_column(column, overflow="fold")
-    for t in targets:
-        table.add_row(str(t.pid), t.why, t.comm, t.command[:100])
-    out.print(table)
+    out.print(targets_table("targets", targets))
+    if protected:
+        out.print(targets_table("left alone (protected)", protected))

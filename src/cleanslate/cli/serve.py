@@ -1,4 +1,9 @@
-"""``cleanslate serve`` and ``cleanslate stop``: verified launch and teardown of one server."""
+"""``cleanslate serve`` and ``cleanslate stop``: verified launch and teardown of one server.
+
+Text from outside (command lines, process names, log tails, failure details) is printed as
+text, never as rich markup; secrets are redacted in everything printed (the record and the
+log tails are redacted already; URLs go through :func:`cleanslate.redact.redact_url`).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_FAILED, console, console_err, parse_int_list
 from cleanslate.cli.check import render_report
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
+from cleanslate.redact import redact_text
 
 if TYPE_CHECKING:  # the launch stack (aiohttp, SQLAlchemy) is imported when a command runs
     from cleanslate.launch.config import ServeConfig
@@ -130,52 +137,115 @@ def serve(
                      smoke_timeout, grace)
     store = Store(store_url)
     executor = executor_for(config.host)
-    say = (lambda _m: None) if json_out else (lambda m: console_err.print(f"[dim]{m}[/]"))
+    say = (lambda _m: None) if json_out else progress_printer()
+    if detach:
+        outcome = asyncio.run(start_server(executor, store, config, gpu_backend=gpu_backend,
+                                           preflight=not no_preflight, progress=say))
+        if not outcome.ok:
+            _report_failure(outcome, json_out)
+            raise typer.Exit(EXIT_FAILED)
+        assert outcome.run is not None
+        _report_started(outcome.run, outcome, json_out)
+        raise typer.Exit(0)
     # In the foreground a Ctrl-C or SIGTERM from the moment of launch means "tear it down":
     # remember it here, act on it as soon as the server is up (never leave it running).
     interrupted = threading.Event()
-    if not detach:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda _s, _f: interrupted.set())
-    outcome = asyncio.run(start_server(executor, store, config, gpu_backend=gpu_backend,
-                                       preflight=not no_preflight, progress=say))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _s, _f: interrupted.set())
+    code = asyncio.run(_serve_foreground(executor, store, config, gpu_backend, not no_preflight,
+                                         json_out, interrupted, say))
+    raise typer.Exit(code)
+
+
+def progress_printer() -> Any:
+    """A progress callback that prints dim lines on stderr, as text."""
+    def say(message: str) -> None:
+        console_err.print(Text(message, style="dim"))
+
+    return say
+
+
+async def _serve_foreground(executor: Any, store: Store, config: ServeConfig, gpu_backend: str,
+                            preflight: bool, json_out: bool, interrupted: threading.Event,
+                            say: Any) -> int:
+    """Start, report, serve until Ctrl-C / SIGTERM / a crash, tear down. Whatever happens after
+    the server is up (a closed stdout, a store error, a bug), it is torn down and verified."""
+    from cleanslate.launch.lifecycle import start_server
+
+    outcome = await start_server(executor, store, config, gpu_backend=gpu_backend,
+                                 preflight=preflight, progress=say)
     if not outcome.ok:
         _report_failure(outcome, json_out)
-        raise typer.Exit(EXIT_FAILED)
+        return EXIT_FAILED
     run = outcome.run
     assert run is not None
+    stopped = False
+    try:
+        _report_started(run, outcome, json_out)
+        code = await _foreground(executor, store, run, config.grace_s, gpu_backend, json_out,
+                                 interrupted)
+        stopped = True
+        return code
+    finally:
+        if not stopped:
+            await _stop_if_running(executor, store, run, config.grace_s, gpu_backend, say)
+
+
+async def _stop_if_running(executor: Any, store: Store, run: RunRecord, grace_s: float,
+                           gpu_backend: str, say: Any) -> None:
+    """Tear the run down unless its record says it was stopped already (the store unreadable:
+    tear down anyway). Never raises: the caller's exception is the one that matters."""
+    from cleanslate.launch.lifecycle import stop_server
+
+    with contextlib.suppress(BaseException):
+        try:
+            running = store.get_run(run.id).status in ("starting", "ready")
+        except Exception:
+            running = True
+        if running:
+            say("tearing the server down")
+            await asyncio.shield(stop_server(executor, store, run, grace_s=grace_s,
+                                             gpu_backend=gpu_backend, status="failed",
+                                             cause="interrupted", progress=say))
+
+
+def _report_started(run: RunRecord, outcome: StartOutcome, json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps(_run_doc(run, outcome)))
     else:
         _print_started(run, outcome)
-    if detach:
-        raise typer.Exit(0)
-    code = asyncio.run(_foreground(executor, store, run, config.grace_s, gpu_backend, json_out,
-                                   interrupted))
-    raise typer.Exit(code)
 
 
 def _run_doc(run: RunRecord, outcome: StartOutcome) -> dict[str, Any]:
+    """The ``serve --json`` document (the record's argv is redacted already)."""
     return {
         "run_id": run.id, "url": run.url, "argv": list(run.argv), "pid": run.pid,
         "pgid": run.pgid, "supervisor_pid": run.supervisor_pid, "host": run.host,
         "engine": run.engine, "port": run.port, "log": run.log_path, "status": run.status,
+        "user": run.user, "cgroup": run.cgroup, "cgroup_note": outcome.cgroup_note,
+        "boot_id": run.boot_id, "machine_id": run.machine_id,
         "verdict_before": run.verdict_before, "phases": outcome.phases,
         "smoke": outcome.smoke.model_dump(mode="json") if outcome.smoke else None,
         "flag_validation": outcome.validation_note or "checked",
     }
 
 
+def _line(label: str, value: object) -> Text:
+    return Text.assemble(f"  {label:<8} ", str(value))
+
+
 def _print_started(run: RunRecord, outcome: StartOutcome) -> None:
-    console.print(f"[bold green]READY[/] run [bold]{run.id}[/] on {run.host}")
-    console.print(f"  url      {run.url}")
-    console.print(f"  command  {' '.join(run.argv)}")
-    console.print(f"  pid      {run.pid} (process group {run.pgid}, supervisor "
-                  f"{run.supervisor_pid})")
-    console.print(f"  log      {run.log_path}")
+    console.print(Text.assemble(("READY", "bold green"), " run ", (run.id, "bold"), " on ",
+                                run.host))
+    console.print(_line("url", run.url))
+    console.print(_line("command", " ".join(run.argv)))
+    console.print(_line("pid", f"{run.pid} (process group {run.pgid}, supervisor "
+                               f"{run.supervisor_pid}, user {run.user or '?'})"))
+    console.print(_line("cgroup", run.cgroup or f"none ({outcome.cgroup_note or 'unknown'})"))
+    console.print(_line("log", run.log_path))
     if outcome.validation_note:
-        console.print(f"  flags    not validated: {outcome.validation_note}")
-    console.print(f"  stop it  cleanslate stop {run.id}")
+        console.print(_line("flags", f"not validated: {outcome.validation_note}"))
+    console.print(_line("stop it", f"cleanslate stop {run.id}"))
 
 
 def _report_failure(outcome: StartOutcome, json_out: bool) -> None:
@@ -198,10 +268,11 @@ def _report_failure(outcome: StartOutcome, json_out: bool) -> None:
             if outcome.teardown and outcome.teardown.verify else None,
         }))
         return
-    console.print(f"[bold red]FAILED[/] ({outcome.cause}): {outcome.detail}")
+    console.print(Text.assemble(("FAILED", "bold red"), f" ({outcome.cause}): ",
+                                str(outcome.detail)))
     if outcome.log_tail:
         console.print("[dim]--- log tail ---[/]")
-        console.print(outcome.log_tail.rstrip()[-3000:], markup=False)
+        console.print(Text(outcome.log_tail.rstrip()[-3000:]))
         console.print("[dim]---[/]")
     if outcome.teardown is not None:
         _print_teardown(outcome.teardown)
@@ -220,34 +291,61 @@ async def _foreground(executor: Any, store: Store, run: RunRecord, grace_s: floa
     if not json_out:
         console.print("[dim]serving in the foreground; Ctrl-C tears it down[/]")
     status, cause = "stopped", None
-    while not stop.is_set():
-        code = await run_exit_code(executor, run)
-        if code is not None:
-            status, cause = "crashed", f"exited with status {code}"
-            break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
-    report = await stop_server(executor, store, run, grace_s=grace_s, gpu_backend=gpu_backend,
-                               status=status, cause=cause)
+    try:
+        while not stop.is_set():
+            code = await run_exit_code(executor, run)
+            if code is not None:
+                status, cause = "crashed", f"exited with status {code}"
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+    except BaseException:
+        status, cause = "failed", "interrupted"
+        raise
+    finally:
+        # Whatever ended the wait, the server goes down and the host is verified.
+        report = await asyncio.shield(stop_server(
+            executor, store, run, grace_s=grace_s, gpu_backend=gpu_backend, status=status,
+            cause=cause))
     if json_out:
         typer.echo(json.dumps({"run_id": run.id, "status": status, "cause": cause,
                                "teardown": report.model_dump(mode="json")}))
     else:
         if cause:
-            console.print(f"[bold red]the server {cause}[/]")
+            console.print(Text(f"the server {cause}", style="bold red"))
         _print_teardown(report)
     return EXIT_FAILED if status == "crashed" else report.exit_code
 
 
+def targets_table(title: str, targets: Any) -> Table:
+    """A table of teardown targets (dicts or :class:`Target`), every cell printed as text."""
+    table = Table(title=title, title_justify="left")
+    for column in ("PID", "user", "why", "comm", "command"):
+        table.add_column(column, overflow="fold")
+    for target in targets:
+        row = target if isinstance(target, dict) else target.as_dict()
+        why = str(row.get("why", ""))
+        if row.get("protected"):
+            why = f"{why}; left alone: {row['protected']}"
+        user = row.get("user") or (str(row["uid"]) if row.get("uid") is not None else "?")
+        table.add_row(Text(str(row.get("pid"))), Text(str(user)), Text(why),
+                      Text(str(row.get("comm", ""))), Text(str(row.get("command", ""))[:100]))
+    return table
+
+
 def _print_teardown(report: TeardownReport) -> None:
+    if report.refused:
+        console.print(Text.assemble(("nothing signalled: ", "bold yellow"), report.refused))
     if report.targets:
-        table = Table(title="teardown", title_justify="left")
-        for column in ("PID", "why", "comm", "command"):
-            table.add_column(column, overflow="fold")
-        for target in report.targets:
-            table.add_row(str(target["pid"]), target["why"], target["comm"],
-                          target["command"][:80])
-        console.print(table)
+        console.print(targets_table("teardown", report.targets))
+    if report.left_alone:
+        console.print(targets_table("left alone (protected)", report.left_alone))
+    if report.cgroup:
+        state = "removed" if report.cgroup_removed else (
+            f"still holds {', '.join(map(str, report.cgroup_left))}" if report.cgroup_left
+            else "not removed")
+        console.print(Text(f"  cgroup {report.cgroup}: "
+                           f"{'cgroup.kill used, ' if report.cgroup_killed else ''}{state}"))
     for rnd in report.rounds:
         console.print(f"  {rnd.at_s:6.2f} s  {rnd.signal} -> {', '.join(map(str, rnd.sent))}")
     if report.root_exit_s is not None:
@@ -257,7 +355,7 @@ def _print_teardown(report: TeardownReport) -> None:
     if report.d_state:
         console.print(f"[red]  stuck in uninterruptible sleep: {report.d_state}[/]")
     if report.shm_removed:
-        console.print(f"  removed /dev/shm/{{{', '.join(report.shm_removed)}}}")
+        console.print(Text(f"  removed /dev/shm/{{{', '.join(report.shm_removed)}}}"))
     if report.verify is not None:
         render_report(report.verify)
     else:
@@ -281,17 +379,26 @@ def stop(
 
 def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
              gpu_backend: str, json_out: bool) -> int:
+    """``cleanslate stop`` / ``clean --run``: the exit code. Errors never show a store URL's
+    password."""
     from cleanslate.launch.lifecycle import stop_server
     from cleanslate.store import Store
 
-    store = Store(store_url)
-    run = store.get_run(run_id)
+    try:
+        store = Store(store_url)
+        run = store.get_run(run_id)
+    except InputError as exc:
+        raise InputError(redact_text(exc.message), where=exc.where,
+                         hint=redact_text(exc.hint) if exc.hint else None) from None
     executor = executor_for(None if run.host == "local" else run.host)
-    say = (lambda _m: None) if json_out else (lambda m: console_err.print(f"[dim]{m}[/]"))
+    say = (lambda _m: None) if json_out else progress_printer()
     report = asyncio.run(stop_server(executor, store, run, grace_s=grace, gpu_backend=gpu_backend,
                                      verify_deadline_s=deadline, progress=say))
     if json_out:
         typer.echo(json.dumps({"run_id": run.id, **report.model_dump(mode="json")}))
     else:
         _print_teardown(report)
+    if report.refused_code == 2 and not json_out:
+        console_err.print(Text.assemble(("refused: ", "bold red"), report.refused or ""))
     return report.exit_code
+

@@ -1,10 +1,12 @@
 """``command``: any server started by an argv template with a ``{port}`` placeholder.
 
-``argv`` is required, for example ``["my-server", "--listen", "0.0.0.0:{port}", "{model}"]``.
-``{port}`` must appear (cleanslate has to know where the server listens); ``{model}`` is
-replaced where it appears. The user's flags are appended after the template. There is no help
-command to validate flags against and no process signature: teardown of such a run relies on
-its process group and its ``CLEANSLATE_RUN`` marker alone.
+``argv`` is required, for example ``["my-server", "--listen", "0.0.0.0:{port}", "{model}"]``;
+in a server or study file it is the ``argv:`` key (``engine: command``). ``{port}`` must appear
+(cleanslate has to know where the server listens); ``{model}`` and ``{host}`` are replaced where
+they appear. The user's flags are appended after the template. There is no help command to
+validate flags against (unless ``help_argv`` is given) and no process signature: teardown of
+such a run relies on its recorded PIDs, its cgroup and its ``CLEANSLATE_RUN`` marker; a process
+found only by its group or session number must hold the run's port or GPUs.
 """
 
 from __future__ import annotations

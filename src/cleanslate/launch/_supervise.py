@@ -3,19 +3,32 @@
 ``cleanslate serve`` starts this script in a new session with the run's ``CLEANSLATE_RUN``
 marker in its environment; it makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``), so
 workers that outlive the engine's root process are re-parented to it rather than to PID 1, then
-starts the engine in its own process group with the log going to the run's log file, and writes
-a state file:
+starts the engine in its own process group (and, where the host allows it, its own cgroup v2)
+with the log going to the run's log file, and writes a state file:
 
     {"supervisor_pid": .., "pid": .., "pgid": .., "sid": .., "started": <epoch s>,
-     "exit_code": null | int, "exited_at": null | <epoch s>}
+     "exit_code": null | int, "exited_at": null | <epoch s>, "error": null | str,
+     "boot_id": .., "machine_id": .., "user": .., "cgroup": null | path,
+     "cgroup_error": null | why there is no cgroup}
 
 It reaps every child (the engine and the orphans it inherits) until none is left, then exits.
 SIGTERM and SIGINT are forwarded to the engine's root process. Like the collector it needs only
 the standard library, so it can be shipped to a remote host's ``python3``.
 
 Usage: ``python3 -I -S _supervise.py SPEC.json`` where the spec holds ``argv``, ``env``, ``log``,
-``state``, ``cwd`` and ``daemonize``. With ``daemonize`` the script forks, the parent exits at
-once (so the command that started it returns), and the child starts a new session.
+``state``, ``cwd``, ``daemonize`` and ``cgroup`` (the name of the run's cgroup, or ``null`` to
+make none). The spec holds the run's environment, secrets included: the script deletes it as
+soon as it has read it, so they then live only in the engine's own ``/proc/PID/environ``.
+Everything it creates is private to its user (``umask 077``: the log and state are 0600); the
+engine gets the umask the supervisor was started with. With ``daemonize`` the script forks, the
+parent exits at once (so the command that started it returns), and the child starts a new
+session.
+
+The cgroup: the supervisor finds the cgroup v2 mount in ``/proc/self/mountinfo`` and its own
+cgroup in ``/proc/self/cgroup`` (``0::/path``), creates ``<mount><own path>/<name>``, and the
+engine's process moves itself there before it executes the engine (so nothing it starts can be
+outside it). Where that is not possible (no cgroup v2, read-only, not permitted) the run goes on
+without one and ``cgroup_error`` says why.
 """
 
 from __future__ import annotations
@@ -45,11 +58,110 @@ def _prctl(option: int, value: Any) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
+def _first_line(*paths: str) -> str | None:
+    for path in paths:
+        try:
+            with open(path) as fh:
+                value = fh.readline().strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    return None
+
+
+def _user() -> str:
+    uid = os.geteuid()
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as ``\\ooo``."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def cgroup_parent() -> tuple[str | None, str | None]:
+    """(the directory of this process's cgroup v2, ``None``) or (``None``, why there is none)."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            own = [line.strip()[3:] for line in fh if line.startswith("0::")]
+    except OSError as exc:
+        return None, f"cannot read /proc/self/cgroup: {exc.strerror}"
+    if not own or not own[0].startswith("/"):
+        return None, "no cgroup v2 hierarchy for this process"
+    path = own[0]
+    if path.endswith(" (deleted)"):
+        return None, "this process's cgroup was removed"
+    mounts: list[tuple[str, str, bool]] = []
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                head, sep, tail = line.partition(" - ")
+                fields = head.split()
+                if not sep or len(fields) < 6 or tail.split()[:1] != ["cgroup2"]:
+                    continue
+                mounts.append((_unescape(fields[3]), _unescape(fields[4]),
+                               "ro" in fields[5].split(",")))
+    except OSError as exc:
+        return None, f"cannot read /proc/self/mountinfo: {exc.strerror}"
+    if not mounts:
+        return None, "no cgroup v2 file system is mounted"
+    for root, point, read_only in sorted(mounts, key=lambda m: m[0] != "/"):
+        if root == "/":
+            relative = path
+        elif path == root or path.startswith(root.rstrip("/") + "/"):
+            relative = path[len(root.rstrip("/")):] or "/"
+        else:
+            continue
+        if read_only:
+            return None, f"the cgroup v2 file system at {point} is mounted read-only"
+        directory = point.rstrip("/") + (relative if relative != "/" else "")
+        if not os.path.isdir(directory):
+            return None, f"this process's cgroup {directory} is not visible"
+        return directory, None
+    return None, "this process's cgroup is outside every cgroup v2 mount"
+
+
+def make_cgroup(name: str) -> tuple[str | None, str | None]:
+    """Create the run's cgroup: (its path, ``None``) or (``None``, why not)."""
+    parent, why = cgroup_parent()
+    if parent is None:
+        return None, why
+    path = f"{parent}/{name}"
+    try:
+        os.mkdir(path, 0o755)
+    except OSError as exc:
+        if exc.errno in (1, 13):  # EPERM, EACCES
+            return None, (f"not permitted to create {path} (not root and no delegated cgroup "
+                          "subtree)")
+        return None, f"cannot create {path}: {exc.strerror}"
+    return path, None
+
+
 def main() -> int:
-    with open(sys.argv[1]) as fh:
+    spec_path = sys.argv[1]
+    with open(spec_path) as fh:
         spec = json.load(fh)
+    # The spec holds the run's secrets: from here on they live only in our memory and in the
+    # engine's environment.
+    with contextlib.suppress(OSError):
+        os.unlink(spec_path)
     argv: list[str] = spec["argv"]
     state_path: str = spec["state"]
+    engine_umask = os.umask(0o077)
     if spec.get("daemonize"):
         if os.fork() != 0:
             os._exit(0)
@@ -61,7 +173,7 @@ def main() -> int:
     _prctl(PR_SET_NAME, b"cleanslate-sup")
     env = dict(os.environ)
     env.update(spec.get("env") or {})
-    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     devnull = os.open(os.devnull, os.O_RDONLY)
     state: dict[str, Any] = {
         "supervisor_pid": os.getpid(),
@@ -72,7 +184,17 @@ def main() -> int:
         "exit_code": None,
         "exited_at": None,
         "error": None,
+        "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
+        "machine_id": _first_line("/etc/machine-id", "/var/lib/dbus/machine-id"),
+        "user": _user(),
+        "cgroup": None,
+        "cgroup_error": spec.get("cgroup_error"),
     }
+    cgroup = None
+    if spec.get("cgroup"):
+        cgroup, state["cgroup_error"] = make_cgroup(str(spec["cgroup"]))
+    # The engine's process says through this pipe whether it joined the cgroup; exec closes it.
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
         pid = os.fork()
     except OSError as exc:
@@ -81,7 +203,16 @@ def main() -> int:
         return 1
     if pid == 0:  # the engine
         try:
+            os.close(status_r)
             os.setpgid(0, 0)
+            if cgroup is not None:
+                try:
+                    with open(f"{cgroup}/cgroup.procs", "w") as fh:
+                        fh.write("0\n")
+                    os.write(status_w, b"joined")
+                except OSError as exc:
+                    os.write(status_w, f"cannot join {cgroup}: {exc.strerror}".encode())
+            os.umask(engine_umask)
             os.dup2(devnull, 0)
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
@@ -91,8 +222,24 @@ def main() -> int:
         except OSError as exc:
             os.write(2, f"cleanslate: cannot start {argv[0]}: {exc}\n".encode())
             os._exit(127)
+    os.close(status_w)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also here, so the group exists before anyone signals it
+    answer = b""
+    with contextlib.suppress(OSError):
+        while True:
+            chunk = os.read(status_r, 4096)
+            if not chunk:
+                break
+            answer += chunk
+    os.close(status_r)
+    if cgroup is not None:
+        if answer == b"joined":
+            state["cgroup"] = cgroup
+        else:
+            state["cgroup_error"] = answer.decode(errors="replace") or "the engine did not join"
+            with contextlib.suppress(OSError):
+                os.rmdir(cgroup)
     state["pid"] = pid
     state["pgid"] = pid
     _write_state(state_path, state)

@@ -12,6 +12,7 @@ Schema (YAML)::
       enforce-eager: true        # true: bare flag; false and null: omitted
     env: {VLLM_CPU_KVCACHE_SPACE: "1"}
     launch: [python, -m, vllm.entrypoints.openai.api_server]   # override how it starts
+    argv: [my-server, --port, "{port}", --model, "{model}"]    # engine: command only
     readiness_path: /health
     ready_timeout_s: 600
     smoke: true
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from cleanslate.config import load_yaml_model
 from cleanslate.engines import engine_names
@@ -42,6 +43,9 @@ class ServerFields(BaseModel):
     gpus: list[int] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     launch: list[str] | None = None
+    argv: list[str] | None = Field(
+        default=None, validate_default=True,
+        description="engine command: the server's argv template, with {port} (and {model})")
     python: str | None = None
     readiness_path: str | None = None
     ready_timeout_s: float = Field(default=600.0, gt=0)
@@ -54,6 +58,32 @@ class ServerFields(BaseModel):
     def _known_engine(cls, value: str) -> str:
         if value not in engine_names():
             raise ValueError(f"unknown engine {value!r}; known: {', '.join(engine_names())}")
+        return value
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        engine = info.data.get("engine")
+        if engine == "command":
+            if not value:
+                raise ValueError('engine command needs argv: the command that starts the '
+                                 'server, with {port}, e.g. [my-server, --port, "{port}"]')
+            if not any("{port}" in str(part) for part in value):
+                raise ValueError("argv has no {port} placeholder: cleanslate must know the port "
+                                 "the server listens on")
+        elif value is not None and engine is not None:
+            raise ValueError(f"argv: is the template of engine command; engine {engine} is "
+                             "started by its adapter (use launch: to change the command)")
+        return value
+
+    @field_validator("launch")
+    @classmethod
+    def _launch(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if value is not None and info.data.get("engine") == "command":
+            raise ValueError("engine command takes argv: (the whole command, with {port}), "
+                             "not launch:")
+        if value is not None and not value:
+            raise ValueError("launch: is empty")
         return value
 
     @field_validator("gpus")

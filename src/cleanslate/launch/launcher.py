@@ -1,15 +1,22 @@
 """Start a run: the supervisor script on the host, the marker, the log file, the record.
 
 Launch is designed for teardown (DESIGN section 4): the engine runs in a new session under a
-supervisor that is its child subreaper, every process carries ``CLEANSLATE_RUN=<run id>`` in
-its environment, the log goes to a file per run, and the record names every PID with its start
-time before anything can go wrong.
+supervisor that is its child subreaper, in its own cgroup where the host allows it, every
+process carries ``CLEANSLATE_RUN=<run id>`` in its environment, the log goes to a file per run,
+and the record names every PID with its start time, the host's boot and machine ids and the
+cgroup before anything can go wrong.
+
+Secrets: the run folder is 0700 and made under ``umask 077`` (locally and remotely); the spec
+that carries the environment is written 0600 and deleted by the supervisor once read; the
+record keeps the environment, flags and argv redacted (:mod:`cleanslate.redact`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -22,9 +29,37 @@ from cleanslate.engines import EngineAdapter
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
+from cleanslate.redact import Scrubber, redact_argv, redact_env, redact_flags
 from cleanslate.store import RunRecord
 
 MARKER_ENV = "CLEANSLATE_RUN"
+#: ``0`` launches runs without a cgroup of their own (teardown then relies on the marker, the
+#: recorded PIDs and group/session numbers with evidence).
+CGROUP_ENV = "CLEANSLATE_CGROUP"
+
+_SCRUBBERS: dict[str, Scrubber] = {}
+
+
+def register_secrets(run_id: str, env: dict[str, str], flags: dict[str, Any]) -> Scrubber:
+    """Remember the secret values of a run launched by this process, so that its log tail and
+    failure details are scrubbed wherever they are read here (:func:`scrubber_for`)."""
+    scrubber = Scrubber.for_run(env, flags)
+    _SCRUBBERS[run_id] = scrubber
+    return scrubber
+
+
+def scrubber_for(run_id: str) -> Scrubber:
+    """The scrubber of a run launched by this process; for another run (``cleanslate stop`` in
+    a new process, where only the redacted record is left) the generic one, which removes what
+    looks like a secret (``--api-key X``, ``TOKEN=X``, URL passwords, bearer headers)."""
+    return _SCRUBBERS.get(run_id) or Scrubber(())
+
+
+def cgroup_disabled() -> str | None:
+    """Why runs get no cgroup of their own (``None``: they get one where the host allows)."""
+    if os.environ.get(CGROUP_ENV, "1").strip().lower() in ("0", "no", "false", "off"):
+        return f"turned off ({CGROUP_ENV}=0)"
+    return None
 
 
 class LaunchError(Exception):
@@ -58,8 +93,25 @@ class LaunchRequest:
     trial: int | None = None
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A started run: its record, and why it has no cgroup of its own (``None`` if it has)."""
+
+    run: RunRecord
+    cgroup_error: str | None = None
+
+
+async def make_private_dir(executor: Executor, path: str, timeout: float = 15.0) -> None:
+    """Create ``path`` (and its parents) under ``umask 077`` and make it 0700, on any host."""
+    result = await executor.run(
+        ["sh", "-c", 'umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1"', "sh", path],
+        timeout=timeout)
+    if not result.ok:
+        raise LaunchError(f"cannot create the run folder {path}: {result.describe_failure()}")
+
+
 async def launch(executor: Executor, request: LaunchRequest, *,
-                 timeout: float = 15.0) -> RunRecord:
+                 timeout: float = 15.0) -> Launched:
     """Start the engine under the supervisor and return the run record with its PIDs.
 
     Raises :class:`LaunchError` when the supervisor cannot start or reports no engine PID.
@@ -72,29 +124,37 @@ async def launch(executor: Executor, request: LaunchRequest, *,
     env = {**request.env, MARKER_ENV: request.run_id}
     if request.gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, request.gpus))
+    disabled = cgroup_disabled()
     spec = {"argv": list(request.argv), "env": env, "log": log_path, "state": state_path,
-            "daemonize": True}
-    await executor.write_file(script_path, supervisor_source())
-    await executor.write_file(spec_path, json.dumps(spec, indent=1).encode())
+            "daemonize": True, "cgroup": None if disabled else f"cleanslate-{request.run_id}",
+            "cgroup_error": disabled}
+    await make_private_dir(executor, run_dir, timeout)
+    await executor.write_file(script_path, supervisor_source(), mode=0o600)
+    await executor.write_file(spec_path, json.dumps(spec, indent=1).encode(), mode=0o600)
     started = time.time()
     result = await executor.run([executor.python, "-I", "-S", script_path, spec_path],
                                 timeout=timeout, env={MARKER_ENV: request.run_id})
     if not result.ok:
+        await _remove_spec(executor, spec_path)
         raise LaunchError(f"the run supervisor did not start: {result.describe_failure()}")
-    state = await _read_state(executor, state_path, timeout)
+    try:
+        state = await _read_state(executor, state_path, timeout)
+    except LaunchError:
+        await _remove_spec(executor, spec_path)
+        raise
     if state.get("error") or not state.get("pid"):
         raise LaunchError(f"the run supervisor could not start the engine: {state.get('error')}")
     snapshot = await probe_host(executor, NoGpuBackend(), timeout=timeout)
     root = snapshot.process(int(state["pid"]))
     supervisor = snapshot.process(int(state["supervisor_pid"]))
-    return RunRecord(
+    run = RunRecord(
         id=request.run_id,
         host=executor.name,
         engine=request.adapter.name,
         model=request.model,
-        argv=request.argv,
-        flags=request.flags,
-        env=env,
+        argv=tuple(redact_argv(request.argv)),
+        flags=redact_flags(request.flags),
+        env=redact_env(env),
         marker=request.run_id,
         port=request.port,
         gpus=request.gpus,
@@ -111,7 +171,40 @@ async def launch(executor: Executor, request: LaunchRequest, *,
         started_at=started,
         study=request.study,
         trial=request.trial,
+        boot_id=_text(state.get("boot_id")),
+        machine_id=_text(state.get("machine_id")),
+        cgroup=_text(state.get("cgroup")),
+        user=_text(state.get("user")),
     )
+    return Launched(run=run, cgroup_error=_text(state.get("cgroup_error")))
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+async def _remove_spec(executor: Executor, spec_path: str) -> None:
+    """Best effort: the supervisor did not get to delete the spec (and its secrets)."""
+    with contextlib.suppress(Exception):
+        await executor.run(["rm", "-f", "--", spec_path], timeout=15.0)
+
+
+async def host_identity(executor: Executor) -> tuple[str | None, str | None]:
+    """The host's ``(boot_id, machine_id)`` now, each ``None`` when it cannot be read."""
+    out: list[str | None] = []
+    for paths in (("/proc/sys/kernel/random/boot_id",),
+                  ("/etc/machine-id", "/var/lib/dbus/machine-id")):
+        value = None
+        for path in paths:
+            try:
+                value = (await executor.read_file(path, max_bytes=256)).decode(
+                    errors="replace").strip() or None
+            except OSError:
+                continue
+            if value:
+                break
+        out.append(value)
+    return out[0], out[1]
 
 
 async def read_state(executor: Executor, state_path: str) -> dict[str, Any] | None:

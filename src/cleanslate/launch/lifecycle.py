@@ -3,10 +3,19 @@
 :func:`start_server` is what ``cleanslate serve`` and each trial of ``cleanslate tune`` run;
 :func:`stop_server` is ``cleanslate stop`` / ``clean --run``. Every transition is recorded in the
 store as it happens, so a controller that dies leaves a record that the next one can act on.
+Once the engine is launched, *any* way out of :func:`start_server` other than a ready,
+smoke-tested server (a failure, a bug, a store error, Ctrl-C, a cancelled task) tears it down and
+verifies before the exception goes on.
+
+Secrets never reach the store: the record keeps the environment, flags and argv redacted, and
+log tails and failure details are scrubbed of the run's secret values
+(:func:`cleanslate.launch.launcher.scrubber_for`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fnmatch
 import os
 import time
@@ -15,15 +24,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleanslate.engines import EngineAdapter, SmokeResult, get_engine, smoke_test, validate_flags
+from cleanslate.engines import (
+    EngineAdapter,
+    Leftovers,
+    SmokeResult,
+    engine_class,
+    get_engine,
+    smoke_test,
+    validate_flags,
+)
+from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.config import ServeConfig
-from cleanslate.launch.launcher import LaunchError, LaunchRequest, launch, new_run_id
+from cleanslate.launch.launcher import (
+    LaunchError,
+    LaunchRequest,
+    host_identity,
+    launch,
+    new_run_id,
+    register_secrets,
+    scrubber_for,
+)
 from cleanslate.launch.ready import classify_run_log, log_tail, wait_ready
-from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV
+from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
+from cleanslate.redact import redact_argv
 from cleanslate.store import RunRecord, Store
-from cleanslate.teardown.teardown import ScopeSpec, TeardownReport, teardown
+from cleanslate.teardown.teardown import (
+    ScopeSpec,
+    TeardownReport,
+    skip_teardown,
+    teardown,
+    valid_cgroup,
+)
 from cleanslate.verdict.check import CheckOptions, CheckReport, check_hosts
 from cleanslate.verdict.findings import Verdict
 from cleanslate.verdict.rules import Scope
@@ -50,10 +83,21 @@ class StartOutcome:
     teardown: TeardownReport | None = None
     validation_note: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    cgroup_note: str | None = None
 
 
 def adapter_for(config: ServeConfig, executor: Executor) -> EngineAdapter:
+    """The engine adapter for a server config: ``launch``, ``argv`` (engine ``command``),
+    ``readiness_path`` and ``python`` passed through."""
     options: dict[str, Any] = {}
+    if config.engine == "command":
+        if config.launch:
+            raise InputError("engine command takes argv: (the whole command, with {port}), "
+                             "not launch:", where="launch")
+        options["argv"] = config.argv
+    elif config.argv:
+        raise InputError(f"argv: is the template of engine command, not of {config.engine}",
+                         where="argv", hint="use launch: to change how the engine starts")
     if config.launch:
         options["launch"] = config.launch
     if config.readiness_path:
@@ -95,10 +139,10 @@ def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float 
                         timeout=timeout)
 
 
-def shm_remover(run: RunRecord, adapter: EngineAdapter) -> Callable[[Snapshot], list[str]]:
+def shm_remover(run: RunRecord, leftovers: Leftovers) -> Callable[[Snapshot], list[str]]:
     """Pick the run's own ``/dev/shm`` files: matching the engine's leftovers (or the generic
     patterns), absent before the launch, and modified after it started."""
-    globs = adapter.leftovers.shm_globs
+    globs = leftovers.shm_globs
 
     def pick(snapshot: Snapshot) -> list[str]:
         before = set(run.shm_before)
@@ -160,21 +204,44 @@ async def start_server(
                             argv=tuple(argv), flags=dict(config.flags), env=env,
                             gpus=tuple(config.gpus) if config.gpus is not None else None,
                             run_dir=run_dir, study=study, trial=trial)
+    scrub = register_secrets(run_id, env, dict(config.flags))
     t0 = time.monotonic()
-    say(f"launching {run_id}: {' '.join(argv)}")
+    say(f"launching {run_id}: {' '.join(redact_argv(argv))}")
     try:
-        run = await launch(executor, request)
+        launched = await launch(executor, request)
     except LaunchError as exc:
-        return StartOutcome(run=None, ok=False, cause="launch_failed", detail=str(exc),
+        return StartOutcome(run=None, ok=False, cause="launch_failed", detail=scrub(str(exc)),
                             validation_note=note, phases=phases)
+    except BaseException:
+        # Launched or not, nothing is recorded yet: end whatever carries the run's marker.
+        await _abandon_launch(executor, run_id, gpu_backend, say)
+        raise
+    run = launched.run
+    if launched.cgroup_error:
+        say(f"no cgroup for this run: {launched.cgroup_error}")
     phases["launch_s"] = round(time.monotonic() - t0, 3)
     snapshot_shm = tuple(e for e in before.hosts[0].findings if e.kind == "shm_leftover")
     run = run.model_copy(update={
         "verdict_before": before.model_dump(mode="json"),
         "shm_before": tuple(str(f.evidence.get("name")) for f in snapshot_shm),
     })
-    store.save_run(run)
+    try:
+        outcome = await _after_launch(executor, store, adapter, run, config, phases, note,
+                                      gpu_backend, verify_deadline_s, say)
+    except BaseException as exc:
+        await _cleanup_after_error(executor, store, run, config, exc, gpu_backend,
+                                   verify_deadline_s, say)
+        raise
+    outcome.cgroup_note = launched.cgroup_error
+    return outcome
 
+
+async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter,
+                        run: RunRecord, config: ServeConfig, phases: dict[str, float],
+                        note: str | None, gpu_backend: str, verify_deadline_s: float,
+                        say: Progress) -> StartOutcome:
+    """Ready and smoke test of a launched run; a failure is torn down and recorded here."""
+    store.save_run(run)
     say(f"waiting until ready (timeout {config.ready_timeout_s:g} s)")
     t0 = time.monotonic()
     ready = await wait_ready(executor, adapter, run, timeout=config.ready_timeout_s)
@@ -209,11 +276,42 @@ async def start_server(
     return StartOutcome(run=run, ok=True, smoke=smoke, validation_note=note, phases=phases)
 
 
+async def _abandon_launch(executor: Executor, run_id: str, gpu_backend: str,
+                          say: Progress) -> None:
+    """Tear down a launch that was interrupted before its record existed (by its marker)."""
+    with contextlib.suppress(BaseException):
+        say(f"interrupted during launch: ending whatever carries {run_id}")
+        await asyncio.shield(teardown(executor, ScopeSpec(
+            marker=run_id, exclude_roots=frozenset({os.getpid()})), grace_s=5.0))
+
+
+async def _cleanup_after_error(executor: Executor, store: Store, run: RunRecord,
+                               config: ServeConfig, exc: BaseException, gpu_backend: str,
+                               verify_deadline_s: float, say: Progress) -> None:
+    """Tear down and verify a run whose start raised (a bug, a store error, Ctrl-C, a cancelled
+    task), and record it ``failed`` if the store still answers. Never raises: the caller
+    re-raises the original exception."""
+    interrupted = isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit))
+    cause = "interrupted" if interrupted else "error"
+    detail = "interrupted while starting" if interrupted else \
+        f"{type(exc).__name__} while starting: {scrubber_for(run.id)(str(exc)) or ''}"
+    say(f"{detail}: tearing down")
+    try:
+        await asyncio.shield(stop_server(
+            executor, store, run, grace_s=min(config.grace_s, 10.0), gpu_backend=gpu_backend,
+            verify_deadline_s=verify_deadline_s, status="failed", cause=cause, detail=detail,
+            progress=say))
+    except BaseException as second:  # the first exception is the one the caller raises
+        say(f"teardown after the error failed too: {type(second).__name__}: {second}")
+
+
 async def _fail(executor: Executor, store: Store, adapter: EngineAdapter, run: RunRecord,
                 config: ServeConfig, cause: str, detail: str | None, phases: dict[str, float],
                 note: str | None, gpu_backend: str, verify_deadline_s: float,
                 say: Progress) -> StartOutcome:
-    tail = await log_tail(executor, run)
+    scrub = scrubber_for(run.id)
+    tail = scrub(await log_tail(executor, run)) or ""
+    detail = scrub(detail)
     say(f"failed ({cause}): tearing down")
     t0 = time.monotonic()
     report = await stop_server(executor, store, run, grace_s=min(config.grace_s, 10.0),
@@ -240,29 +338,58 @@ async def stop_server(
     log_tail_text: str | None = None,
     progress: Progress | None = None,
 ) -> TeardownReport:
-    """Teardown of a recorded run (DESIGN section 4), verification, and the record updated."""
-    adapter = get_engine(run.engine) if run.engine != "command" else get_engine(
-        "command", launch=list(run.argv))
-    spec = ScopeSpec(
-        root=(run.pid, run.create_time) if run.pid and run.create_time else None,
-        supervisor=(run.supervisor_pid, run.supervisor_create_time)
-        if run.supervisor_pid and run.supervisor_create_time else None,
-        pgid=run.pgid, sid=run.sid, marker=run.marker, not_before=run.started_at,
-        exclude_roots=frozenset({os.getpid()}),
-    )
-    report = await teardown(
-        executor, spec, grace_s=grace_s,
-        verify=verify_options(run, gpu_backend=gpu_backend),
-        verify_deadline_s=verify_deadline_s,
-        remove_shm=shm_remover(run, adapter), progress=progress,
-    )
+    """Teardown of a recorded run (DESIGN section 4), verification, and the record updated.
+
+    A record from another boot of the host names no live process: nothing is signalled, the
+    host is verified, and the record is closed (``host_rebooted``). A record from another
+    machine (a shared store, the same host name) is refused with exit code 2 and left as it is:
+    the run may be alive there. The teardown always runs to its end before the store is
+    written; a store error is raised after it.
+    """
+    say = progress or (lambda _m: None)
+    scrub = scrubber_for(run.id)
+    leftovers = engine_class(run.engine).leftovers
+    verify = verify_options(run, gpu_backend=gpu_backend)
+    boot_id, machine_id = await host_identity(executor)
+    if run.machine_id and machine_id and run.machine_id != machine_id:
+        reason = (f"run {run.id} was launched on machine {run.machine_id}, and {executor.name} "
+                  f"is machine {machine_id}: stop it from that machine")
+        return await skip_teardown(executor, reason, 2, progress=say)
+    if run.boot_id and boot_id and run.boot_id != boot_id:
+        reason = (f"run {run.id} was launched on boot {run.boot_id} of {executor.name}, which "
+                  f"has rebooted since (boot {boot_id}): its processes cannot exist any more")
+        report = await skip_teardown(executor, reason, None, verify=verify,
+                                     verify_deadline_s=verify_deadline_s, progress=say)
+        status, cause, detail = "stopped", cause or "host_rebooted", detail or reason
+    else:
+        cgroup = valid_cgroup(run.cgroup, run.id)
+        if run.cgroup and cgroup is None:
+            say(f"ignoring the recorded cgroup {run.cgroup!r}: not this run's")
+        backend = None
+        if gpu_backend != "none":
+            with contextlib.suppress(InputError):
+                backend = await resolve_backend(gpu_backend, executor)
+        spec = ScopeSpec(
+            root=(run.pid, run.create_time) if run.pid and run.create_time else None,
+            supervisor=(run.supervisor_pid, run.supervisor_create_time)
+            if run.supervisor_pid and run.supervisor_create_time else None,
+            pgid=run.pgid, sid=run.sid, marker=run.marker, signature=run.engine,
+            gpus=frozenset(run.gpus) if run.gpus is not None else None, port=run.port,
+            cgroup=cgroup, not_before=run.started_at, not_after=run.stopped_at,
+            exclude_roots=frozenset({os.getpid()}),
+        )
+        report = await teardown(
+            executor, spec, grace_s=grace_s, verify=verify,
+            verify_deadline_s=verify_deadline_s,
+            remove_shm=shm_remover(run, leftovers), progress=say, gpu=backend,
+        )
     if log_tail_text is None and status != "stopped":
         log_tail_text = await log_tail(executor, run)
     updated = run.model_copy(update={
         "status": status if run.status not in ("stopped", "failed") else run.status,
         "cause": cause or run.cause,
-        "detail": detail or run.detail,
-        "log_tail": log_tail_text if log_tail_text is not None else run.log_tail,
+        "detail": scrub(detail) or run.detail,
+        "log_tail": scrub(log_tail_text) if log_tail_text is not None else run.log_tail,
         "stopped_at": time.time(),
         "teardown": report.model_dump(mode="json", exclude={"verify"}),
         "verdict_after": report.verify.model_dump(mode="json") if report.verify else None,

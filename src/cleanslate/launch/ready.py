@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cleanslate.engines import EngineAdapter
 from cleanslate.hosts.base import Executor
-from cleanslate.launch.launcher import read_state
+from cleanslate.launch.launcher import read_state, scrubber_for
 from cleanslate.store import RunRecord
 
 LOG_TAIL_BYTES = 6000
@@ -33,12 +33,13 @@ class ReadyResult(BaseModel):
 
 
 async def log_tail(executor: Executor, run: RunRecord, max_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The last ``max_bytes`` of the run's log ('' when there is none yet)."""
+    """The last ``max_bytes`` of the run's log ('' when there is none yet), scrubbed of the
+    run's secrets (:func:`~cleanslate.launch.launcher.scrubber_for`)."""
     try:
         data = await executor.read_file(run.log_path, max_bytes=max_bytes, tail=True)
     except (FileNotFoundError, OSError):
         return ""
-    return data.decode(errors="replace")
+    return scrubber_for(run.id)(data.decode(errors="replace")) or ""
 
 
 async def classify_run_log(executor: Executor, adapter: EngineAdapter, run: RunRecord,
@@ -52,7 +53,7 @@ async def classify_run_log(executor: Executor, adapter: EngineAdapter, run: RunR
     crash = adapter.classify_log(text, returncode=returncode)
     if crash is None:
         return None
-    return str(crash.cause), crash.line
+    return str(crash.cause), scrubber_for(run.id)(crash.line) or ""
 
 
 async def wait_ready(

@@ -1,27 +1,47 @@
 """Teardown: end exactly what a run owns, then verify the host is clean (DESIGN section 4).
 
-Scope is what the run owns: its recorded root PID, its process group and session, every process
-carrying its ``CLEANSLATE_RUN`` marker, and the descendants of all of these found *before the
-first signal* (after a parent dies, parent links are gone). Nothing outside the scope is ever
-signalled; every signal goes through :mod:`cleanslate.teardown._signal`, which checks PID and
-start time so a reused PID is never hit.
+**Scope** (:func:`resolve_scope`, pure over a snapshot; the rules are in ``docs/teardown.md``).
+A process is in scope when one of these selects it:
 
-1. snapshot the scope; 2. SIGTERM the root and wait up to ``grace_s`` (engines free and unpin
-memory here); 3. SIGTERM the rest, wait ``term_wait_s``; re-scan (markers catch setsid'd
-grandchildren) and SIGKILL whatever is still in scope, until a scan finds nothing; 4. report
-D-state survivors instead of hanging; 5. remove the run's own ``/dev/shm`` files and verify with
-``check --until-clean`` on the run's GPUs and port. A ``/dev/shm`` file that a live process
-still maps or holds open is never removed: once the scope is gone, its holder is someone else's
-(another run, a benchmark client), whatever its name and time say.
+- ``root`` / ``supervisor``: the recorded PID *with* its recorded start time;
+- ``cgroup``: a member of the run's own cgroup (v2), which no descendant leaves by forking,
+  renaming or re-executing itself;
+- ``marker``: ``CLEANSLATE_RUN=<run id>`` in its environment;
+- ``process group`` / ``session``: its group or session number equals the run's *and* it started
+  between the run's start (less :data:`START_SLACK_S`) and its end (``stopped_at``, else now)
+  *and* it carries the engine's process signature or holds the run's GPUs or port. vLLM's and
+  SGLang's workers rename themselves (``setproctitle`` wipes ``/proc/PID/environ``, so their
+  marker is unreadable) and, once their parents are SIGKILLed, only their group links them to
+  the run: they match the engine's signature. A bare number match never selects anything (PID
+  reuse, a store shared between machines). When the run has a cgroup these two paths are off:
+  the cgroup says who is the run's;
+- ``named`` / ``engine``: what ``clean --pid`` / ``clean --engine`` ask for;
+- ``descendant``: a child, at any depth, of a selected process, found *before the first signal*.
+
+**Never** selected, by any path: PID 1, kernel threads, this process's ancestors (locally; the
+collector's ancestors on a remote host), the members of this process's session, and this
+process's own children (:func:`protected_pids`).
+
+Every signal goes through :mod:`cleanslate.teardown._signal`, which checks PID and start time so
+a reused PID is never hit. 1. snapshot the scope; 2. SIGTERM the root and wait up to
+``grace_s`` (engines free and unpin memory here); 3. SIGTERM the rest, wait ``term_wait_s``;
+re-scan (markers and the cgroup catch setsid'd grandchildren) and SIGKILL whatever is still in
+scope (``cgroup.kill`` too, race-free against forks), until a scan finds nothing; 4. report
+D-state survivors instead of hanging; 5. remove the run's empty cgroup and its own ``/dev/shm``
+files and verify with ``check --until-clean`` on the run's GPUs and port. A ``/dev/shm`` file
+that a live process still maps or holds open is never removed: once the scope is gone, its
+holder is someone else's (another run, a benchmark client), whatever its name and time say.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import posixpath
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -29,6 +49,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cleanslate.hosts.base import Executor
+from cleanslate.probe.gpu.base import GpuBackend
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
 from cleanslate.probe.snapshot import ProcessInfo, Snapshot
@@ -36,32 +57,61 @@ from cleanslate.verdict.check import CheckOptions, CheckReport, check_until_clea
 from cleanslate.verdict.rules import excluded_pids
 
 #: Why a process is in scope.
-ROOT, SUPERVISOR, GROUP, SESSION, MARKER, DESCENDANT, NAMED, ENGINE = (
+ROOT, SUPERVISOR, GROUP, SESSION, MARKER, DESCENDANT, NAMED, ENGINE, CGROUP = (
     "root", "supervisor", "process group", "session", "marker", "descendant", "named", "engine",
+    "cgroup",
 )
+
+#: Seconds before the run's recorded start that a process found by its group, session or cgroup
+#: may have started: ``/proc/stat``'s boot time is whole seconds, so a start time read from
+#: ``/proc`` can be up to one second early, and the run's start is taken just before launch.
+START_SLACK_S = 2.0
+#: Seconds after the run's recorded end that a process found by its group or session may start.
+END_SLACK_S = 2.0
+
+#: Why a process is never selected (:func:`protected_pids`).
+PROTECTED_INIT = "PID 1 (init)"
+PROTECTED_KTHREAD = "a kernel thread"
+PROTECTED_ANCESTOR = "an ancestor of this cleanslate process (its shell, terminal or login)"
+PROTECTED_SESSION = "in this cleanslate process's session (the terminal session it runs in)"
+PROTECTED_OWN = "this cleanslate process or a command it started"
 
 
 @dataclass(frozen=True)
 class Target:
-    """A process in scope, identified by PID *and* start time."""
+    """A process in scope, identified by PID *and* start time. ``protected`` says why a process
+    that a selection path matched was left alone (``None`` for a real target)."""
 
     pid: int
     create_time: float
     comm: str
     command: str
     why: str
+    uid: int | None = None
+    user: str | None = None
+    protected: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "create_time": self.create_time, "comm": self.comm,
-                "command": self.command[:200], "why": self.why}
+        out: dict[str, Any] = {"pid": self.pid, "create_time": self.create_time,
+                               "comm": self.comm, "command": self.command[:200],
+                               "why": self.why, "uid": self.uid, "user": self.user}
+        if self.protected is not None:
+            out["protected"] = self.protected
+        return out
 
 
 @dataclass(frozen=True)
 class ScopeSpec:
     """What to tear down. Any combination; the scope is the union plus descendants.
 
-    ``not_before``: processes created earlier than this epoch time are not the run's even if
-    they share a (reused) process group or session number.
+    ``pgid`` / ``sid`` select a process only with the evidence described in the module
+    docstring: a start time in ``[not_before - START_SLACK_S, (not_after or now) +
+    END_SLACK_S]`` and a match of ``signature`` (an engine name) or a holding of ``gpus``
+    (``None``: any GPU) or of ``port``. ``cgroup`` is the run's cgroup directory; while it is
+    known, group and session numbers select nothing. ``engine`` selects every process with that
+    engine's signature (``clean --engine``); ``pids`` names processes (``clean --pid``).
+    ``exclude_roots`` are this process's PIDs (local executors only): their trees, ancestors
+    and session are protected.
     """
 
     root: tuple[int, float] | None = None
@@ -71,7 +121,12 @@ class ScopeSpec:
     marker: str | None = None
     pids: tuple[int, ...] = ()
     engine: str | None = None
+    signature: str | None = None
+    gpus: frozenset[int] | None = None
+    port: int | None = None
+    cgroup: str | None = None
     not_before: float | None = None
+    not_after: float | None = None
     exclude_roots: frozenset[int] = frozenset()
 
 
@@ -84,27 +139,44 @@ class SignalRound(BaseModel):
 
 
 class TeardownReport(BaseModel):
-    """What teardown did, and the verification that followed."""
+    """What teardown did, and the verification that followed.
+
+    ``refused`` is set when nothing was signalled because the record cannot name processes of
+    this host (another boot or another machine); ``refused_code`` is then the exit code (2 for
+    another machine: the run may be alive there; the verification's code for another boot).
+    """
 
     model_config = ConfigDict(frozen=True)
 
     targets: tuple[dict[str, Any], ...]
+    left_alone: tuple[dict[str, Any], ...] = Field(
+        default=(), description="processes a selection path matched but that are protected")
     rounds: tuple[SignalRound, ...] = ()
     killed: tuple[int, ...] = Field(default=(), description="PIDs that needed SIGKILL")
     root_exit_s: float | None = None
     d_state: tuple[int, ...] = ()
     survivors: tuple[int, ...] = ()
+    cgroup: str | None = None
+    cgroup_killed: bool = False
+    cgroup_removed: bool = False
+    cgroup_left: tuple[int, ...] = Field(
+        default=(), description="PIDs still in the run's cgroup at the end")
     shm_removed: tuple[str, ...] = ()
     shm_in_use: tuple[str, ...] = Field(
         default=(), description="the run's candidates left alone: a live process holds them")
+    refused: str | None = None
+    refused_code: int | None = None
     elapsed_s: float
     verify: CheckReport | None = None
 
     @property
     def exit_code(self) -> int:
+        if self.refused_code == 2:
+            return 2
         if self.verify is not None:
-            return self.verify.exit_code
-        return 1 if self.survivors else 0
+            code = self.verify.exit_code
+            return 1 if code == 0 and (self.survivors or self.cgroup_left) else code
+        return 1 if self.survivors or self.cgroup_left else 0
 
 
 @cache
@@ -149,37 +221,149 @@ async def shm_in_use(executor: Executor, names: Iterable[str], directory: str = 
     return held
 
 
-def resolve_scope(snapshot: Snapshot, spec: ScopeSpec) -> list[Target]:
-    """The processes of the snapshot that ``spec`` owns, with their descendants."""
-    own = excluded_pids(snapshot, spec.exclude_roots)
+def is_kernel_thread(proc: ProcessInfo) -> bool:
+    """kthreadd (PID 2) and its children; kernel threads have no command line, and their group
+    and session are 0."""
+    if proc.pid == 2 or proc.ppid == 2:
+        return True
+    return not proc.cmdline and proc.pgid == 0 and proc.sid == 0 and proc.ppid == 0 \
+        and proc.pid != 1
+
+
+def protected_pids(snapshot: Snapshot, exclude_roots: Collection[int] = ()) -> dict[int, str]:
+    """``{pid: reason}`` for the processes teardown never selects, by any path: PID 1, kernel
+    threads, the ancestors of ``exclude_roots`` (this process, locally) and of the collector
+    (its SSH session on a remote host), the members of their sessions, and the trees under
+    ``exclude_roots`` (the commands this process started). A session number of 0 (the leader
+    is outside this PID namespace) names no session and protects nothing."""
     by_pid = {p.pid: p for p in snapshot.processes}
-    chosen: dict[int, str] = {}
-
-    def recent(proc: ProcessInfo) -> bool:
-        return spec.not_before is None or proc.create_time >= spec.not_before - 1.0
-
+    out: dict[int, str] = {}
     for proc in snapshot.processes:
-        if proc.pid in own:
+        if proc.pid == 1:
+            out[proc.pid] = PROTECTED_INIT
+        elif is_kernel_thread(proc):
+            out[proc.pid] = PROTECTED_KTHREAD
+    starts = [*exclude_roots]
+    if snapshot.collector_pid is not None:
+        starts.append(snapshot.collector_pid)
+    sessions: set[int] = set()
+    for start in starts:
+        me = by_pid.get(start)
+        if me is None:
             continue
-        why = None
+        if me.sid > 0:
+            sessions.add(me.sid)
+        seen = {start}
+        parent = by_pid.get(me.ppid)
+        while parent is not None and parent.pid not in seen:
+            seen.add(parent.pid)
+            out.setdefault(parent.pid, PROTECTED_ANCESTOR)
+            parent = by_pid.get(parent.ppid)
+    if sessions:
+        for proc in snapshot.processes:
+            if proc.sid in sessions:
+                out.setdefault(proc.pid, PROTECTED_SESSION)
+    for pid in excluded_pids(snapshot, exclude_roots):
+        out.setdefault(pid, PROTECTED_OWN)
+    return out
+
+
+def _gpu_holders(snapshot: Snapshot, gpus: frozenset[int] | None) -> set[int]:
+    """PIDs that hold one of ``gpus`` (``None``: any GPU): compute processes the GPU backend
+    listed, and holders of ``/dev/nvidiaN``."""
+    out: set[int] = set()
+    for gpu in snapshot.gpu.gpus:
+        if gpus is None or gpu.index in gpus:
+            out.update(p.pid for p in gpu.processes)
+    for holder in snapshot.device_holders:
+        for device in holder.devices:
+            suffix = device.removeprefix("/dev/nvidia")
+            if suffix.isdigit() and (gpus is None or int(suffix) in gpus):
+                out.add(holder.pid)
+    return out
+
+
+def _port_owners(snapshot: Snapshot, port: int | None) -> set[int]:
+    if port is None:
+        return set()
+    return {pid for sock in snapshot.sockets if sock.port == port for pid in sock.pids}
+
+
+def resolve_scope(snapshot: Snapshot, spec: ScopeSpec, *,
+                  cgroup_members: Collection[int] | None = None,
+                  now: float | None = None) -> list[Target]:
+    """The processes of the snapshot that ``spec`` owns, with their descendants (see the module
+    docstring). ``cgroup_members`` are the PIDs read from the run's ``cgroup.procs`` (``None``:
+    the run has no cgroup, or it could not be read). Pure: reads nothing but its arguments."""
+    return scope_and_protected(snapshot, spec, cgroup_members=cgroup_members, now=now)[0]
+
+
+def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
+                        cgroup_members: Collection[int] | None = None,
+                        now: float | None = None) -> tuple[list[Target], list[Target]]:
+    """:func:`resolve_scope`, plus the processes a selection path matched but that are
+    protected (each with ``protected`` saying why)."""
+    protected = protected_pids(snapshot, spec.exclude_roots)
+    by_pid = {p.pid: p for p in snapshot.processes}
+    members = frozenset(cgroup_members) if cgroup_members is not None else None
+    by_number = members is None  # a known cgroup replaces group and session numbers
+    end = (spec.not_after if spec.not_after is not None else
+           (time.time() if now is None else now)) + END_SLACK_S
+    start = None if spec.not_before is None else spec.not_before - START_SLACK_S
+    holders = _gpu_holders(snapshot, spec.gpus) | _port_owners(snapshot, spec.port)
+    signature = spec.signature
+    if signature is not None:
+        from cleanslate.engines.signatures import signatures
+
+        if signature not in {s.engine for s in signatures()}:
+            signature = None  # an engine without a signature (``command``)
+
+    def in_window(proc: ProcessInfo) -> bool:
+        return (start is None or proc.create_time >= start) and proc.create_time <= end
+
+    def evidence(proc: ProcessInfo) -> bool:
+        if proc.pid in holders:
+            return True
+        if signature is None:
+            return False
+        from cleanslate.engines.signatures import match_engine
+
+        return match_engine(proc.comm, proc.cmdline, [signature]) is not None
+
+    def select(proc: ProcessInfo) -> str | None:
         if spec.root and proc.pid == spec.root[0] and _same(proc, spec.root[1]):
-            why = ROOT
-        elif spec.supervisor and proc.pid == spec.supervisor[0] and _same(proc, spec.supervisor[1]):
-            why = SUPERVISOR
-        elif spec.marker is not None and proc.run_marker == spec.marker:
-            why = MARKER
-        elif spec.pgid is not None and proc.pgid == spec.pgid and recent(proc):
-            why = GROUP
-        elif spec.sid is not None and proc.sid == spec.sid and recent(proc):
-            why = SESSION
-        elif proc.pid in spec.pids:
-            why = NAMED
-        elif spec.engine is not None:
+            return ROOT
+        if spec.supervisor and proc.pid == spec.supervisor[0] \
+                and _same(proc, spec.supervisor[1]):
+            return SUPERVISOR
+        if members is not None and proc.pid in members and (
+                start is None or proc.create_time >= start):
+            return CGROUP
+        if spec.marker is not None and proc.run_marker == spec.marker:
+            return MARKER
+        if by_number and (
+                (spec.pgid is not None and proc.pgid == spec.pgid)
+                or (spec.sid is not None and proc.sid == spec.sid)) \
+                and in_window(proc) and evidence(proc):
+            return GROUP if spec.pgid is not None and proc.pgid == spec.pgid else SESSION
+        if proc.pid in spec.pids:
+            return NAMED
+        if spec.engine is not None:
             from cleanslate.engines.signatures import match_engine
 
             if match_engine(proc.comm, proc.cmdline, [spec.engine]):
-                why = ENGINE
-        if why is not None:
+                return ENGINE
+        return None
+
+    chosen: dict[int, str] = {}
+    refused: dict[int, str] = {}
+    for proc in snapshot.processes:
+        why = select(proc)
+        if why is None:
+            continue
+        if proc.pid in protected:
+            refused[proc.pid] = why
+        else:
             chosen[proc.pid] = why
     children: dict[int, list[int]] = {}
     for proc in snapshot.processes:
@@ -187,26 +371,123 @@ def resolve_scope(snapshot: Snapshot, spec: ScopeSpec) -> list[Target]:
     stack = list(chosen)
     while stack:
         for child in children.get(stack.pop(), ()):
-            if child not in chosen and child not in own:
-                chosen[child] = DESCENDANT
-                stack.append(child)
-    return [
-        Target(pid, by_pid[pid].create_time, by_pid[pid].comm, by_pid[pid].command, why)
-        for pid, why in chosen.items()
-        if by_pid[pid].state != "Z"
-    ]
+            if child in chosen or child in refused:
+                continue
+            if child in protected:
+                refused[child] = DESCENDANT  # and its own children are not walked into
+                continue
+            chosen[child] = DESCENDANT
+            stack.append(child)
+
+    def target(pid: int, why: str, reason: str | None = None) -> Target:
+        proc = by_pid[pid]
+        return Target(pid, proc.create_time, proc.comm, proc.command, why, uid=proc.uid,
+                      protected=reason)
+
+    return (
+        [target(pid, why) for pid, why in chosen.items() if by_pid[pid].state != "Z"],
+        [target(pid, why, protected[pid]) for pid, why in refused.items()],
+    )
 
 
 def _same(proc: ProcessInfo, create_time: float) -> bool:
     return abs(proc.create_time - create_time) <= 0.02
 
 
-async def _scan(executor: Executor, spec: ScopeSpec) -> list[Target]:
-    snapshot = await probe_host(executor, NoGpuBackend(), timeout=15.0)
+def valid_cgroup(path: str | None, run_id: str) -> str | None:
+    """``path`` when it can be the run's own cgroup (an absolute, normalised path whose last
+    part is ``cleanslate-<run id>``), else ``None``: a record from a shared store must not be
+    able to point teardown at another cgroup (``cgroup.kill`` ends everything in it)."""
+    if not path or not path.startswith("/") or posixpath.normpath(path) != path:
+        return None
+    return path if posixpath.basename(path) == f"cleanslate-{run_id}" else None
+
+
+async def read_cgroup_members(executor: Executor, cgroup: str) -> frozenset[int] | None:
+    """The PIDs in ``cgroup`` (an empty set when it no longer exists: a populated cgroup
+    cannot be removed), or ``None`` when it cannot be read."""
+    try:
+        data = await executor.read_file(f"{cgroup}/cgroup.procs", max_bytes=1 << 22)
+    except FileNotFoundError:
+        return frozenset()
+    except OSError:
+        return None
+    try:
+        return frozenset(int(line) for line in data.split() if line.strip())
+    except ValueError:
+        return None
+
+
+async def _user_names(executor: Executor, uids: Iterable[int | None],
+                      cache: dict[int, str | None]) -> None:
+    """Fill ``cache`` with the host's user names for ``uids`` (``None`` where unknown)."""
+    wanted = sorted({u for u in uids if u is not None and u not in cache})
+    if not wanted:
+        return
+    if executor.is_local:
+        import pwd
+
+        for uid in wanted:
+            try:
+                cache[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                cache[uid] = None
+        return
+    code = ("import json, pwd, sys\nout = {}\nfor u in json.loads(sys.argv[1]):\n"
+            "    try: out[u] = pwd.getpwuid(u).pw_name\n    except KeyError: out[u] = None\n"
+            "print(json.dumps(out))\n")
+    result = await executor.run([executor.python, "-I", "-S", "-c", code, json.dumps(wanted)],
+                                timeout=15.0)
+    names: dict[str, Any] = {}
+    if result.ok:
+        try:
+            names = json.loads(result.stdout)
+        except ValueError:
+            names = {}
+    for uid in wanted:
+        value = names.get(str(uid))
+        cache[uid] = str(value) if value is not None else None
+
+
+@dataclass
+class _Scan:
+    targets: list[Target]
+    protected: list[Target]
+    members: frozenset[int] | None
+
+
+async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None = None,
+                users: dict[int, str | None] | None = None) -> _Scan:
+    if not executor.is_local:
+        spec = replace(spec, exclude_roots=frozenset())  # our PIDs mean nothing there
+    ports = [spec.port] if spec.port is not None and (spec.pgid or spec.sid) else []
+    snapshot = await probe_host(executor, NoGpuBackend(), ports=ports, timeout=15.0)
     if not snapshot.sources or not all(s.ok for s in snapshot.sources if s.name == "processes"):
         raise OSError(f"could not list processes on {executor.name}: "
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
-    return resolve_scope(snapshot, spec)
+    members = await read_cgroup_members(executor, spec.cgroup) if spec.cgroup else None
+    if gpu is not None and members is None and (spec.pgid or spec.sid) \
+            and not isinstance(gpu, NoGpuBackend):
+        # GPU holdings are evidence for group and session members; read them only when needed.
+        # A failed reading only means no GPU evidence.
+        with contextlib.suppress(Exception):
+            reading = await asyncio.wait_for(gpu.read(executor, 15.0), 17.0)
+            if reading.ok:
+                snapshot = snapshot.model_copy(update={"gpu": reading})
+    targets, protected = scope_and_protected(snapshot, spec, cgroup_members=members)
+    if users is not None:
+        await _user_names(executor, [t.uid for t in (*targets, *protected)], users)
+        targets = [replace(t, user=users.get(t.uid) if t.uid is not None else None)
+                   for t in targets]
+        protected = [replace(t, user=users.get(t.uid) if t.uid is not None else None)
+                     for t in protected]
+    return _Scan(targets, protected, members)
+
+
+async def scan_scope(executor: Executor, spec: ScopeSpec) -> tuple[list[Target], list[Target]]:
+    """The scope on the host now, and the protected processes a path matched (with owners)."""
+    scan = await _scan(executor, spec, users={})
+    return scan.targets, scan.protected
 
 
 async def _wait_gone(executor: Executor, targets: list[Target], seconds: float,
@@ -224,6 +505,22 @@ async def _wait_gone(executor: Executor, targets: list[Target], seconds: float,
     return alive
 
 
+async def _cgroup_kill(executor: Executor, cgroup: str) -> bool:
+    """Write ``1`` to the cgroup's ``cgroup.kill`` (SIGKILL to every member, forks included).
+    ``False`` when the kernel has no ``cgroup.kill`` (before 5.14) or it cannot be written."""
+    result = await executor.run(
+        ["sh", "-c", 'test -f "$1/cgroup.kill" && echo 1 > "$1/cgroup.kill"', "sh", cgroup],
+        timeout=15.0)
+    return result.ok
+
+
+async def _cgroup_remove(executor: Executor, cgroup: str) -> bool:
+    """Remove the (empty) cgroup; ``True`` when it is gone."""
+    result = await executor.run(
+        ["sh", "-c", 'test -d "$1" || exit 0; rmdir -- "$1"', "sh", cgroup], timeout=15.0)
+    return result.ok
+
+
 async def teardown(
     executor: Executor,
     spec: ScopeSpec,
@@ -235,19 +532,31 @@ async def teardown(
     verify_deadline_s: float = 60.0,
     remove_shm: Callable[[Snapshot], list[str]] | None = None,
     progress: Callable[[str], None] | None = None,
+    gpu: GpuBackend | None = None,
 ) -> TeardownReport:
-    """Tear down the scope (see the module docstring) and verify. Never signals outside it."""
+    """Tear down the scope (see the module docstring) and verify. Never signals outside it.
+
+    ``gpu`` reads GPU holdings, the evidence that admits a process found only by its group or
+    session number when it does not carry the engine's signature.
+    """
     started = time.monotonic()
     say = progress or (lambda _msg: None)
     rounds: list[SignalRound] = []
+    users: dict[int, str | None] = {}
 
     def stamp(signal: str, sent: Iterable[int]) -> None:
         rounds.append(SignalRound(at_s=round(time.monotonic() - started, 3), signal=signal,
                                   sent=tuple(sent)))
 
-    scope = await _scan(executor, spec)
+    first = await _scan(executor, spec, gpu=gpu, users=users)
+    scope = first.targets
     every: dict[int, Target] = {t.pid: t for t in scope}
-    say(f"{len(scope)} processes in scope")
+    left_alone: dict[int, Target] = {t.pid: t for t in first.protected}
+    say(f"{len(scope)} processes in scope"
+        + (f" (cgroup {spec.cgroup}: {len(first.members)} members)"
+           if first.members is not None else ""))
+    if left_alone:
+        say(f"left alone (protected): {', '.join(map(str, sorted(left_alone)))}")
     root_exit: float | None = None
     roots = [t for t in scope if t.why == ROOT] or [t for t in scope if t.why == NAMED]
     if roots:
@@ -267,30 +576,62 @@ async def teardown(
         await _wait_gone(executor, ordered, term_wait_s)
     killed: list[int] = []
     d_state: set[int] = set()
+    cgroup_killed = False
+    members = first.members
     for _attempt in range(5):
-        rescan = await _scan(executor, spec)
-        for t in rescan:
+        rescan = await _scan(executor, spec, gpu=gpu, users=users)
+        members = rescan.members
+        for t in rescan.targets:
             every.setdefault(t.pid, t)
+        for t in rescan.protected:
+            left_alone.setdefault(t.pid, t)
         alive = await _wait_gone(executor, list({**{t.pid: t for t in scope},
-                                                  **{t.pid: t for t in rescan}}.values()), 0.0)
+                                                  **{t.pid: t for t in rescan.targets}}.values()),
+                                 0.0)
         workers = [t for t in alive if t.why != SUPERVISOR]
-        if not workers:
+        if not workers and not members:
             break
+        # Race-free against forks: the kernel kills every member, new children included.
+        if spec.cgroup and members and not members & set(left_alone) \
+                and await _cgroup_kill(executor, spec.cgroup):
+            cgroup_killed = True
+            stamp("cgroup.kill", sorted(members))
+            killed += [pid for pid in sorted(members) if pid not in killed]
+            say(f"cgroup.kill on {spec.cgroup} ({len(members)} members)")
+        if not workers:
+            await asyncio.sleep(0.1)
+            continue
         sent = await send_signal(executor, workers, "SIGKILL")
         stamp("SIGKILL", sent["sent"])
         killed += [pid for pid in sent["sent"] if pid not in killed]
-        say(f"SIGKILL to {', '.join(map(str, sent['sent']))}")
+        if sent["sent"]:
+            say(f"SIGKILL to {', '.join(map(str, sent['sent']))}")
         still = await _wait_gone(executor, workers, kill_wait_s)
         d_state |= set((await send_signal(executor, still, "0"))["d_state"])
         if still and {t.pid for t in still} <= d_state:
             break  # uninterruptible: report, do not hang
-        scope = rescan
+        scope = rescan.targets
     # The supervisor (subreaper) exits by itself once its children are reaped; end it if not.
     supervisors = [t for t in every.values() if t.why == SUPERVISOR]
     if supervisors and await _wait_gone(executor, supervisors, 2.0):
         sent = await send_signal(executor, supervisors, "SIGKILL")
         stamp("SIGKILL", sent["sent"])
     survivors = await _wait_gone(executor, list(every.values()), 0.0)
+    cgroup_removed = False
+    cgroup_left: frozenset[int] = frozenset()
+    if spec.cgroup:
+        # Members leave a cgroup when they are reaped: give the last ones a moment.
+        deadline = time.monotonic() + 5.0
+        while True:
+            left = await read_cgroup_members(executor, spec.cgroup)
+            cgroup_left = left or frozenset()
+            if not cgroup_left or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        if not cgroup_left and left is not None:
+            cgroup_removed = await _cgroup_remove(executor, spec.cgroup)
+        if cgroup_left:
+            say(f"cgroup {spec.cgroup} still has {sorted(cgroup_left)}: not removed")
     shm_removed: list[str] = []
     held: list[str] = []
     if remove_shm is not None:
@@ -316,13 +657,50 @@ async def teardown(
                                          interval_s=0.25)
     return TeardownReport(
         targets=tuple(t.as_dict() for t in every.values()),
+        left_alone=tuple(t.as_dict() for t in left_alone.values()),
         rounds=tuple(rounds),
         killed=tuple(killed),
         root_exit_s=root_exit,
         d_state=tuple(sorted(d_state)),
         survivors=tuple(t.pid for t in survivors),
+        cgroup=spec.cgroup,
+        cgroup_killed=cgroup_killed,
+        cgroup_removed=cgroup_removed,
+        cgroup_left=tuple(sorted(cgroup_left)),
         shm_removed=tuple(shm_removed),
         shm_in_use=tuple(held),
         elapsed_s=round(time.monotonic() - started, 3),
         verify=report,
     )
+
+
+async def skip_teardown(
+    executor: Executor,
+    reason: str,
+    code: int | None,
+    *,
+    verify: CheckOptions | None = None,
+    verify_deadline_s: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> TeardownReport:
+    """A teardown that signals nothing (the record names no process of this host), with the
+    verification still run when ``verify`` is given."""
+    started = time.monotonic()
+    say = progress or (lambda _msg: None)
+    say(f"not signalling anything: {reason}")
+    report: CheckReport | None = None
+    if verify is not None:
+        say(f"verifying (until clean, deadline {verify_deadline_s:g} s)")
+        report = await check_until_clean([executor], verify, deadline_s=verify_deadline_s,
+                                         interval_s=0.25)
+    return TeardownReport(targets=(), refused=reason, refused_code=code,
+                          elapsed_s=round(time.monotonic() - started, 3), verify=report)
+
+
+__all__ = [
+    "CGROUP", "DESCENDANT", "ENGINE", "GROUP", "MARKER", "NAMED", "ROOT", "SESSION",
+    "SUPERVISOR", "ScopeSpec", "Target", "TeardownReport", "is_kernel_thread",
+    "protected_pids", "read_cgroup_members", "resolve_scope", "scan_scope",
+    "scope_and_protected", "send_signal", "shm_in_use", "skip_teardown", "teardown",
+    "valid_cgroup",
+]

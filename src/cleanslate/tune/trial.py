@@ -2,6 +2,11 @@
 
 ``verify clean -> launch -> ready -> smoke -> levels (ascending) -> teardown -> verify clean``.
 
+Whatever happens in this process once a server may have started (an exception in a level, a
+bug, a cancellation), the server is torn down, the host verified and the trial recorded: a
+trial is never left ``running`` by an exception here (only by a controller that is killed,
+which the next controller cleans up).
+
 A configuration that fails to start, runs out of memory, emits NaN, crashes under load or misses
 every SLO is a *result* (``infeasible``, with its cause and log tail). A host that is dirty
 before the trial and does not come clean, or that cannot be reached, is an *infrastructure*
@@ -16,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cleanslate.bench import SLO, BenchConfig, ClosedLoop, LevelResult, run_level
-from cleanslate.bench import workload_from_dict as _workload
+from cleanslate.bench import LevelResult, run_level
+from cleanslate.bench._client import printable
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.config import ServeConfig
 from cleanslate.launch.lifecycle import (
@@ -51,7 +56,7 @@ def serve_config(spec: StudySpec, params: dict[str, Any]) -> ServeConfig:
     """The server of one trial: the study's fixed flags plus the trial's parameters."""
     return ServeConfig(
         engine=spec.engine, model=spec.model, host=spec.host, port=spec.port, gpus=spec.gpus,
-        flags={**spec.fixed, **params}, env=dict(spec.env), launch=spec.launch,
+        flags={**spec.fixed, **params}, env=dict(spec.env), launch=spec.launch, argv=spec.argv,
         python=spec.python, readiness_path=spec.readiness_path,
         ready_timeout_s=spec.ready_timeout_s, smoke=spec.smoke,
         smoke_timeout_s=spec.smoke_timeout_s, grace_s=spec.grace_s,
@@ -136,16 +141,20 @@ async def run_trial(
     started = time.monotonic()
 
     outcome: StartOutcome | None = None
-    for attempt in range(spec.retries + 1):
-        outcome = await start_server(executor, store, config, gpu_backend=gpu_backend,
-                                     progress=say, study=spec.name, trial=number,
-                                     verify_deadline_s=spec.verify_deadline_s,
-                                     validate=False)
-        if outcome.refused is None:
-            break
-        say("host not clean before the trial: cleaning up this study's runs")
-        if await recover_host(executor, store, spec, say) == 0 and attempt == spec.retries:
-            break
+    try:
+        for attempt in range(spec.retries + 1):
+            outcome = await start_server(executor, store, config, gpu_backend=gpu_backend,
+                                         progress=say, study=spec.name, trial=number,
+                                         verify_deadline_s=spec.verify_deadline_s,
+                                         validate=False)
+            if outcome.refused is None:
+                break
+            say("host not clean before the trial: cleaning up this study's runs")
+            if await recover_host(executor, store, spec, say) == 0 and attempt == spec.retries:
+                break
+    except BaseException as exc:  # recorded, its runs stopped, then raised again
+        await _abandon(executor, store, spec, record, exc, {}, say)
+        raise
     assert outcome is not None
     if outcome.refused is not None:
         verdict, findings = _summary(outcome.refused.model_dump(mode="json"))
@@ -173,19 +182,48 @@ async def run_trial(
             "verdict_after": verdict_after, "findings_after": findings_after,
             "finished_at": time.time()}))
     assert run is not None
-    levels, level_verdicts, cause, detail, crashed = await _levels(
-        executor, spec, config, run, phases, say, stop)
+    levels: list[LevelResult] = []
+    level_verdicts: dict[str, str] = {}
+    cause: str | None = None
+    detail: str | None = None
+    crashed = False
+    failure: BaseException | None = None
+    try:
+        levels, level_verdicts, cause, detail, crashed = await _levels(
+            executor, spec, config, run, phases, say, stop)
+    except BaseException as exc:  # torn down, verified and recorded below, then raised again
+        failure = exc
+        cause, detail = "controller_error", _describe(exc)
+        say(f"error during the levels ({detail}): tearing down")
     say("teardown and verification")
     t0 = time.monotonic()
-    tail = await log_tail(executor, run) if cause else None
-    report = await stop_server(executor, store, run, grace_s=spec.grace_s,
-                               gpu_backend=gpu_backend, verify_deadline_s=spec.verify_deadline_s,
-                               status="crashed" if crashed else "stopped", cause=cause,
-                               detail=detail, log_tail_text=tail)
+    try:
+        tail = await log_tail(executor, run) if cause else None
+        report = await stop_server(executor, store, run, grace_s=spec.grace_s,
+                                   gpu_backend=gpu_backend,
+                                   verify_deadline_s=spec.verify_deadline_s,
+                                   status="crashed" if crashed else (
+                                       "failed" if failure is not None else "stopped"),
+                                   cause=cause, detail=detail, log_tail_text=tail)
+    except BaseException as exc:
+        # The run stays recorded as running: the next start of this study stops it.
+        phases["teardown_s"] = round(time.monotonic() - t0, 3)
+        store.save_trial(record.model_copy(update={
+            "status": "infra_failed", "cause": "teardown_failed",
+            "detail": _describe(exc) + (f" (after {detail})" if failure is not None else ""),
+            "phases": phases, "verdict_after": "unknown", "finished_at": time.time()}))
+        raise
     phases["teardown_s"] = round(time.monotonic() - t0, 3)
     phases["total_s"] = round(time.monotonic() - started, 3)
     after = report.verify.model_dump(mode="json") if report.verify else None
     verdict_after, findings_after = _summary(after)
+    if failure is not None:
+        store.save_trial(record.model_copy(update={
+            "status": "infra_failed", "cause": cause, "detail": detail,
+            "levels": tuple(lv.model_dump(mode="json") for lv in levels), "phases": phases,
+            "verdict_after": verdict_after, "findings_after": findings_after,
+            "finished_at": time.time()}))
+        raise failure
     if stop is not None and stop.is_set():
         store.save_trial(record.model_copy(update={
             "status": "infra_failed", "cause": "interrupted", "phases": phases,
@@ -209,6 +247,44 @@ async def run_trial(
         "finished_at": time.time()}))
 
 
+def _describe(exc: BaseException) -> str:
+    """An exception as one printable line: its type and message."""
+    text = str(exc)
+    return printable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: TrialRecord,
+                   exc: BaseException, phases: dict[str, float], say: Say) -> None:
+    """After an exception while a trial's server was starting: stop every run of this trial
+    the store says is starting or ready, and record the trial ``infra_failed``
+    (``controller_error``). Never raises for the teardown (the next start of the study stops
+    what is left: :func:`recover_host`)."""
+    detail = _describe(exc)
+    say(f"error while starting ({detail}): stopping what this trial started")
+    verdict_after = "unknown"
+    findings_after: tuple[dict[str, Any], ...] = ()
+    stopped_any = False
+    for run in store.runs(study=spec.name):
+        if run.trial != record.number or run.status not in ("starting", "ready"):
+            continue
+        try:
+            report = await stop_server(
+                executor, store, run, grace_s=min(spec.grace_s, 10.0),
+                verify_deadline_s=spec.verify_deadline_s, status="failed",
+                cause="controller_error", detail=detail)
+        except Exception as stop_exc:  # recorded below; recover_host tries again later
+            detail += f"; teardown failed: {_describe(stop_exc)}"
+            verdict_after = "unknown"
+            continue
+        stopped_any = True
+        after = report.verify.model_dump(mode="json") if report.verify else None
+        verdict_after, findings_after = _summary(after)
+    store.save_trial(record.model_copy(update={
+        "status": "infra_failed", "cause": "controller_error", "detail": detail,
+        "phases": phases, "verdict_after": verdict_after if stopped_any else "unknown",
+        "findings_after": findings_after, "finished_at": time.time()}))
+
+
 def _best(levels: list[LevelResult], spec: StudySpec) -> float | None:
     values = [lv.model_dump().get(spec.objective.metric) for lv in levels]
     numbers = [float(v) for v in values if isinstance(v, (int, float))]
@@ -223,17 +299,8 @@ async def _levels(
 ) -> tuple[list[LevelResult], dict[str, str], str | None, str | None, bool]:
     """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss."""
     limits = spec.slo_limits()
-    slo = SLO(**{k: v for k, v in (("ttft_ms", spec.slo.get("ttft_p99_ms")),
-                                   ("tpot_ms", spec.slo.get("tpot_p99_ms")),
-                                   ("e2e_ms", spec.slo.get("e2e_p99_ms"))) if v})
     adapter = adapter_for(config, executor)
-    bench = BenchConfig(
-        url=run.url, model=spec.model, endpoint=spec.endpoint,
-        workload=_workload(spec.workload, where="workload"),
-        loads=tuple(ClosedLoop(concurrency=c) for c in spec.concurrency),
-        num_prompts=spec.requests_per_level, duration_s=spec.duration_s_per_level,
-        seed=spec.seed, slo=slo, ignore_eos=adapter.accepts_ignore_eos,
-    )
+    bench = spec.bench_config(run.url, ignore_eos=adapter.accepts_ignore_eos)
     levels: list[LevelResult] = []
     verdicts: dict[str, str] = {}
     cause = detail = None
