@@ -222,12 +222,10 @@ async def shm_in_use(executor: Executor, names: Iterable[str], directory: str = 
 
 
 def is_kernel_thread(proc: ProcessInfo) -> bool:
-    """kthreadd (PID 2) and its children; kernel threads have no command line, and their group
-    and session are 0."""
-    if proc.pid == 2 or proc.ppid == 2:
-        return True
-    return not proc.cmdline and proc.pgid == 0 and proc.sid == 0 and proc.ppid == 0 \
-        and proc.pid != 1
+    """kthreadd and its children: no command line, group and session 0, parent 0 or kthreadd
+    (PID 2 on the host; in a PID namespace PID 2 is an ordinary process, with a command line)."""
+    return (not proc.cmdline and proc.pgid == 0 and proc.sid == 0 and proc.ppid in (0, 2)
+            and proc.pid != 1 and proc.state != "Z")
 
 
 def protected_pids(snapshot: Snapshot, exclude_roots: Collection[int] = ()) -> dict[int, str]:
@@ -243,6 +241,8 @@ def protected_pids(snapshot: Snapshot, exclude_roots: Collection[int] = ()) -> d
             out[proc.pid] = PROTECTED_INIT
         elif is_kernel_thread(proc):
             out[proc.pid] = PROTECTED_KTHREAD
+    for pid in excluded_pids(snapshot, exclude_roots):
+        out.setdefault(pid, PROTECTED_OWN)
     starts = [*exclude_roots]
     if snapshot.collector_pid is not None:
         starts.append(snapshot.collector_pid)
@@ -263,8 +263,6 @@ def protected_pids(snapshot: Snapshot, exclude_roots: Collection[int] = ()) -> d
         for proc in snapshot.processes:
             if proc.sid in sessions:
                 out.setdefault(proc.pid, PROTECTED_SESSION)
-    for pid in excluded_pids(snapshot, exclude_roots):
-        out.setdefault(pid, PROTECTED_OWN)
     return out
 
 
