@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cleanslate.cli import app
 from cleanslate.cli._common import EXIT_FAILED, console, console_err
@@ -37,8 +38,8 @@ class ConsoleView(TuneView):
     def study_started(self, spec: StudySpec, total: int, done: int) -> None:
         if self.quiet:
             return
-        console.print(f"[bold]study {spec.name}[/]: {spec.strategy} over "
-                      f"{', '.join(spec.space)}; {total} trials"
+        console.print(f"[bold]study {escape(spec.name)}[/]: {spec.strategy} over "
+                      f"{escape(', '.join(spec.space))}; {total} trials"
                       + (f", {done} already done (resuming)" if done else ""))
 
     def trial_started(self, index: int, total: int, number: int,
@@ -57,7 +58,7 @@ class ConsoleView(TuneView):
         if record.status == "feasible":
             line = f"  [green]feasible[/] {record.value:,.1f} at {record.best_level}"
         else:
-            line = (f"  [red]{record.status}[/] ({record.cause}): "
+            line = (f"  [red]{escape(record.status)}[/] ({escape(str(record.cause))}): "
                     f"{escape((record.detail or '')[:160])}")
         if best is not None:
             line += f"  [dim]| best so far {best.value:,.1f} (trial {best.number})[/]"
@@ -74,15 +75,23 @@ def tune(
     gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Validate the study (file and flags) and print its plan; launch "
+        "nothing and leave the store alone.")] = False,
 ) -> None:
     """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
     verify, recorded in the store. Rerunning the same study resumes it."""
-    from cleanslate.store import Store
     from cleanslate.tune import load_study, run_study, validate_study_flags
 
     spec, root = load_study(study_file)
     if host is not None:
         spec = spec.model_copy(update={"host": host})
+    if check:
+        note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
+        _print_plan(spec, note, json_out)
+        raise typer.Exit(0)
+    from cleanslate.store import Store
+
     store = Store(store_url)
     if not resume and store.study(spec.name) is not None:
         from cleanslate.errors import InputError
@@ -92,7 +101,7 @@ def tune(
     executor = executor_for(spec.host)
     note = asyncio.run(validate_study_flags(spec, root, study_file, executor))
     if note and not json_out:
-        console_err.print(f"[yellow]note:[/] {note}")
+        console_err.print(f"[yellow]note:[/] {escape(note)}")
     outcome = asyncio.run(run_study(executor, store, spec, view=ConsoleView(quiet=json_out),
                                     gpu_backend=gpu_backend))
     if json_out:
@@ -109,6 +118,61 @@ def tune(
     raise typer.Exit(EXIT_FAILED if failed else 0)
 
 
+def plan_of(spec: StudySpec, note: str | None) -> dict[str, Any]:
+    """What ``tune`` would run: the trials, their configurations (grid and ablation) or the
+    sampler's distributions, the levels, the workload, the objective and the SLOs."""
+    from cleanslate.tune.space import distributions, planned_configs, trial_budget
+
+    plan = planned_configs(spec)
+    return {
+        "study": spec.name, "engine": spec.engine, "model": spec.model,
+        "host": spec.host or "local", "strategy": spec.strategy,
+        "trials": trial_budget(spec),
+        "configurations": plan,
+        "distributions": None if plan is not None else {
+            name: repr(d) for name, d in distributions(spec).items()},
+        "fixed": spec.fixed,
+        "levels": [f"c={c}" for c in spec.concurrency],
+        "requests_per_level": spec.requests_per_level,
+        "duration_s_per_level": spec.duration_s_per_level,
+        "workload": spec.bench_config("http://127.0.0.1:1", ignore_eos=True).workload.model_dump(
+            mode="json"),
+        "objective": {"direction": spec.objective.direction, "metric": spec.objective.metric},
+        "slo": spec.slo,
+        "flags_note": note,
+    }
+
+
+def _print_plan(spec: StudySpec, note: str | None, json_out: bool) -> None:
+    plan = plan_of(spec, note)
+    if json_out:
+        typer.echo(json.dumps(plan, default=str))
+        return
+    console.print(Text(f"study {spec.name}: valid; {spec.strategy}, {plan['trials']} trials, "
+                       f"engine {spec.engine}, model {spec.model}, host {plan['host']}"))
+    if note:
+        console_err.print(f"[yellow]note:[/] {escape(note)}")
+    if plan["configurations"] is not None:
+        table = Table(title="planned configurations", title_justify="left")
+        table.add_column("#", justify="right")
+        for name in spec.space:
+            table.add_column(Text(name), overflow="fold")
+        for i, config in enumerate(plan["configurations"]):
+            table.add_row(str(i), *(Text(str(config.get(n))) for n in spec.space))
+        console.print(table)
+    else:
+        for name, dist in plan["distributions"].items():
+            console.print(Text(f"  {name}: {dist}"), soft_wrap=True)
+    per_level = (f"{spec.requests_per_level} requests" if spec.requests_per_level else
+                 f"{spec.duration_s_per_level:g} s" if spec.duration_s_per_level else
+                 "5 requests per slot (at least 50)")
+    console.print(Text(f"levels {', '.join(plan['levels'])}, {per_level} each; workload "
+                       f"{json.dumps(plan['workload'])}; {spec.objective.direction} "
+                       f"{spec.objective.metric}"
+                       + (f"; SLOs {json.dumps(spec.slo)}" if spec.slo else "")), soft_wrap=True)
+    console.print("nothing was launched (--check)")
+
+
 def launch_command(spec: StudySpec, record: TrialRecord) -> str:
     """The exact engine command of a trial, shell-quoted."""
     return shlex.join(record.argv) if record.argv else "(not launched)"
@@ -117,18 +181,18 @@ def launch_command(spec: StudySpec, record: TrialRecord) -> str:
 def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | None, new: int,
              stopped_by: str, message: str, report: Any = None) -> None:
     results = [t for t in trials if t.status in ("feasible", "infeasible")]
-    table = Table(title=f"study {spec.name}: {len(results)} trials ({new} new)",
+    table = Table(title=escape(f"study {spec.name}: {len(results)} trials ({new} new)"),
                   title_justify="left")
     factors = list(spec.space)
     for column in ("#", *factors, "status", "best level", spec.objective.metric):
-        table.add_column(column, overflow="fold")
+        table.add_column(Text(column), overflow="fold")
     ordered = sorted(results, key=lambda t: (t.status != "feasible",
                                              -(t.value or 0) if spec.objective.direction
                                              == "maximize" else (t.value or 0)))
     for t in ordered:
         status = "feasible" if t.status == "feasible" else f"{t.status}: {t.cause}"
-        table.add_row(str(t.number), *(str(t.params.get(f)) for f in factors), status,
-                      t.best_level or "-",
+        table.add_row(str(t.number), *(Text(str(t.params.get(f))) for f in factors),
+                      Text(status), t.best_level or "-",
                       f"{t.value:,.1f}" if t.status == "feasible" and t.value else "-")
     console.print(table)
     if stopped_by in ("quarantine", "interrupted"):
@@ -139,11 +203,12 @@ def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | Non
         console.print("[bold red]no feasible configuration[/]")
         return
     console.print(f"[bold green]best configuration[/] (trial {best.number}): "
-                  f"{_params(best.params)}")
+                  f"{escape(_params(best.params))}")
     console.print(f"  {spec.objective.metric} = {best.value:,.1f} at {best.best_level}")
     level = next((lv for lv in best.levels if lv.get("label") == best.best_level), None)
     if level:
         console.print(f"  output {level['output_throughput']:,.0f} tok/s, total "
                       f"{level['total_token_throughput']:,.0f} tok/s, p99 TTFT "
                       f"{level['p99_ttft_ms']:,.0f} ms, p99 TPOT {level['p99_tpot_ms']:,.1f} ms")
-    console.print(f"  launch: {launch_command(spec, best)}", highlight=False, soft_wrap=True)
+    console.print(Text(f"  launch: {launch_command(spec, best)}"), highlight=False,
+                  soft_wrap=True)

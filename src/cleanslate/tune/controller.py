@@ -45,7 +45,7 @@ class StudyOutcome:
     trials: list[TrialRecord]
     new_trials: int
     best: TrialRecord | None
-    stopped_by: str  # "budget", "plan", "hours", "quarantine", "interrupted"
+    stopped_by: str  # "budget", "plan", "hours", "quarantine", "interrupted", "error"
     message: str = ""
     report: Any = None
     resumed: list[str] = field(default_factory=list)
@@ -172,6 +172,12 @@ async def run_study(
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 stopped_by = "interrupted"
                 break
+            except BaseException:
+                # run_trial tore the server down and recorded the trial before raising.
+                with contextlib.suppress(Exception):
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                stopped_by = "error"
+                raise
             new += 1
             feasible = record.status == "feasible"
             trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if feasible else 1.0)

@@ -28,20 +28,25 @@ from cleanslate.tune.study import Range, StudySpec
 CONSTRAINT_ATTR = "constraint"
 
 
+def distribution(spec: StudySpec, name: str) -> BaseDistribution:
+    """The Optuna distribution of one factor: categorical for grid/ablation and for lists.
+    Raises ``ValueError`` where Optuna refuses the range (checked when the study loads)."""
+    factor = spec.space[name]
+    if isinstance(factor, Range) and spec.strategy in ("tpe", "random"):
+        low, high = factor.bounds
+        if factor.is_int:
+            if factor.step is not None and factor.step != int(factor.step):
+                raise ValueError(f"the step of an integer range is an integer, not "
+                                 f"{factor.step:g}")
+            return IntDistribution(int(low), int(high), log=factor.log,
+                                   step=int(factor.step) if factor.step else 1)
+        return FloatDistribution(low, high, log=factor.log, step=factor.step)
+    return CategoricalDistribution(spec.factor_values(name))
+
+
 def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
-    """Optuna distributions of the space: categorical for grid/ablation and for lists."""
-    out: dict[str, BaseDistribution] = {}
-    for name, factor in spec.space.items():
-        if isinstance(factor, Range) and spec.strategy in ("tpe", "random"):
-            low, high = factor.bounds
-            if factor.is_int:
-                out[name] = IntDistribution(int(low), int(high), log=factor.log,
-                                            step=int(factor.step) if factor.step else 1)
-            else:
-                out[name] = FloatDistribution(low, high, log=factor.log, step=factor.step)
-        else:
-            out[name] = CategoricalDistribution(spec.factor_values(name))
-    return out
+    """Optuna distributions of the space (see :func:`distribution`)."""
+    return {name: distribution(spec, name) for name in spec.space}
 
 
 def ablation_configs(spec: StudySpec) -> list[dict[str, Any]]:

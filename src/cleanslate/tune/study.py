@@ -21,6 +21,12 @@ Schema (YAML; ``docs/study.md`` has the full reference)::
     objective: {maximize: output_throughput}
     slo: {ttft_p99_ms: 5000, tpot_p99_ms: 100}
     budget: {trials: 30, hours: 12}
+
+Everything is validated when the file is loaded, before any server starts (``docs/study.md``
+lists the caps): the workload, the objective (a numeric key of a benchmark level), the SLO keys,
+the levels and the prompts they need, the space (range bounds, ``points``, the number of planned
+configurations), every flag value of ``fixed``, ``space`` and ``baseline``, and the sampler's
+distributions.
 """
 
 from __future__ import annotations
@@ -31,9 +37,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from cleanslate.bench import LEVEL_METRICS, SLO, BenchConfig, ClosedLoop, workload_from_dict
+from cleanslate.bench._limits import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_LEVELS,
+    MAX_NUM_PROMPTS,
+)
 from cleanslate.config import line_of, load_yaml_model
+from cleanslate.engines._flags import flag_args
 from cleanslate.errors import InputError
 from cleanslate.launch.config import ServerFields
 
@@ -41,6 +62,16 @@ Scalar = bool | int | float | str | None
 
 #: SLO keys: ``<metric>_<stat>_ms`` with metric ttft/tpot/itl/e2e and a vLLM statistic.
 _SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el?)_(mean|median|p50|p90|p95|p99|p99\.9|max)_ms$")
+
+#: Values of one factor: the ``points`` of a range, or the items of a list.
+MAX_POINTS = 1_000
+#: Factors (flags) in the search space.
+MAX_FACTORS = 100
+#: Configurations a grid or ablation study plans (each one is a whole verified cycle, minutes
+#: to hours: 10,000 is months of GPU time).
+MAX_PLANNED = 10_000
+#: The longest ``verify_deadline_s`` (a day).
+MAX_VERIFY_DEADLINE_S = 86_400.0
 
 
 class Range(BaseModel):
@@ -55,14 +86,16 @@ class Range(BaseModel):
     int_: tuple[int, int] | None = Field(default=None, alias="int")
     float_: tuple[float, float] | None = Field(default=None, alias="float")
     log: bool = False
-    step: float | None = Field(default=None, gt=0)
-    points: int = Field(default=3, ge=2)
+    step: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    points: int = Field(default=3, ge=2, le=MAX_POINTS)
 
     @model_validator(mode="after")
     def _one_kind(self) -> Range:
         if (self.int_ is None) == (self.float_ is None):
             raise ValueError("a range is {int: [low, high]} or {float: [low, high]}")
         low, high = self.bounds
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise ValueError("range bounds must be finite numbers")
         if low >= high:
             raise ValueError(f"range low {low} must be below high {high}")
         if self.log and low <= 0:
@@ -108,6 +141,11 @@ class Objective(BaseModel):
     def _one(self) -> Objective:
         if (self.maximize is None) == (self.minimize is None):
             raise ValueError("give exactly one of maximize: METRIC or minimize: METRIC")
+        if self.metric not in LEVEL_METRICS:
+            raise ValueError(
+                f"{self.metric!r} is not a metric of a benchmark level; e.g. "
+                "output_throughput, total_token_throughput, request_throughput, "
+                "request_goodput, p99_ttft_ms, mean_tpot_ms, p99_e2el_ms (docs/bench.md)")
         return self
 
     @property
@@ -139,33 +177,47 @@ class StudySpec(ServerFields):
     workload: dict[str, Any] = Field(
         default_factory=lambda: {"kind": "random", "input_len": 1024, "output_len": 256})
     endpoint: Literal["completions", "chat"] = "completions"
-    concurrency: list[int] = Field(min_length=1)
-    requests_per_level: int | None = Field(default=None, ge=1)
-    duration_s_per_level: float | None = Field(default=None, gt=0)
-    warmup: int = Field(default=0, ge=0)
+    concurrency: list[int] = Field(min_length=1, max_length=MAX_LEVELS)
+    requests_per_level: int | None = Field(default=None, ge=1, le=MAX_NUM_PROMPTS)
+    duration_s_per_level: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
+    warmup: int = Field(default=0, ge=0, le=MAX_NUM_PROMPTS)
     objective: Objective = Field(default_factory=lambda: Objective(maximize="output_throughput"))
     slo: dict[str, float] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
-    seed: int = 0
-    verify_deadline_s: float = Field(default=120.0, gt=0)
-    retries: int = Field(default=2, ge=0, description="cleanings of a dirty host per trial")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Optuna's and the prompts'")
+    verify_deadline_s: float = Field(default=120.0, gt=0, le=MAX_VERIFY_DEADLINE_S)
+    retries: int = Field(default=2, ge=0, le=100,
+                         description="cleanings of a dirty host per trial")
 
     @field_validator("space")
     @classmethod
     def _space(cls, value: dict[str, Factor]) -> dict[str, Factor]:
         if not value:
             raise ValueError("the search space is empty: give at least one flag with values")
+        if len(value) > MAX_FACTORS:
+            raise ValueError(f"{len(value)} factors: at most {MAX_FACTORS}")
         for name, factor in value.items():
             if isinstance(factor, list) and len(factor) == 0:
                 raise ValueError(f"{name}: no values")
+            if isinstance(factor, list) and len(factor) > MAX_POINTS:
+                raise ValueError(f"{name}: {len(factor)} values, at most {MAX_POINTS}")
         return value
 
     @field_validator("concurrency")
     @classmethod
     def _levels(cls, value: list[int]) -> list[int]:
-        if any(c < 1 for c in value):
-            raise ValueError("concurrency levels are 1 or more")
+        if any(c < 1 or c > MAX_CONCURRENCY for c in value):
+            raise ValueError(f"concurrency levels are 1 to {MAX_CONCURRENCY:,}")
         return sorted(set(value))
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            workload_from_dict(value)
+        except InputError as exc:
+            raise ValueError(exc.message) from None
+        return value
 
     @field_validator("slo")
     @classmethod
@@ -192,7 +244,37 @@ class StudySpec(ServerFields):
             if missing:
                 raise ValueError(f"ablation needs a baseline value for every factor; missing: "
                                  f"{', '.join(sorted(missing))}")
+        planned = self.planned_count()
+        if planned is not None and planned > MAX_PLANNED:
+            raise ValueError(f"the {self.strategy} plans {planned:,} configurations: at most "
+                             f"{MAX_PLANNED:,}; use fewer values, or strategy: tpe with a budget")
+        try:  # the levels' benchmark: prompts x lengths within the client's caps
+            self.bench_config("http://127.0.0.1:1", ignore_eos=True)
+        except ValidationError as exc:
+            raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
         return self
+
+    def planned_count(self) -> int | None:
+        """How many configurations a grid or ablation study plans (``None`` for samplers),
+        computed without building them."""
+        if self.strategy == "grid":
+            return self.grid_size()
+        if self.strategy == "ablation":
+            return 1 + sum(len(self.factor_values(n)) - 1 for n in self.space)
+        return None
+
+    def bench_config(self, url: str, *, ignore_eos: bool) -> BenchConfig:
+        """The benchmark of every trial's levels against the server at ``url``."""
+        slo = SLO(**{k: v for k, v in (("ttft_ms", self.slo.get("ttft_p99_ms")),
+                                       ("tpot_ms", self.slo.get("tpot_p99_ms")),
+                                       ("e2e_ms", self.slo.get("e2e_p99_ms"))) if v})
+        return BenchConfig(
+            url=url, model=self.model, endpoint=self.endpoint,
+            workload=workload_from_dict(self.workload, where="workload"),
+            loads=tuple(ClosedLoop(concurrency=c) for c in self.concurrency),
+            num_prompts=self.requests_per_level, duration_s=self.duration_s_per_level,
+            seed=self.seed, slo=slo, ignore_eos=ignore_eos,
+        )
 
     def slo_limits(self) -> dict[str, float]:
         """SLOs as level keys: ``ttft_p99_ms`` -> ``p99_ttft_ms`` (vLLM's spelling)."""
@@ -213,10 +295,46 @@ class StudySpec(ServerFields):
         return math.prod(len(self.factor_values(n)) for n in self.space)
 
 
+def _at(path: Path, root: yaml.Node | None, loc: tuple[int | str, ...]) -> str:
+    line = line_of(root, loc)
+    return f"{path}:{line}" if line else str(path)
+
+
+def _check_flags(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
+    """Every flag name and value of ``fixed``, ``baseline`` and the space's values must make an
+    engine argument (a scalar, a list of scalars or a mapping)."""
+    checks: list[tuple[tuple[int | str, ...], str, Any]] = []
+    checks += [(("fixed", k), k, v) for k, v in spec.fixed.items()]
+    checks += [(("baseline", k), k, v) for k, v in spec.baseline.items()]
+    for name in spec.space:
+        checks += [(("space", name), name, v) for v in spec.factor_values(name)]
+    for loc, key, value in checks:
+        try:
+            flag_args({key: value})
+        except InputError as exc:
+            raise InputError(exc.message, where=_at(path, root, loc), hint=exc.hint) from None
+
+
+def _check_distributions(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
+    """The sampler's distribution of each factor can be built (Optuna refuses, e.g., a
+    ``step`` with ``log: true``, or a step below 1 on an integer range)."""
+    from cleanslate.tune.space import distribution
+
+    for name in spec.space:
+        try:
+            distribution(spec, name)
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"space {name}: {exc}", where=_at(path, root, ("space", name)),
+                             hint="see docs/study.md for ranges") from None
+
+
 def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
-    """Load and validate a study file; errors name file:line (exit 2)."""
+    """Load and validate a study file, everything that can be checked before a launch
+    (see the module docstring); errors name file:line (exit 2)."""
     spec, root = load_yaml_model(path, StudySpec,
                                  hint="see docs/study.md for the keys of a study file")
+    _check_flags(spec, root, path)
+    _check_distributions(spec, root, path)
     if spec.strategy == "ablation" or spec.baseline:
         for name, value in spec.baseline.items():
             if value not in spec.factor_values(name):

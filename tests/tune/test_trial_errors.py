@@ -1,0 +1,135 @@
+"""An exception in this process while a trial's server runs (during a level, or right after the
+launch) tears the server down, verifies the host and records the trial: no process with the
+run's marker is left and the trial is not ``running``. Real simulated servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanslate.hosts import executor_for
+from cleanslate.store import Store
+from cleanslate.tune import trial as trial_mod
+from cleanslate.tune.study import load_study
+
+pytestmark = pytest.mark.slow
+
+STUDY = """\
+name: errors
+engine: sim
+model: sim
+port: PORT
+gpus: [0]
+fixed: {tp-size: 1, time-scale: 0.25}
+space: {fault: [null]}
+strategy: grid
+workload: {kind: random, input_len: 64, output_len: 8}
+concurrency: [2]
+requests_per_level: 4
+ready_timeout_s: 30
+smoke_timeout_s: 10
+grace_s: 5
+verify_deadline_s: 20
+"""
+
+
+class Injected(Exception):
+    """The fault this test injects."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _marked(marker: str) -> list[int]:
+    """PIDs of live processes whose environment holds the run's marker."""
+    needle = f"CLEANSLATE_RUN={marker}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", str(tmp_path / "gpus"))
+    (tmp_path / "gpus").mkdir()
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY.replace("PORT", str(_free_port())))
+    spec, _root = load_study(path)
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    yield spec, store
+    # A failing test must not leave its server behind: stop what the store says runs.
+    for run in store.runs(study=spec.name):
+        if run.status in ("starting", "ready"):
+            asyncio.run(trial_mod.stop_server(executor_for(None), store, run, grace_s=2,
+                                              verify_deadline_s=10))
+
+
+def _check_left_nothing(store: Store, spec: Any) -> None:
+    runs = store.runs(study=spec.name)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.status not in ("starting", "ready"), run.status
+    assert not _alive(run.pid) and not _alive(run.supervisor_pid)
+    assert _marked(run.marker) == []
+    assert (run.verdict_after or {}).get("verdict") == "clean", run.verdict_after
+    (trial,) = store.trials(spec.name)
+    assert trial.status == "infra_failed" and trial.cause == "controller_error", trial
+    assert trial.verdict_after == "clean"
+    assert "Injected" in (trial.detail or "")
+
+
+def test_an_exception_during_a_level_tears_down_and_records(
+        lab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, store = lab
+
+    async def boom(*_a: Any, **_kw: Any) -> Any:
+        raise Injected("a level failed in the controller")
+
+    monkeypatch.setattr(trial_mod, "run_level", boom)
+    with pytest.raises(Injected):
+        asyncio.run(trial_mod.run_trial(executor_for(None), store, spec, 0, {"fault": None},
+                                        gpu_backend="sim"))
+    _check_left_nothing(store, spec)
+
+
+def test_an_exception_right_after_the_launch_tears_down_and_records(
+        lab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, store = lab
+    real_start = trial_mod.start_server
+
+    async def start_then_fail(*args: Any, **kwargs: Any) -> Any:
+        outcome = await real_start(*args, **kwargs)
+        assert outcome.ok and _alive(outcome.run.pid)
+        raise Injected("the controller failed once the server was ready")
+
+    monkeypatch.setattr(trial_mod, "start_server", start_then_fail)
+    with pytest.raises(Injected):
+        asyncio.run(trial_mod.run_trial(executor_for(None), store, spec, 0, {"fault": None},
+                                        gpu_backend="sim"))
+    _check_left_nothing(store, spec)
+    assert os.environ.get("CLEANSLATE_SIM_GPU_DIR")
