@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.text import Text
 
 from cleanslate.cli import app
 from cleanslate.cli._common import console, console_err
@@ -19,21 +21,20 @@ _FORMATS = ("csv", "json")
 
 
 def _open_store(url: str | None) -> Store:
-    """The store, refusing a SQLite file that does not exist (opening would create it)."""
+    """The store, refusing a SQLite file that does not exist (opening would create it); every
+    other bad ``--store`` is the store's own :class:`InputError`."""
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
 
     from cleanslate.store import Store, resolve_store_url
 
     resolved = resolve_store_url(url)
     try:
         parsed = make_url(resolved)
-    except ArgumentError as exc:
-        raise InputError(f"not a database URL: {exc}", where="--store",
-                         hint="sqlite:///cleanslate.db or postgresql://user@host/db") from None
+    except Exception:  # the store says what is wrong with it
+        return Store(resolved)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = Path(parsed.database or "")
-        if not path.is_file():
+        if not path.exists():
             raise InputError(
                 f"no store at {path.resolve()}", where="--store" if url else "STUDY",
                 hint="run the report in the folder where `cleanslate tune` ran, or pass "
@@ -41,9 +42,50 @@ def _open_store(url: str | None) -> Store:
     return Store(resolved)
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_output(path: Path, option: str, *, folder: bool) -> None:
+    """Refuse an output that cannot be written before any work is done: a file that is a
+    folder (or a folder that is a file), or a place this user cannot write to."""
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{path} is a file, not a folder", where=option,
+                         hint="give a folder for the PNG files (it is created if missing)")
+    if not folder and path.is_dir():
+        raise InputError(f"{path} is a folder", where=option,
+                         hint=f"give a file name, e.g. {path / 'report.html'}")
+    base = _nearest_existing(path if folder else path.parent)
+    if not base.is_dir():
+        raise InputError(f"cannot write {path}: {base} is not a folder", where=option)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {path}: no permission to write in {base}",
+                         where=option, hint="choose a folder you can write to")
+
+
+def _write(option: str, path: Path, data: str | bytes | None) -> None:
+    """Create ``path``'s folder and write ``data`` to it (``None``: create ``path`` as a
+    folder); an ``OSError`` is an :class:`InputError` naming the option and the reason."""
+    try:
+        if data is None:
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}", where=option,
+                         hint="choose a path you can write to") from None
+
+
 def _format(fmt: str | None, out: Path | None) -> str | None:
-
-
+    """The export format: ``--format``, else ``--out``'s suffix, else ``None`` (no export)."""
     if fmt is not None:
         fmt = fmt.lower()
         if fmt not in _FORMATS:
@@ -94,6 +136,10 @@ def report(
     )
 
     export = _format(fmt, out)
+    for option, path, folder in (("--png", png, True), ("--html", html, False),
+                                 ("--out", out, False)):
+        if path is not None:
+            _check_output(path, option, folder=folder)
     store = _open_store(store_url)
     try:
         names = [study, *(compare or [])]
@@ -103,6 +149,10 @@ def report(
     # An export to stdout keeps stdout for the export: no tables, notes on stderr.
     to_stdout = export is not None and out is None
     screen = console_err if to_stdout else console
+
+    def wrote(path: Path) -> None:
+        screen.print(Text(f"wrote {path}"), highlight=False)
+
     if not to_stdout:
         for item in reports:
             print_report(screen, item)
@@ -111,21 +161,19 @@ def report(
     if png is not None or html is not None:
         plots = render_plots(reports)
         if png is not None:
-            png.mkdir(parents=True, exist_ok=True)
+            _write("--png", png, None)
             for plot in plots:
                 path = png / f"{plot.name}.png"
-                path.write_bytes(plot.png)
-                screen.print(f"wrote {path}", highlight=False)
+                _write("--png", path, plot.png)
+                wrote(path)
         if html is not None:
-            html.parent.mkdir(parents=True, exist_ok=True)
-            html.write_text(render_html(reports, plots=plots), encoding="utf-8")
-            screen.print(f"wrote {html}", highlight=False)
+            _write("--html", html, render_html(reports, plots=plots))
+            wrote(html)
     if export is not None:
         text = to_csv(reports) if export == "csv" else to_json(reports)
         if out is None:
             sys.stdout.write(text)
             sys.stdout.flush()
         else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text, encoding="utf-8")
-            screen.print(f"wrote {out}", highlight=False)
+            _write("--out", out, text)
+            wrote(out)

@@ -1,11 +1,16 @@
 """The report on a terminal: rich tables of the trials, the best configuration and its launch
-command, and the studies side by side."""
+command, and the studies side by side.
+
+Everything that comes from the store (study and flag names, values, causes, model names, the
+launch command) is a :class:`rich.text.Text`, never markup: a flag value ``[/x]`` is shown as
+it is and cannot break the output.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
@@ -19,16 +24,20 @@ _STYLE = {"feasible": "green", "infeasible": "red", "infra_failed": "yellow",
           "running": "yellow"}
 
 
+def _t(value: object, style: str = "") -> Text:
+    """External text as a rich ``Text`` (never parsed as markup)."""
+    return Text("" if value is None else str(value), style=style)
+
+
 def trials_table(report: StudyReport) -> Table:
     """Every trial, sorted by the objective: parameters, status and cause, best feasible level,
     and that level's throughputs and latencies."""
-    table = Table(title=f"study {report.name}: {report.direction} {report.metric} "
-                        f"({report.strategy}, engine {report.engine}"
-                        f"{', simulated' if report.simulated else ''})",
-                  title_justify="left", header_style="bold")
+    title = _t(f"study {report.name}: {report.direction} {report.metric} ({report.strategy}, "
+               f"engine {report.engine}{', simulated' if report.simulated else ''})")
+    table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("#", justify="right")
     for factor in report.factors:
-        table.add_column(factor, overflow="fold")
+        table.add_column(_t(factor), overflow="fold")
     table.add_column("status", overflow="fold")
     table.add_column("best level")
     for _, header, _ in LEVEL_COLUMNS:
@@ -36,14 +45,14 @@ def trials_table(report: StudyReport) -> Table:
     best = report.best
     for t in report.sorted_trials():
         r = t.record
-        style = _STYLE.get(r.status, "")
-        status = f"[{style}]{escape(r.status)}[/]" if style else escape(r.status)
+        status = _t(r.status, _STYLE.get(r.status, ""))
         if r.cause:
-            status += f" ({escape(r.cause)})"
-        params = (escape(show(r.params.get(f)) if f in r.params else "") for f in report.factors)
+            status.append(f" ({r.cause})")
+        params = (_t(show(r.params.get(f)) if f in r.params else "") for f in report.factors)
         table.add_row(
             str(t.number), *params, status,
-            r.best_level or "-", *(format_value(t.metric(k), k) for k, _, _ in LEVEL_COLUMNS),
+            _t(r.best_level or "-"),
+            *(format_value(t.metric(k), k) for k, _, _ in LEVEL_COLUMNS),
             style="bold" if t is best else None)
     return table
 
@@ -74,12 +83,12 @@ def print_report(console: Console, report: StudyReport) -> None:
     if best is None:
         console.print("[bold red]no feasible configuration[/]")
         return
-    params = params_text(best.record.params)
-    console.print(f"[bold green]best configuration[/] (trial {best.number}): {escape(params)}")
-    console.print(f"  {report.metric} = {format_value(best.record.value, report.metric)} at "
-                  f"{best.record.best_level}")
-    console.print("  launch: " + escape(best.launch_command or "(not recorded)"),
-                  soft_wrap=True)
+    line = Text("best configuration", style="bold green")
+    line.append(f" (trial {best.number}): {params_text(best.record.params)}")
+    console.print(line)
+    console.print(_t(f"  {report.metric} = {format_value(best.record.value, report.metric)} "
+                     f"at {best.record.best_level}"))
+    console.print(_t("  launch: " + (best.launch_command or "(not recorded)")), soft_wrap=True)
 
 
 def comparison_table(reports: list[StudyReport]) -> Table:
@@ -87,10 +96,10 @@ def comparison_table(reports: list[StudyReport]) -> Table:
     table = Table(title="comparison", title_justify="left", header_style="bold")
     table.add_column("")
     for report in reports:
-        table.add_column(report.name, overflow="fold")
+        table.add_column(_t(report.name), overflow="fold")
 
     def row(label: str, values: list[str]) -> None:
-        table.add_row(label, *values)
+        table.add_row(label, *(_t(v) for v in values))
 
     bests = [r.best for r in reports]
     row("engine", [r.engine + (" (simulated)" if r.simulated else "") for r in reports])
@@ -98,10 +107,9 @@ def comparison_table(reports: list[StudyReport]) -> Table:
     row("trials", [f"{len(r.results)} results, {sum(1 for t in r.trials if t.feasible)} "
                    "feasible" for r in reports])
     row("best trial", [f"#{b.number}" if b else "none" for b in bests])
-    row("best configuration", [escape(params_text(b.record.params))
-                               if b else "-" for b in bests])
+    row("best configuration", [params_text(b.record.params) if b else "-" for b in bests])
     row("best level", [b.record.best_level or "-" if b else "-" for b in bests])
     for key, header, _ in LEVEL_COLUMNS:
         row(header, [format_value(b.metric(key), key) if b else "-" for b in bests])
-    row("launch command", [escape(b.launch_command) if b else "-" for b in bests])
+    row("launch command", [b.launch_command if b else "-" for b in bests])
     return table

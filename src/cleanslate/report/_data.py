@@ -342,12 +342,13 @@ def pareto(points: list[tuple[Any, float, float]]) -> list[Any]:
 
 def load_report(store: Store, name: str) -> StudyReport:
     """The study named ``name`` from the store; an unknown name is an :class:`InputError`
-    that lists the studies the store holds."""
+    that lists the studies the store holds. The store returns every record redacted (stores
+    written before redaction included), so nothing derived from a report holds a secret."""
     study = store.study(name)
     if study is None:
         known = store.studies()
         raise InputError(
-            f"no study {name!r} in {safe_url(store.url)}",
+            f"no study {name!r} in {store.display_url}",
             where="STUDY",
             hint=("known studies: " + ", ".join(known)) if known else
             "this store holds no study; run `cleanslate tune STUDY.yaml` first, or pass "
@@ -358,17 +359,14 @@ def load_report(store: Store, name: str) -> StudyReport:
     return StudyReport(name=name, spec=dict(study.get("spec") or {}),
                        status=str(study.get("status", "?")),
                        created_at=study.get("created_at"), elapsed_s=study.get("elapsed_s"),
-                       trials=trials, store_url=safe_url(store.url))
+                       trials=trials, store_url=store.display_url)
 
 
 def safe_url(url: str) -> str:
-    """A store URL fit to print: the password masked."""
-    try:
-        from sqlalchemy.engine import make_url
+    """A store URL fit to print: the password masked (:func:`cleanslate.store.display_url`)."""
+    from cleanslate.store import display_url
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a URL SQLAlchemy cannot parse is shown without its credentials part
-        return url.split("@")[-1] if "@" in url else url
+    return display_url(url)
 
 
 #: Level keys that count things (shown without decimals).

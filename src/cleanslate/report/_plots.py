@@ -7,16 +7,20 @@
   of the baseline's value; an infeasible change is shown with its cause instead of a bar.
 
 Every plot is :data:`WIDTH` x :data:`HEIGHT` pixels. matplotlib is imported inside the functions:
-it is a heavy import that only the plotting commands need.
+it is a heavy import that only the plotting commands need. Text from the store (study names,
+flag values, causes) is drawn as it is: math text (``$...$``) is off, so a ``$`` in a value can
+neither change the rendering nor make matplotlib raise.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
 
@@ -46,6 +50,24 @@ class Plot:
     title: str
     caption: str
     png: bytes
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _plain_text(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run a drawing function with math text off (``text.parse_math``): every text it makes is
+    drawn verbatim."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _figure() -> Figure:
@@ -108,6 +130,7 @@ def _note(fig: Figure, text: str) -> None:
     fig.supxlabel(text, x=0.01, ha="left", fontsize=8, color="#444444")
 
 
+@_plain_text
 def throughput_figure(reports: list[StudyReport]) -> Figure:
     """Output tokens/s against concurrency, one line per trial (one line style per study)."""
     fig = _figure()
@@ -166,6 +189,7 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
     return fig
 
 
+@_plain_text
 def pareto_figure(reports: list[StudyReport]) -> Figure:
     """p99 TTFT against output tokens/s for every measured level; the Pareto front of the
     levels that met the SLOs drawn as a black step line and ringed."""
@@ -228,6 +252,7 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
     return fig
 
 
+@_plain_text
 def ablation_figure(report: StudyReport) -> Figure:
     """Each change's effect on the objective in percent of the baseline; infeasible changes are
     listed at their place with their cause."""
@@ -275,6 +300,7 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "study"
 
 
+@_plain_text
 def render_plots(reports: list[StudyReport]) -> list[Plot]:
     """Every plot of the report: the throughput and Pareto plots (studies overlaid), and one
     ablation plot per ablation study."""

@@ -2,22 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import create_engine, select
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cleanslate.errors import InputError
+from cleanslate.redact import (
+    REDACTED,
+    Scrubber,
+    redact_data,
+    redact_text,
+    redact_url,
+    secret_values,
+)
 from cleanslate.store._tables import Base, RunRow, StudyRow, TrialRow
 
 STORE_ENV = "CLEANSLATE_STORE"
 DEFAULT_STORE_URL = "sqlite:///cleanslate.db"
+
+#: Mode of a SQLite store file (and of its journal files, which SQLite creates alike).
+STORE_FILE_MODE = 0o600
+#: Mode of the artifacts folder cleanslate creates beside a store.
+ARTIFACTS_MODE = 0o700
+#: Seconds to wait for a database server to answer a connection (PostgreSQL ``connect_timeout``
+#: unless the URL sets one).
+CONNECT_TIMEOUT_S = 10
+#: What a SQLite database file starts with.
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_URL_HINT = "sqlite:///PATH/cleanslate.db, a file path, or postgresql://user@host[:port]/db"
+#: Secret values remembered by a Store (to scrub them from later records), at most.
+_MAX_REMEMBERED = 4096
 
 
 def resolve_store_url(url: str | None) -> str:
@@ -32,6 +56,16 @@ def resolve_store_url(url: str | None) -> str:
         # SQLAlchemy's default PostgreSQL driver is psycopg2; the one we depend on is psycopg 3.
         value = "postgresql+psycopg://" + value.split("://", 1)[1]
     return value
+
+
+def display_url(url: str) -> str:
+    """A store URL fit to print: no password (in the authority or the query), e.g.
+    ``postgresql+psycopg://u:***@host/db``. Never raises."""
+    try:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: the text without what looks secret
+        shown = redact_url(url)
+    return redact_text(shown)
 
 
 def artifacts_root(url: str) -> Path:
@@ -143,34 +177,157 @@ class Store:
     """
 
     def __init__(self, url: str | None = None) -> None:
+        """Open (and, for a new SQLite file, create with mode 0600) the store.
+
+        Bad input is an :class:`InputError` naming ``--store`` (or ``$CLEANSLATE_STORE``) with
+        the URL shown without its password: a URL that does not parse, an unknown scheme, a
+        port out of 1-65535, a SQLite path that is a folder, in a missing folder, unreadable,
+        or a file that is not a SQLite database, and a database that cannot be reached.
+        """
         self.url = resolve_store_url(url)
+        self._where = "--store" if url else (f"${STORE_ENV}" if os.environ.get(STORE_ENV)
+                                             else "--store")
+        self._secrets: set[str] = set()
+        self._lock = threading.Lock()
+        parsed = self._parse()
+        connect_args: dict[str, Any] = {}
+        if parsed.get_backend_name() == "sqlite":
+            self._prepare_sqlite(parsed)
+        elif parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
         try:
-            self.engine: Engine = create_engine(self.url, future=True)
-        except (ArgumentError, ValueError) as exc:
-            raise InputError(f"not a database URL: {exc}", where="--store",
-                             hint="sqlite:///cleanslate.db or postgresql://user@host/db") from None
+            self.engine: Engine = create_engine(self.url, future=True, connect_args=connect_args)
+        except NoSuchModuleError:
+            raise self._error(f"unknown database scheme {parsed.drivername!r}",
+                              hint=_URL_HINT) from None
+        except (ArgumentError, ValueError, TypeError) as exc:
+            raise self._error(f"not a database URL ({self._scrub(str(exc))})",
+                              hint=_URL_HINT) from None
         except ModuleNotFoundError as exc:
-            raise InputError(f"the database driver is not installed: {exc.name}",
-                             where="--store",
-                             hint="pip install 'psycopg[binary]' for postgresql:// URLs") from None
+            raise self._error(f"the database driver is not installed: {exc.name}",
+                              hint="pip install 'psycopg[binary]' for postgresql:// URLs"
+                              ) from None
         try:
             Base.metadata.create_all(self.engine)
-        except OperationalError as exc:
-            raise InputError(f"cannot open the store: {exc.orig}", where="--store") from None
+        except SQLAlchemyError as exc:
+            self.engine.dispose()
+            reason = getattr(exc, "orig", None) or exc
+            raise self._error(f"cannot open the store: {self._scrub(str(reason))}",
+                              hint=self._open_hint(parsed)) from None
+        except (OSError, UnicodeError, MemoryError) as exc:
+            self.engine.dispose()
+            raise self._error(f"cannot open the store: {self._scrub(str(exc))}") from None
+
+    # -- opening --------------------------------------------------------------------------------
+
+    @property
+    def display_url(self) -> str:
+        """The store's URL fit to print (no password): use it in every message."""
+        return display_url(self.url)
+
+    def _error(self, message: str, *, hint: str | None = None) -> InputError:
+        """``WHERE: URL: message`` with the URL shown without its password."""
+        return InputError(f"{self.display_url}: {message}", where=self._where, hint=hint)
+
+    def _scrub(self, text: str) -> str:
+        """An error text without the URL's password (drivers sometimes echo it)."""
+        with contextlib.suppress(Exception):
+            password = make_url(self.url).password
+            if password:
+                text = text.replace(str(password), REDACTED)
+        return redact_text(text).strip()
+
+    def _parse(self) -> URL:
+        try:
+            parsed = make_url(self.url)
+            port = parsed.port
+        except (ArgumentError, ValueError, TypeError) as exc:
+            raise self._error(f"not a database URL ({self._scrub(str(exc))})",
+                              hint=_URL_HINT) from None
+        if port is not None and not 1 <= port <= 65535:
+            raise self._error(f"port {port} is out of range (1-65535)", hint=_URL_HINT)
+        return parsed
+
+    def _open_hint(self, parsed: URL) -> str:
+        if parsed.get_backend_name() == "sqlite":
+            return "--store names the SQLite file cleanslate writes (cleanslate.db)"
+        return ("is the database server running and reachable from here, and are the user, "
+                "password and database right? (the URL comes from --store or "
+                f"${STORE_ENV})")
+
+    def _prepare_sqlite(self, parsed: URL) -> None:
+        """Check a SQLite store's path; create a missing file with mode 0600, and tighten an
+        existing one this user owns to 0600 (it may hold old records with secrets)."""
+        database = parsed.database
+        if not database or database == ":memory:" or database.startswith("file:") or \
+                parsed.query.get("uri"):
+            return
+        path = Path(database)
+        if path.is_dir():
+            raise self._error("is a folder, not a database file",
+                              hint="pass the file inside it: sqlite:///FOLDER/cleanslate.db")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise self._error(f"the folder {parent} does not exist",
+                              hint="create the folder first, or pass another path")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         STORE_FILE_MODE)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise self._error(f"cannot create the store file ({exc.strerror})",
+                              hint="pass a path in a folder you can write") from None
+        else:
+            os.close(fd)
+            return
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise self._error(f"cannot read the store file ({exc.strerror})") from None
+        if head and head != _SQLITE_MAGIC[:len(head)]:
+            raise self._error("not a SQLite database (the file holds something else)",
+                              hint="--store names the SQLite file cleanslate writes "
+                                   "(cleanslate.db), or a postgresql:// URL")
+        tighten(path)
 
     @property
     def artifacts(self) -> Path:
-        return artifacts_root(self.url)
+        """The folder for run folders and logs beside the store; created with mode 0700 when
+        missing (an existing folder is left as it is: it may be one the user shares)."""
+        root = artifacts_root(self.url)
+        if not root.exists():
+            with contextlib.suppress(FileExistsError):
+                root.mkdir(mode=ARTIFACTS_MODE, parents=True)
+        return root
+
+    # -- redaction ------------------------------------------------------------------------------
+
+    def redacted(self, document: Any) -> Any:
+        """A JSON-like document as the store keeps and returns it: values of secret names, secret
+        flags and argv values, URL passwords and authorization headers replaced, and every
+        secret value this store has seen (an ``HF_TOKEN`` in a run's env) replaced wherever it
+        appears (a server's log tail). :func:`cleanslate.redact.redact_data`; idempotent.
+        Compare a document with a stored one through this (``store.redacted(spec) ==
+        stored_spec``)."""
+        found = secret_values(document)
+        with self._lock:
+            if found and len(self._secrets) < _MAX_REMEMBERED:
+                self._secrets.update(found)
+            known = found | self._secrets
+        return redact_data(document, Scrubber(known))
 
     def save_run(self, run: RunRecord) -> None:
-        """Insert or replace a run record."""
+        """Insert or replace a run record, redacted (:meth:`redacted`) whoever built it."""
         with Session(self.engine) as session, session.begin():
             row = session.get(RunRow, run.id)
-            data = run.model_dump(mode="json")
+            data = self.redacted(run.model_dump(mode="json"))
             if row is None:
-                session.add(RunRow(id=run.id, host=run.host, engine=run.engine, model=run.model,
-                                   status=run.status, data=data, started_at=run.started_at,
-                                   updated_at=time.time(), study=run.study, trial=run.trial))
+                session.add(RunRow(id=run.id, host=data["host"], engine=data["engine"],
+                                   model=data["model"], status=run.status, data=data,
+                                   started_at=run.started_at, updated_at=time.time(),
+                                   study=run.study, trial=run.trial))
             else:
                 row.status = run.status
                 row.data = data
@@ -185,26 +342,30 @@ class Store:
                     select(RunRow.id).order_by(RunRow.started_at.desc()).limit(5)
                 ).all()
                 raise InputError(
-                    f"no run {run_id!r} in {self.url}",
+                    f"no run {run_id!r} in {self.display_url}",
                     hint=("recent runs: " + ", ".join(known)) if known else
                     "no runs are recorded in this store; pass --store if it is another one",
                 )
-            return RunRecord.model_validate(row.data)
+            return RunRecord.model_validate(self.redacted(row.data))
 
     def runs(self, *, status: str | None = None, study: str | None = None) -> list[RunRecord]:
+        """Run records, oldest first, redacted (stores written before redaction included)."""
         with Session(self.engine) as session:
             query = select(RunRow).order_by(RunRow.started_at)
             if status is not None:
                 query = query.where(RunRow.status == status)
             if study is not None:
                 query = query.where(RunRow.study == study)
-            return [RunRecord.model_validate(r.data) for r in session.scalars(query)]
+            return [RunRecord.model_validate(self.redacted(r.data))
+                    for r in session.scalars(query)]
 
     # -- studies and trials ---------------------------------------------------------------------
 
     def save_study(self, name: str, spec: dict[str, Any], status: str) -> float:
-        """Create or update a study; returns when it was first created (epoch seconds)."""
+        """Create or update a study (its spec redacted: :meth:`redacted`); returns when it was
+        first created (epoch seconds)."""
         now = time.time()
+        spec = self.redacted(spec)
         with Session(self.engine) as session, session.begin():
             row = session.get(StudyRow, name)
             if row is None:
@@ -227,11 +388,12 @@ class Store:
             return float(row.elapsed_s)
 
     def study(self, name: str) -> dict[str, Any] | None:
+        """The study's row (its spec redacted), ``None`` for an unknown name."""
         with Session(self.engine) as session:
             row = session.get(StudyRow, name)
             if row is None:
                 return None
-            return {"name": row.name, "spec": row.spec, "status": row.status,
+            return {"name": row.name, "spec": self.redacted(row.spec), "status": row.status,
                     "created_at": row.created_at, "updated_at": row.updated_at,
                     "elapsed_s": row.elapsed_s}
 
@@ -240,7 +402,8 @@ class Store:
             return list(session.scalars(select(StudyRow.name).order_by(StudyRow.created_at)))
 
     def save_trial(self, trial: TrialRecord) -> TrialRecord:
-        """Insert (``id`` None) or update a trial; returns it with its id."""
+        """Insert (``id`` None) or update a trial, redacted (:meth:`redacted`) in the store;
+        returns the given record with its id."""
         with Session(self.engine) as session, session.begin():
             row = session.get(TrialRow, trial.id) if trial.id is not None else None
             if row is None:
@@ -251,19 +414,33 @@ class Store:
             trial = trial.model_copy(update={"id": row.id})
             row.status = trial.status
             row.number = trial.number
-            row.data = trial.model_dump(mode="json")
+            row.data = self.redacted(trial.model_dump(mode="json"))
             row.updated_at = time.time()
             return trial
 
     def trials(self, study: str, *, status: str | None = None) -> list[TrialRecord]:
+        """A study's trial records in insertion order, redacted."""
         with Session(self.engine) as session:
             query = select(TrialRow).where(TrialRow.study == study).order_by(TrialRow.id)
             if status is not None:
                 query = query.where(TrialRow.status == status)
-            return [TrialRecord.model_validate(r.data) for r in session.scalars(query)]
+            return [TrialRecord.model_validate(self.redacted(r.data))
+                    for r in session.scalars(query)]
 
     def close(self) -> None:
         self.engine.dispose()
 
 
-__all__ = ["RunRecord", "SQLAlchemyError", "Store", "TrialRecord"]
+def tighten(path: Path) -> None:
+    """Mode 0600 for a SQLite store file this user owns and its journal files (``-wal``,
+    ``-shm``, ``-journal``) when others could read them. Files of other users, and errors,
+    are left alone."""
+    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm",
+                                                                      "-journal"))):
+        with contextlib.suppress(OSError):
+            info = candidate.stat()
+            if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o077:
+                candidate.chmod(STORE_FILE_MODE)
+
+
+__all__ = ["RunRecord", "SQLAlchemyError", "Store", "TrialRecord", "display_url", "tighten"]
