@@ -109,6 +109,7 @@ def test_an_invalid_workload_exits_2_before_any_launch(tmp_path: Path) -> None:
         ("requests_per_level", "requests_per_level: 1000000000", "requests_per_level"),
         ("workload", "workload: {kind: random, input_len: 100000000}", "input_len"),
         ("workload", "workload: {kind: sharegpt}", "path"),
+        ("workload", "workload: {kind: sharegpt, path: /nonexistent/sg.json}", "dataset"),
         ("workload", "workload: {kind: zipf}", "kind"),
         ("space", "space: {x: {int: [1, 100], points: 1000000000}}", "points"),
         ("space", "space: {x: {float: [0, .inf]}}", "finite"),

@@ -32,6 +32,7 @@ distributions.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -328,6 +329,18 @@ def _check_distributions(spec: StudySpec, root: yaml.Node | None, path: Path) ->
                              hint="see docs/study.md for ranges") from None
 
 
+def _check_dataset(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
+    """A dataset workload's file must be a readable file here (the benchmark client runs in
+    this process); its content is read at the first level."""
+    if spec.workload.get("kind") != "sharegpt":
+        return
+    dataset = Path(str(spec.workload.get("path")))
+    if not dataset.is_file() or not os.access(dataset, os.R_OK):
+        raise InputError(f"the workload's dataset {dataset} is not a readable file",
+                         where=_at(path, root, ("workload", "path")),
+                         hint="a ShareGPT-format JSON file on the machine that runs tune")
+
+
 def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
     """Load and validate a study file, everything that can be checked before a launch
     (see the module docstring); errors name file:line (exit 2)."""
@@ -335,6 +348,7 @@ def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
                                  hint="see docs/study.md for the keys of a study file")
     _check_flags(spec, root, path)
     _check_distributions(spec, root, path)
+    _check_dataset(spec, root, path)
     if spec.strategy == "ablation" or spec.baseline:
         for name, value in spec.baseline.items():
             if value not in spec.factor_values(name):
