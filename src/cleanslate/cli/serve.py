@@ -329,7 +329,7 @@ def targets_table(title: str, targets: Any) -> Table:
             why = f"{why}; left alone: {row['protected']}"
         user = row.get("user") or (str(row["uid"]) if row.get("uid") is not None else "?")
         table.add_row(Text(str(row.get("pid"))), Text(str(user)), Text(why),
-                      Text(str(row.get("comm", ""))), Text(str(row.get("command", ""))[:100]))
+                      Text(str(row.get("comm", ""))), Text(str(row.get("command", ""))[:200]))
     return table
 
 
