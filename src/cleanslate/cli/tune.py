@@ -96,7 +96,7 @@ def tune(
     if not resume and store.study(spec.name) is not None:
         from cleanslate.errors import InputError
 
-        raise InputError(f"study {spec.name!r} already exists in {store.url}",
+        raise InputError(f"study {spec.name!r} already exists in {store.display_url}",
                          where="--no-resume", hint="rename the study to start a new one")
     executor = executor_for(spec.host)
     note = asyncio.run(validate_study_flags(spec, root, study_file, executor))

@@ -17,6 +17,7 @@ from typing import Any
 
 import optuna
 import yaml
+from pydantic_core import to_jsonable_python
 
 from cleanslate.config import line_of
 from cleanslate.engines import check_flags, engine_help_options
@@ -73,8 +74,29 @@ async def validate_study_flags(spec: StudySpec, root: yaml.Node | None, path: Pa
     return None
 
 
-def _comparable(spec: StudySpec) -> dict[str, Any]:
-    return spec.model_dump(mode="json", exclude={"budget"})
+def _defaults() -> dict[str, Any]:
+    """The JSON form of every study key's default (keys without one are left out)."""
+    out: dict[str, Any] = {}
+    for name, info in StudySpec.model_fields.items():
+        if not info.is_required():
+            out[name] = to_jsonable_python(info.get_default(call_default_factory=True))
+    return out
+
+
+def _normalized(spec: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """A stored or current spec without ``budget`` (it may change between runs) and without
+    keys at their default value: a key added to the schema later, absent from a study stored
+    before, compares equal to its default."""
+    return {k: v for k, v in spec.items()
+            if k != "budget" and not (k in defaults and defaults[k] == v)}
+
+
+def same_definition(store: Store, stored: dict[str, Any], spec: StudySpec) -> bool:
+    """Whether ``spec`` defines the study ``stored`` in ``store`` (compared as the store keeps
+    it, redacted: an ``env`` secret is never kept, so it cannot be compared)."""
+    defaults = _defaults()
+    current = store.redacted(spec.model_dump(mode="json"))
+    return _normalized(store.redacted(stored), defaults) == _normalized(current, defaults)
 
 
 def _best(trials: list[TrialRecord], spec: StudySpec) -> TrialRecord | None:
@@ -103,12 +125,11 @@ async def run_study(
     """Run (or resume) a study until its plan or budget is done."""
     view = view or TuneView()
     existing = store.study(spec.name)
-    if existing is not None and existing["spec"] and {
-        k: v for k, v in existing["spec"].items() if k != "budget"
-    } != _comparable(spec):
+    if existing is not None and existing["spec"] and not same_definition(
+            store, existing["spec"], spec):
         raise InputError(
             f"a study named {spec.name!r} with a different definition is already in "
-            f"{store.url}",
+            f"{store.display_url}",
             where="name", hint="give the study a new name to start over, or restore the file "
             "(only budget: may change between runs)")
     store.save_study(spec.name, spec.model_dump(mode="json"), "running")
