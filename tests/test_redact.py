@@ -170,6 +170,15 @@ def test_redact_data_document() -> None:
     assert redact_data(out, Scrubber(secret_values(out))) == out
 
 
+def test_only_command_lines_hide_the_word_after_a_secret_flag() -> None:
+    """A list of file names (``shm_before``) is not a command line: a name ``--token`` made by
+    another user must not hide the next name (teardown compares those names)."""
+    doc = {"shm_before": ["--token", "victim_file"], "argv": ["x", "--token", "tok12345"]}
+    out = redact_data(doc, Scrubber(secret_values(doc)))
+    assert out == {"shm_before": ["--token", "victim_file"], "argv": ["x", "--token", REDACTED]}
+    assert secret_values(doc) == {"tok12345"}
+
+
 def test_secret_values() -> None:
     doc = {"env": {"HF_TOKEN": "hf_x1234", "X": "postgresql://u:pass5678@h/d"},
            "argv": ["a", "--api-key", "sk-long1", "PGPASSWORD=pgpass99"],

@@ -210,34 +210,42 @@ def _hide_all(value: Any) -> Any:
     return REDACTED if _scalar_secret(value) else value
 
 
-def redact_data(value: Any, scrub: Scrubber | None = None) -> Any:
+#: Keys whose list of strings is a command line (the word after a secret flag is its value);
+#: other lists of strings (file names, labels) are redacted element by element.
+ARGV_KEYS = frozenset({"argv", "cmdline", "launch", "command", "cmd", "args"})
+
+
+def redact_data(value: Any, scrub: Scrubber | None = None, *, argv: bool = False) -> Any:
     """A copy of a JSON-like document (records, specs, check documents) with no secret: values
-    under secret names hidden (all of their scalars), lists of strings redacted as command
-    lines (:func:`redact_argv`), and every string through ``scrub`` (known secret values) and
-    :func:`redact_text`. Numbers, booleans and ``None`` under other names are kept. Applying
-    it twice gives the same document as applying it once."""
+    under secret names hidden (all of their scalars), lists of strings under :data:`ARGV_KEYS`
+    redacted as command lines (:func:`redact_argv`; ``argv`` says ``value`` is one), and every
+    string through ``scrub`` (known secret values) and :func:`redact_text`. Numbers, booleans
+    and ``None`` under other names are kept. Applying it twice gives the same document as
+    applying it once."""
     if isinstance(value, str):
         return scrub(value) if scrub is not None else redact_text(value)
     if isinstance(value, Mapping):
         out: dict[Any, Any] = {}
         for k, v in value.items():
             key = redact_data(k, scrub) if isinstance(k, str) else k
-            out[key] = _hide_all(v) if isinstance(k, str) and is_secret_name(k) else \
-                redact_data(v, scrub)
+            if isinstance(k, str) and is_secret_name(k):
+                out[key] = _hide_all(v)
+            else:
+                out[key] = redact_data(v, scrub, argv=isinstance(k, str) and k in ARGV_KEYS)
         return out
     if isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, str) for v in value):
-            argv = redact_argv(value)
-            return [scrub(a) if scrub is not None else a for a in argv]
+        if argv and all(isinstance(v, str) for v in value):
+            return [scrub(a) if scrub is not None else a for a in redact_argv(value)]
         return [redact_data(v, scrub) for v in value]
     return value
 
 
 def secret_values(value: Any) -> set[str]:
     """The secret values a document holds, to look for elsewhere (a server's log tail may print
-    its own ``--api-key``): values under secret names, the word after a secret flag in a list
-    of strings, ``NAME=value`` items of such lists, and URL passwords in any string. Values
-    shorter than :data:`MIN_SCRUB_LEN` are left out."""
+    its own ``--api-key``): values under secret names, the word after a secret flag in a
+    command line (a list of strings under :data:`ARGV_KEYS`), ``NAME=value`` items of such
+    lists, and URL passwords in any string. Values shorter than :data:`MIN_SCRUB_LEN` are left
+    out."""
     found: set[str] = set()
 
     def text(s: str) -> None:
@@ -245,12 +253,13 @@ def secret_values(value: Any) -> set[str]:
             end = m.group(0)[len(m.group("head")):-1]
             found.add(end)
 
-    def walk(v: Any, secret: bool) -> None:
+    def walk(v: Any, secret: bool, argv: bool = False) -> None:
         if isinstance(v, Mapping):
             for k, item in v.items():
-                walk(item, secret or (isinstance(k, str) and is_secret_name(k)))
+                walk(item, secret or (isinstance(k, str) and is_secret_name(k)),
+                     isinstance(k, str) and k in ARGV_KEYS)
         elif isinstance(v, (list, tuple)):
-            strings = all(isinstance(x, str) for x in v)
+            strings = argv and all(isinstance(x, str) for x in v)
             for i, item in enumerate(v):
                 walk(item, secret)
                 if strings and not secret:
@@ -303,6 +312,7 @@ class Scrubber:
 
 
 __all__ = [
+    "ARGV_KEYS",
     "MIN_SCRUB_LEN",
     "REDACTED",
     "SECRET_NAMES_ENV",

@@ -42,6 +42,10 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _URL_HINT = "sqlite:///PATH/cleanslate.db, a file path, or postgresql://user@host[:port]/db"
 #: Secret values remembered by a Store (to scrub them from later records), at most.
 _MAX_REMEMBERED = 4096
+#: Fields of a record that cleanslate makes and teardown acts on (ids, the marker, the run's
+#: cgroup and folders, /dev/shm names seen before the run): kept as they are.
+_IDENTITY_KEYS = ("id", "marker", "run_id", "cgroup", "boot_id", "machine_id", "log_path",
+                  "artifacts_dir", "shm_before", "started_at", "stopped_at")
 
 
 def resolve_store_url(url: str | None) -> str:
@@ -316,7 +320,11 @@ class Store:
             if found and len(self._secrets) < _MAX_REMEMBERED:
                 self._secrets.update(found)
             known = found | self._secrets
-        return redact_data(document, Scrubber(known))
+        out = redact_data(document, Scrubber(known))
+        if isinstance(document, dict) and isinstance(out, dict):
+            # What teardown matches processes and files by is ours, never rewritten.
+            out.update({k: document[k] for k in _IDENTITY_KEYS if k in document})
+        return out
 
     def save_run(self, run: RunRecord) -> None:
         """Insert or replace a run record, redacted (:meth:`redacted`) whoever built it."""
