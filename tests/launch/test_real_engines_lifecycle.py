@@ -6,9 +6,12 @@ store, on a free port, with the tiny random-weight Llama built once per session 
 - ``transformers serve`` and vLLM's CPU build become ready, pass the smoke test, answer a
   ``/v1/completions`` from the test, and ``cleanslate stop`` ends CLEAN with every recorded PID
   gone;
-- the seed's failure: the vLLM API server alone is SIGKILLed; ``VLLM::EngineCore`` and
-  ``VLLM::Worker`` outlive it, ``cleanslate check`` reports both (engine signature and run
-  marker), and ``cleanslate stop`` removes them and the run's ``/dev/shm`` files, CLEAN;
+- the seed's failure, made worse: the run's supervisor and then the vLLM API server are
+  SIGKILLed; ``VLLM::EngineCore`` and ``VLLM::Worker`` outlive them under PID 1, ``cleanslate
+  check`` reports both (engine signature and run marker), and ``cleanslate stop`` removes them
+  and the run's ``/dev/shm`` files, CLEAN: with the run's cgroup, and without one
+  (``CLEANSLATE_CGROUP=0``: found by marker, or by process group and the vLLM signature where
+  ``setproctitle`` left the marker unreadable);
 - the real vLLM crash: a head_dim 16 model is healthy on ``/health`` and answers HTTP 500 on a
   completion; ``serve`` exits 1 with the smoke test's cause and the worker's ``RuntimeError``
   from the log, and the host ends CLEAN.
@@ -369,14 +372,20 @@ def test_vllm_serve_completion_stop_clean(lab: Lab, tiny_model: Path) -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
 def test_vllm_api_server_sigkilled_leaves_workers_stop_removes_them(
-    lab: Lab, tiny_model: Path
+    lab: Lab, tiny_model: Path, cgroup: bool
 ) -> None:
     python = vllm_python()
     port = free_port()
     shm_before = shm_names()
+    if not cgroup:
+        lab.env["CLEANSLATE_CGROUP"] = "0"
     doc = served(lab.serve_config(vllm_config(tiny_model, port, python)))
     run_id = doc["run_id"]
+    if cgroup and doc["cgroup"] is None:
+        pytest.skip(f"this host gives runs no cgroup: {doc['cgroup_note']}")
+    assert (doc["cgroup"] is not None) == cgroup
     lab.timings.update({k: v for k, v in doc["phases"].items() if k != "launch_s"})
     shm_during = shm_names()
     root = read_proc(doc["pid"])
@@ -392,8 +401,12 @@ def test_vllm_api_server_sigkilled_leaves_workers_stop_removes_them(
     assert any(n.startswith("psm_") for n in run_shm), sorted(shm_during - shm_before)
     assert any(n.startswith("sem.mp-") for n in run_shm), sorted(shm_during - shm_before)
 
-    # The naive kill of the seed: SIGKILL to the API server alone.
-    assert same_alive(root)
+    # The naive kill of the seed, and its supervisor first: SIGKILL to both. Nothing of the
+    # run is left to reap or adopt the workers but PID 1.
+    supervisor = read_proc(doc["supervisor_pid"])
+    assert supervisor is not None and same_alive(root)
+    os.kill(supervisor.pid, signal.SIGKILL)
+    assert wait_gone(supervisor, 10)
     os.kill(root.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     assert wait_gone(root, 10)
@@ -429,6 +442,11 @@ def test_vllm_api_server_sigkilled_leaves_workers_stop_removes_them(
     targets = {t["pid"]: t for t in report["targets"]}
     for proc in orphans:
         assert proc.pid in targets, (proc, sorted(targets))
+        expected = {"cgroup"} if cgroup else {"marker", "process group", "session"}
+        assert targets[proc.pid]["why"] in expected, targets[proc.pid]
+    print(f"found the orphans by {sorted({targets[p.pid]['why'] for p in orphans})}")
+    if cgroup:
+        assert report["cgroup_removed"], report
     # Gone: unlinked by the engine's own shutdown on SIGTERM, or by stop (`shm_removed`).
     left = run_shm & shm_names()
     assert not left, f"the run's /dev/shm files survived: {sorted(left)}"
