@@ -235,3 +235,33 @@ def test_password_never_printed_with_a_reachable_database(cli: Any, postgres_url
         assert "hunter2" not in done.stdout + done.stderr, argv
         assert "Traceback" not in done.stderr
         assert "***@127.0.0.1" in done.stderr, done.stderr
+
+
+def test_database_errors_after_opening_are_input_errors(tmp_path: Path) -> None:
+    """A table gone (or a server gone, a locked or read-only file) after the store opened: an
+    input error that names the store and what was being done, not a traceback."""
+    from sqlalchemy import text
+
+    store = Store(f"sqlite:///{tmp_path / 'c.db'}")
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TABLE cs_runs"))
+    with pytest.raises(InputError) as info:
+        store.get_run("r-1")
+    assert "the store failed while reading a run" in info.value.message
+    assert "no such table" in info.value.message
+    with pytest.raises(InputError):
+        store.save_run(_run())
+
+
+def test_invalid_stored_record_is_an_input_error(cli: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    store = Store(url)
+    with Session(store.engine) as session, session.begin():
+        session.add(RunRow(id="r-bad", host="h", engine="vllm", model="m", status="ready",
+                           data={"id": "r-bad", "port": "not a port"}, started_at=1.0,
+                           updated_at=1.0))
+    with pytest.raises(InputError) as info:
+        store.get_run("r-bad")
+    assert "not valid" in info.value.message
+    done = cli("stop", "r-bad", "--store", url)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
@@ -174,6 +176,37 @@ class TrialRecord(BaseModel):
     finished_at: float | None = None
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _guarded(what: str) -> Callable[[Callable[Concatenate[Store, _P], _R]],
+                                    Callable[Concatenate[Store, _P], _R]]:
+    """A store method whose database errors (the server went away, a read-only or locked file,
+    a full disk) and invalid stored records become an :class:`InputError` naming the store
+    (without its password) and what was being done: exit 2, never a traceback."""
+
+    def decorate(fn: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
+        @functools.wraps(fn)
+        def wrapper(self: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return fn(self, *args, **kwargs)
+            except SQLAlchemyError as exc:
+                reason = getattr(exc, "orig", None) or exc
+                raise self._error(f"the store failed while {what}: {self._scrub(str(reason))}"
+                                  ) from None
+            except ValidationError as exc:
+                raise self._error(f"a record in the store is not valid ({what}): "
+                                  f"{exc.error_count()} error(s), first: "
+                                  f"{self._scrub(str(exc.errors()[0].get('msg', '')))}",
+                                  hint="was it written by another version of cleanslate?"
+                                  ) from None
+
+        return wrapper
+
+    return decorate
+
+
 class Store:
     """Runs (and, with the tuner, studies and trials) in one SQLAlchemy database.
 
@@ -326,6 +359,7 @@ class Store:
             out.update({k: document[k] for k in _IDENTITY_KEYS if k in document})
         return out
 
+    @_guarded("saving a run")
     def save_run(self, run: RunRecord) -> None:
         """Insert or replace a run record, redacted (:meth:`redacted`) whoever built it."""
         with Session(self.engine) as session, session.begin():
@@ -341,6 +375,7 @@ class Store:
                 row.data = data
                 row.updated_at = time.time()
 
+    @_guarded("reading a run")
     def get_run(self, run_id: str) -> RunRecord:
         """The run with this id; an unknown id is an :class:`InputError`."""
         with Session(self.engine) as session:
@@ -356,6 +391,7 @@ class Store:
                 )
             return RunRecord.model_validate(self.redacted(row.data))
 
+    @_guarded("reading runs")
     def runs(self, *, status: str | None = None, study: str | None = None) -> list[RunRecord]:
         """Run records, oldest first, redacted (stores written before redaction included)."""
         with Session(self.engine) as session:
@@ -369,6 +405,7 @@ class Store:
 
     # -- studies and trials ---------------------------------------------------------------------
 
+    @_guarded("saving a study")
     def save_study(self, name: str, spec: dict[str, Any], status: str) -> float:
         """Create or update a study (its spec redacted: :meth:`redacted`); returns when it was
         first created (epoch seconds)."""
@@ -386,6 +423,7 @@ class Store:
                 row.updated_at = now
             return float(row.created_at)
 
+    @_guarded("saving a study")
     def add_study_time(self, name: str, seconds: float) -> float:
         """Add wall time spent on a study; returns its total (for ``budget.hours``)."""
         with Session(self.engine) as session, session.begin():
@@ -395,6 +433,7 @@ class Store:
             row.elapsed_s = float(row.elapsed_s or 0.0) + seconds
             return float(row.elapsed_s)
 
+    @_guarded("reading a study")
     def study(self, name: str) -> dict[str, Any] | None:
         """The study's row (its spec redacted), ``None`` for an unknown name."""
         with Session(self.engine) as session:
@@ -405,10 +444,12 @@ class Store:
                     "created_at": row.created_at, "updated_at": row.updated_at,
                     "elapsed_s": row.elapsed_s}
 
+    @_guarded("reading studies")
     def studies(self) -> list[str]:
         with Session(self.engine) as session:
             return list(session.scalars(select(StudyRow.name).order_by(StudyRow.created_at)))
 
+    @_guarded("saving a trial")
     def save_trial(self, trial: TrialRecord) -> TrialRecord:
         """Insert (``id`` None) or update a trial, redacted (:meth:`redacted`) in the store;
         returns the given record with its id."""
@@ -426,6 +467,7 @@ class Store:
             row.updated_at = time.time()
             return trial
 
+    @_guarded("reading trials")
     def trials(self, study: str, *, status: str | None = None) -> list[TrialRecord]:
         """A study's trial records in insertion order, redacted."""
         with Session(self.engine) as session:
