@@ -331,6 +331,9 @@ async def _levels(
             sent = level.completed + level.failed
             detail = f"{level.failed} of {sent} requests failed at {level.label}: " \
                      f"{level.errors}"
+            first = next(((k, v) for k, v in level.error_details.items() if v), None)
+            if first is not None:
+                detail += f"; first {first[0]}: {first[1][:160]}"
             say(f"{load.label}: {detail}")
             break
         misses = slo_misses(level, limits)
