@@ -265,3 +265,39 @@ def test_invalid_stored_record_is_an_input_error(cli: Any, tmp_path: Path) -> No
     assert "not valid" in info.value.message
     done = cli("stop", "r-bad", "--store", url)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_store_must_be_a_regular_file_and_others_keep_their_mode(tmp_path: Path) -> None:
+    """``--store /dev/null`` or a FIFO is refused at once (a FIFO would block the read) and
+    nothing but a SQLite file holding cleanslate's tables is ever chmod-ed: an empty file, a
+    link to a store, and another program's SQLite file keep their modes."""
+    import sqlite3
+
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        before = stat.S_IMODE(path.stat().st_mode)
+        with pytest.raises(InputError) as info:
+            Store(f"sqlite:///{path}")
+        assert "not a regular file" in info.value.message
+        assert stat.S_IMODE(path.stat().st_mode) == before
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    other.chmod(0o644)
+    Store(f"sqlite:///{other}").close()
+    assert stat.S_IMODE(other.stat().st_mode) == 0o644
+    empty = tmp_path / "empty.db"
+    empty.touch(mode=0o644)
+    empty.chmod(0o644)
+    Store(f"sqlite:///{empty}").close()
+    assert stat.S_IMODE(empty.stat().st_mode) == 0o644
+    store = tmp_path / "store.db"
+    Store(f"sqlite:///{store}").close()
+    store.chmod(0o644)
+    link = tmp_path / "link.db"
+    link.symlink_to(store)
+    Store(f"sqlite:///{link}").close()
+    assert stat.S_IMODE(store.stat().st_mode) == 0o644
+    Store(f"sqlite:///{store}").close()
+    assert stat.S_IMODE(store.stat().st_mode) == 0o600

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, inspect, select
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -226,6 +226,7 @@ class Store:
                                              else "--store")
         self._secrets: set[str] = set()
         self._lock = threading.Lock()
+        self._tighten: Path | None = None
         parsed = self._parse()
         connect_args: dict[str, Any] = {}
         if parsed.get_backend_name() == "sqlite":
@@ -245,6 +246,11 @@ class Store:
                               hint="pip install 'psycopg[binary]' for postgresql:// URLs"
                               ) from None
         try:
+            if self._tighten is not None and inspect(self.engine).has_table(RunRow.__tablename__):
+                # A store an older cleanslate made 0644: it may hold secrets in old rows. Only
+                # a file holding our tables is touched (a SQLite file of another program that
+                # --store happens to name keeps its mode).
+                tighten(self._tighten)
             Base.metadata.create_all(self.engine)
         except SQLAlchemyError as exc:
             self.engine.dispose()
@@ -319,6 +325,15 @@ class Store:
             os.close(fd)
             return
         try:
+            info = path.stat()
+        except OSError as exc:
+            raise self._error(f"cannot read the store file ({exc.strerror})") from None
+        if not stat.S_ISREG(info.st_mode):
+            # A device (/dev/null), a FIFO (opening it would block) or a socket.
+            raise self._error("not a regular file",
+                              hint="--store names the SQLite file cleanslate writes "
+                                   "(cleanslate.db), or a postgresql:// URL")
+        try:
             with path.open("rb") as fh:
                 head = fh.read(len(_SQLITE_MAGIC))
         except OSError as exc:
@@ -327,7 +342,7 @@ class Store:
             raise self._error("not a SQLite database (the file holds something else)",
                               hint="--store names the SQLite file cleanslate writes "
                                    "(cleanslate.db), or a postgresql:// URL")
-        tighten(path)
+        self._tighten = path if head == _SQLITE_MAGIC else None
 
     @property
     def artifacts(self) -> Path:
@@ -483,14 +498,20 @@ class Store:
 
 def tighten(path: Path) -> None:
     """Mode 0600 for a SQLite store file this user owns and its journal files (``-wal``,
-    ``-shm``, ``-journal``) when others could read them. Files of other users, and errors,
-    are left alone."""
+    ``-shm``, ``-journal``) when others could read them. Only regular files that are not
+    symbolic links are touched; files of other users, and errors, are left alone."""
     for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm",
                                                                       "-journal"))):
         with contextlib.suppress(OSError):
-            info = candidate.stat()
-            if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o077:
-                candidate.chmod(STORE_FILE_MODE)
+            # O_NOFOLLOW | O_NONBLOCK: never through a link, never blocked on a FIFO.
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and \
+                        stat.S_IMODE(info.st_mode) & 0o077:
+                    os.fchmod(fd, STORE_FILE_MODE)
+            finally:
+                os.close(fd)
 
 
 __all__ = ["RunRecord", "SQLAlchemyError", "Store", "TrialRecord", "display_url", "tighten"]
