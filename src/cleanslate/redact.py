@@ -110,7 +110,10 @@ def _extra_names() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=8192)
-def _is_secret(bare: str, extra: frozenset[str]) -> bool:
+def _is_secret(name: str, extra: frozenset[str]) -> bool:
+    bare = name.strip().lstrip("-").upper()
+    if not bare or len(bare.split(None, 1)) > 1:
+        return False  # a name has no blanks: "--api-key VALUE" as one word is text
     if bare in extra or bare.replace("-", "_") in extra:
         return True
     parts = [p for p in _SPLIT.split(bare) if p]
@@ -121,10 +124,7 @@ def _is_secret(bare: str, extra: frozenset[str]) -> bool:
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable or flag name (``HF_TOKEN``, ``--api-key``) names a secret."""
-    bare = str(name).strip().lstrip("-").upper()
-    if not bare or any(c.isspace() for c in bare):
-        return False  # a name has no blanks: "--api-key VALUE" as one word is text
-    return _is_secret(bare, _extra_names())
+    return _is_secret(str(name), _extra_names())
 
 
 def redact_url(url: str) -> str:
