@@ -301,3 +301,15 @@ def test_a_store_must_be_a_regular_file_and_others_keep_their_mode(tmp_path: Pat
     assert stat.S_IMODE(store.stat().st_mode) == 0o644
     Store(f"sqlite:///{store}").close()
     assert stat.S_IMODE(store.stat().st_mode) == 0o600
+
+
+def test_a_reading_command_never_creates_a_store(tmp_path: Path) -> None:
+    """``report``, ``stop`` and ``clean --run`` read recorded runs: a SQLite path that does not
+    exist is an input error, and no empty store is left behind (``--store null`` made one)."""
+    path = tmp_path / "absent.db"
+    with pytest.raises(InputError) as info:
+        Store(f"sqlite:///{path}", create=False)
+    assert "no store at" in info.value.message and info.value.where == "--store"
+    assert not path.exists()
+    Store(f"sqlite:///{path}").close()  # tune and serve create it
+    Store(f"sqlite:///{path}", create=False).close()

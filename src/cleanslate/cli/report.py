@@ -21,25 +21,10 @@ _FORMATS = ("csv", "json")
 
 
 def _open_store(url: str | None) -> Store:
-    """The store, refusing a SQLite file that does not exist (opening would create it); every
-    other bad ``--store`` is the store's own :class:`InputError`."""
-    from sqlalchemy.engine import make_url
+    """The store; a SQLite file that does not exist is refused (opening would create it)."""
+    from cleanslate.store import Store
 
-    from cleanslate.store import Store, resolve_store_url
-
-    resolved = resolve_store_url(url)
-    try:
-        parsed = make_url(resolved)
-    except Exception:  # the store says what is wrong with it
-        return Store(resolved)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        path = Path(parsed.database or "")
-        if not path.exists():
-            raise InputError(
-                f"no store at {path.resolve()}", where="--store" if url else "STUDY",
-                hint="run the report in the folder where `cleanslate tune` ran, or pass "
-                     "--store sqlite:///PATH/cleanslate.db")
-    return Store(resolved)
+    return Store(url, create=False)
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -213,8 +213,10 @@ class Store:
     Thread safety: one ``Store`` may be shared by threads; each call opens its own session.
     """
 
-    def __init__(self, url: str | None = None) -> None:
-        """Open (and, for a new SQLite file, create with mode 0600) the store.
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        """Open (and, for a new SQLite file, create with mode 0600) the store. With
+        ``create=False`` (commands that only read or act on recorded runs: ``report``, ``stop``,
+        ``clean --run``) a SQLite file that does not exist is an :class:`InputError` instead.
 
         Bad input is an :class:`InputError` naming ``--store`` (or ``$CLEANSLATE_STORE``) with
         the URL shown without its password: a URL that does not parse, an unknown scheme, a
@@ -227,6 +229,7 @@ class Store:
         self._secrets: set[str] = set()
         self._lock = threading.Lock()
         self._tighten: Path | None = None
+        self._create = create
         parsed = self._parse()
         connect_args: dict[str, Any] = {}
         if parsed.get_backend_name() == "sqlite":
@@ -310,6 +313,10 @@ class Store:
             raise self._error("is a folder, not a database file",
                               hint="pass the file inside it: sqlite:///FOLDER/cleanslate.db")
         parent = path.parent if str(path.parent) else Path(".")
+        if not self._create and not path.exists():
+            raise self._error(f"no store at {path.absolute()}",
+                              hint="pass --store sqlite:///PATH/cleanslate.db (or set "
+                                   f"${STORE_ENV}) for the store the runs were recorded in")
         if not parent.is_dir():
             raise self._error(f"the folder {parent} does not exist",
                               hint="create the folder first, or pass another path")
