@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,20 +11,36 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cleanslate.cli import app
-from cleanslate.cli._common import EXIT_INPUT, console, console_err, parse_int_list
+from cleanslate.cli._common import (
+    EXIT_INPUT,
+    check_writable,
+    console,
+    console_err,
+    parse_int_list,
+)
+from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for, set_accept_new_host_keys
 from cleanslate.probe.gpu.base import backend_names
 from cleanslate.verdict.baseline import Baseline
-from cleanslate.verdict.check import CheckOptions, CheckReport, check_host, check_hosts
+from cleanslate.verdict.check import (
+    DEFAULT_SETTLE_S,
+    CheckOptions,
+    CheckReport,
+    check_host,
+    check_hosts,
+)
 from cleanslate.verdict.check import check_until_clean as _until_clean
 from cleanslate.verdict.findings import HostVerdict, Severity, Verdict
 from cleanslate.verdict.rules import DEFAULT_IDLE_TOLERANCE_MIB, Scope
 
 _MAX_ROWS_PER_KIND = 5
+#: Recorded runs whose ports a check looks at, per host (the most recent ones).
+_MAX_RECORDED_RUNS = 500
 _VERDICT_STYLE = {Verdict.CLEAN: "bold green", Verdict.DIRTY: "bold red",
                   Verdict.UNKNOWN: "bold yellow"}
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.UNKNOWN: "yellow", Severity.WARNING: "magenta",
@@ -37,27 +54,43 @@ def check(
     gpus: Annotated[str | None, typer.Option(
         help="GPU indices in scope, e.g. 0,1 (default: all).")] = None,
     port: Annotated[list[int] | None, typer.Option(
-        "--port", help="Port that must be free (repeatable).")] = None,
+        "--port", help="Port that must be free (repeatable), besides the engines' default "
+        "ports and the ports of the runs recorded in the store.")] = None,
+    default_ports: Annotated[bool, typer.Option(
+        "--default-ports/--no-default-ports", help="Also require the default ports of the "
+        "engines in scope (8000, 8080, 30000 ...) and the ports of the runs recorded for the "
+        "host to be free.")] = True,
+    store: Annotated[str | None, typer.Option(
+        "--store", help="Store whose recorded runs' ports are checked (default: "
+        "$CLEANSLATE_STORE or ./cleanslate.db, when it exists; never created by check).")
+    ] = None,
     engine: Annotated[list[str] | None, typer.Option(
         "--engine", help="Only these engines' processes count as strays (repeatable).")] = None,
     gpu_backend: Annotated[str, typer.Option(
         help="auto, nvml, nvidia-smi, sim or none.")] = "auto",
     baseline: Annotated[Path | None, typer.Option(
-        help="Compare with an idle-state baseline saved by --save-baseline.")] = None,
+        help="Compare with an idle-state baseline saved by --save-baseline: listeners new "
+        "since then (any port) are errors, processes new since then warnings.")] = None,
     save_baseline: Annotated[Path | None, typer.Option(
         help="Save this reading as the idle-state baseline.")] = None,
     until_clean: Annotated[bool, typer.Option(
-        "--until-clean", help="Re-probe until clean or the deadline.")] = False,
+        "--until-clean", help="Re-probe until clean (held for --settle seconds) or the "
+        "deadline.")] = False,
     deadline: Annotated[float, typer.Option(
         help="Seconds --until-clean keeps trying.")] = 60.0,
     interval: Annotated[float, typer.Option(
         help="Seconds between probes with --until-clean.")] = 0.5,
+    settle: Annotated[float, typer.Option(
+        help="Seconds the host must keep reading clean before --until-clean says CLEAN "
+        "(readings back to back; an engine process that reappears meanwhile is DIRTY).")
+    ] = DEFAULT_SETTLE_S,
     timeout: Annotated[float, typer.Option(
         help="Seconds each probe source may take before it counts as unknown.")] = 10.0,
     tolerance_mib: Annotated[int, typer.Option(
         help="MiB above idle a GPU may show and still be clean.")] = DEFAULT_IDLE_TOLERANCE_MIB,
     strict: Annotated[bool, typer.Option(
-        "--strict", help="Warnings (shm leftovers, open device files) make the host DIRTY.")
+        "--strict", help="Warnings (shm leftovers, open device files, new processes) make the "
+        "host DIRTY, and what could not be read (other users' environments) UNKNOWN.")
     ] = False,
     accept_new_host_key: Annotated[bool, typer.Option(
         "--accept-new-host-key", help="Trust and record unknown SSH host keys (changed keys are "
@@ -73,37 +106,57 @@ def check(
                          hint="choose one of auto, " + ", ".join(backend_names()))
     for name, value in (("--deadline", deadline), ("--interval", interval),
                         ("--timeout", timeout)):
-        if value <= 0:
-            raise InputError(f"must be positive, got {value:g}", where=name)
+        if not math.isfinite(value) or value <= 0:
+            raise InputError(f"must be a positive number of seconds, got {value:g}", where=name)
+    if not math.isfinite(settle) or settle < 0:
+        raise InputError(f"must be zero or a positive number of seconds, got {settle:g}",
+                         where="--settle")
+    if tolerance_mib < 0:
+        raise InputError(f"must be zero or more, got {tolerance_mib}", where="--tolerance-mib")
+    for value in port or ():
+        if not 1 <= value <= 65535:
+            raise InputError(f"port {value} is out of range", where="--port",
+                             hint="a TCP port is 1-65535")
     gpu_list = parse_int_list(gpus, option="--gpus")
+    if save_baseline is not None:
+        check_writable(save_baseline, option="--save-baseline")
     loaded = Baseline.load(baseline) if baseline else None
     for name in engine or ():
         get_signature(name)  # unknown engine: an input error naming the known ones
+    executors = [executor_for(h) for h in host] if host else [executor_for(None)]
+    reasons = _implicit_ports(engine, store, [e.name for e in executors]) if default_ports \
+        else {}
+    explicit = sorted(set(port or ()))
     scope = Scope(
         engines=tuple(engine) if engine else None,
         gpus=frozenset(gpu_list) if gpu_list is not None else None,
         exclude_roots=frozenset({os.getpid()}),
         idle_tolerance_mib=tolerance_mib,
         strict=strict,
+        port_reasons=tuple(sorted((p, r) for p, r in reasons.items() if p not in explicit)),
     )
-    options = CheckOptions(scope=scope, ports=tuple(port or ()), gpu_backend=gpu_backend,
-                           timeout=timeout, baseline=loaded)
-    executors = [executor_for(h) for h in host] if host else [executor_for(None)]
+    options = CheckOptions(scope=scope, ports=tuple(sorted({*explicit, *reasons})),
+                           gpu_backend=gpu_backend, timeout=timeout, baseline=loaded)
 
     if save_baseline is not None:
         if len(executors) != 1:
             raise InputError("a baseline describes one host", where="--save-baseline",
                              hint="save one baseline per host")
-        verdict, snapshot = asyncio.run(check_host(executors[0], options))
+        saving = CheckOptions(scope=scope, ports=options.ports, gpu_backend=gpu_backend,
+                              timeout=timeout, listeners=True)
+        verdict, snapshot = asyncio.run(check_host(executors[0], saving))
         Baseline.from_snapshot(snapshot).save(save_baseline)
         if not json_out:
-            console_err.print(f"baseline of {snapshot.host} saved to {save_baseline}")
+            console_err.print(Text(f"baseline of {snapshot.host} saved to {save_baseline}"))
+            if snapshot.listeners is None:
+                console_err.print("[yellow]warning:[/] the listening sockets could not be read: "
+                                  "the baseline cannot tell new listeners later")
             if verdict.verdict != Verdict.CLEAN:
                 console_err.print("[yellow]warning:[/] the host was not clean when the baseline "
                                   "was taken; memory in use now will count as idle later")
     if until_clean:
         report = asyncio.run(_until_clean(executors, options, deadline_s=deadline,
-                                          interval_s=interval))
+                                          interval_s=interval, settle_s=settle))
     else:
         report = asyncio.run(check_hosts(executors, options))
 
@@ -114,6 +167,56 @@ def check(
     raise typer.Exit(report.exit_code)
 
 
+def _implicit_ports(engines: list[str] | None, store_url: str | None,
+                    hosts: list[str]) -> dict[int, str]:
+    """Ports a check requires free without being asked: the default ports of the engines in
+    scope, and the ports of the runs recorded for these hosts in the store (the most recent
+    :data:`_MAX_RECORDED_RUNS`), each with why, e.g. ``{8000: "vllm's default port"}``."""
+    names = engines or engine_names()
+    by_port: dict[int, list[str]] = {}
+    for name in names:
+        by_port.setdefault(engine_class(name).default_port, []).append(name)
+    reasons = {p: f"default port of {', '.join(sorted(n))}" for p, n in by_port.items()}
+    runs: dict[int, list[str]] = {}
+    for run in _recorded_runs(store_url, hosts, engines):
+        runs.setdefault(run[0], []).append(run[1])
+    for port_, ids in runs.items():
+        named = ", ".join(ids[-3:]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        what = f"recorded run{'s' if len(ids) > 1 else ''} {named}"
+        reasons[port_] = f"{reasons[port_]}; {what}" if port_ in reasons else what
+    return reasons
+
+
+def _recorded_runs(store_url: str | None, hosts: list[str],
+                   engines: list[str] | None) -> list[tuple[int, str]]:
+    """(port, run id) of the runs recorded for ``hosts``, oldest first. The store is read only
+    when it exists: ``check`` never creates one. A ``--store`` that does not exist or cannot be
+    read, and a ``$CLEANSLATE_STORE`` that cannot be read, are input errors; the default
+    ``./cleanslate.db`` (or a ``$CLEANSLATE_STORE`` SQLite file) that does not exist is no
+    store at all."""
+    from sqlalchemy.engine import make_url
+
+    from cleanslate.store import Store
+    from cleanslate.store._store import resolve_store_url
+
+    url = resolve_store_url(store_url)
+    if store_url is None:
+        try:
+            parsed = make_url(url)
+        except Exception:
+            parsed = None
+        if parsed is not None and parsed.get_backend_name() == "sqlite":
+            database = parsed.database or ""
+            if not database or database == ":memory:" or not Path(database).exists():
+                return []
+    runs = Store(store_url, create=False).runs()
+    wanted = set(hosts)
+    out = [(r.port, r.id) for r in runs
+           if r.host in wanted and (not engines or r.engine in engines)
+           and 1 <= r.port <= 65535]
+    return out[-_MAX_RECORDED_RUNS:]
+
+
 def render_report(report: CheckReport) -> None:
     """Print GPU and finding tables per host, ending with one explicit verdict line."""
     for host in report.hosts:
@@ -121,17 +224,21 @@ def render_report(report: CheckReport) -> None:
     line = report.verdict.value.upper()
     if report.until_clean is not None:
         uc = report.until_clean
-        if uc.clean_after_s is not None:
-            line += f" after {uc.clean_after_s:.2f} s ({uc.attempts} probes)"
+        if uc.respawned:
+            line += (f": an engine process reappeared after the host had read clean "
+                     f"({uc.attempts} probes)")
+        elif uc.clean_after_s is not None:
+            line += (f" after {uc.clean_after_s:.2f} s ({uc.attempts} probes; held "
+                     f"{uc.clean_for_s:.2f} s over {uc.clean_readings} readings)")
         else:
             line += f" at the {uc.deadline_s:g} s deadline ({uc.attempts} probes)"
-    console.print(line, style=_VERDICT_STYLE[report.verdict])
+    console.print(Text(line, style=_VERDICT_STYLE[report.verdict]))
 
 
 def _render_host(host: HostVerdict, *, show_name: bool) -> None:
-    title = f"{host.host}: " if show_name else ""
+    title = f"{escape(host.host)}: " if show_name else ""
     if host.gpus:
-        table = Table(title=f"{title}GPUs ({host.gpu_backend})", title_justify="left")
+        table = Table(title=f"{title}GPUs ({escape(host.gpu_backend)})", title_justify="left")
         for column in ("GPU", "name", "used MiB", "total MiB", "processes (PID: MiB)"):
             table.add_column(column)
         for gpu in host.gpus:
@@ -139,11 +246,12 @@ def _render_host(host: HostVerdict, *, show_name: bool) -> None:
                 f"{p.pid}: {p.used_mib if p.used_mib is not None else '?'}"
                 for p in gpu.processes
             )
-            table.add_row(str(gpu.index), gpu.name or "?",
+            table.add_row(str(gpu.index), Text(gpu.name or "?"),
                           _num(gpu.memory_used_mib), _num(gpu.memory_total_mib), procs or "-")
         console.print(table)
     elif show_name or host.gpu_backend != "none":
-        console.print(f"{title}no GPUs read (backend {host.gpu_backend})")
+        console.print(Text(f"{host.host + ': ' if show_name else ''}no GPUs read "
+                           f"(backend {host.gpu_backend})"))
     problems = host.problems
     if problems:
         table = Table(title=f"{title}findings", title_justify="left")
@@ -157,19 +265,19 @@ def _render_host(host: HostVerdict, *, show_name: bool) -> None:
             if shown[key] > _MAX_ROWS_PER_KIND:
                 continue
             table.add_row(f"[{_SEVERITY_STYLE[finding.severity]}]{finding.severity.value}[/]",
-                          finding.kind.value, escape(finding.message))
+                          finding.kind.value, Text(finding.message))
         for (kind, severity), count in shown.items():
             if count > _MAX_ROWS_PER_KIND:
                 table.add_row(f"[{_SEVERITY_STYLE[Severity(severity)]}]{severity}[/]", kind,
                               f"... and {count - _MAX_ROWS_PER_KIND} more (all in --json)")
         console.print(table)
     if show_name:
-        console.print(f"{host.host}: {host.verdict.value.upper()}",
-                      style=_VERDICT_STYLE[host.verdict])
+        console.print(Text(f"{host.host}: {host.verdict.value.upper()}",
+                           style=_VERDICT_STYLE[host.verdict]))
 
 
-def _num(value: int | None) -> str:
-    return "[N/A]" if value is None else str(value)
+def _num(value: int | None) -> Text:
+    return Text("[N/A]" if value is None else str(value))
 
 
 __all__ = ["EXIT_INPUT", "check", "render_report"]

@@ -15,7 +15,6 @@ boot id) still loads, and a check against it says what it cannot compare.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -129,18 +128,6 @@ class Baseline(BaseModel):
             if any(_known(old.owners, pid, t) for pid, t in owners):
                 return True
         return False
-
-    @staticmethod
-    def check_writable(path: Path) -> None:
-        """Refuse, before any probing, a path that cannot be written (exit 2, not a traceback
-        after the probe ran)."""
-        if path.is_dir():
-            raise InputError("is a directory", where=str(path), hint="name a file to write")
-        parent = path.parent if str(path.parent) else Path(".")
-        if not parent.is_dir():
-            raise InputError(f"the folder {parent} does not exist", where=str(path))
-        if (path.exists() and not os.access(path, os.W_OK)) or not os.access(parent, os.W_OK):
-            raise InputError("cannot write the baseline: permission denied", where=str(path))
 
     def save(self, path: Path) -> None:
         """Write the baseline (UTF-8 JSON); an unwritable path is an :class:`InputError`."""

@@ -13,28 +13,54 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from cleanslate.errors import CleanslateError
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.base import resolve_backend
 from cleanslate.probe.host import DEFAULT_TIMEOUT_S, probe_host
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.verdict.baseline import Baseline
-from cleanslate.verdict.findings import HostVerdict, Verdict
+from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
 from cleanslate.verdict.rules import Scope, evaluate
+
+#: Seconds the host must keep reading clean before ``--until-clean`` (and the verification after
+#: a teardown) reports CLEAN. Measured on this project's 2-core machine (docs/check.md): a
+#: stray restarted every 0.1-0.3 s by its parent was reported CLEAN by the first clean reading;
+#: with a 0.5 s window read back to back it was caught in every trial, and a clean host pays
+#: about 0.6-0.8 s more than one reading.
+DEFAULT_SETTLE_S = 0.5
+
+#: Clean readings a settle window needs at least (besides lasting ``settle_s``).
+MIN_SETTLE_READINGS = 3
+
+#: Seconds between readings inside a settle window: back to back, so that a stray that lives
+#: only between two slow readings is still seen.
+SETTLE_PAUSE_S = 0.02
 
 
 @dataclass(frozen=True)
 class CheckOptions:
-    """How to check a host. ``timeout`` bounds each probe source, in seconds."""
+    """How to check a host. ``timeout`` bounds each probe source, in seconds. ``listeners``:
+    read every listening socket, on any port (a baseline records them; a check against a
+    baseline always reads them)."""
 
     scope: Scope = field(default_factory=Scope)
     ports: tuple[int, ...] = ()
     gpu_backend: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
     baseline: Baseline | None = None
+    listeners: bool = False
 
 
 class UntilClean(BaseModel):
-    """How ``--until-clean`` went: attempts made and when the host first read clean."""
+    """How ``--until-clean`` went.
+
+    ``attempts``: readings taken. ``clean_after_s``: seconds from the start to the first clean
+    reading of the window that held (``None``: it never held). ``settle_s``: how long clean
+    readings had to hold; ``clean_for_s`` and ``clean_readings``: how long (between the first
+    and the last clean reading) and over how many readings they held at the end (0 when the
+    last reading was not clean). ``respawned``: an engine process appeared after the host had
+    read clean (the verdict is then DIRTY, with a ``respawned`` finding).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -42,6 +68,10 @@ class UntilClean(BaseModel):
     interval_s: float
     attempts: int
     clean_after_s: float | None
+    settle_s: float = 0.0
+    clean_for_s: float = 0.0
+    clean_readings: int = 0
+    respawned: bool = False
 
 
 class CheckReport(BaseModel):
@@ -63,23 +93,45 @@ class CheckReport(BaseModel):
 async def check_host(executor: Executor, options: CheckOptions) -> tuple[HostVerdict, Snapshot]:
     """Probe one host and judge it."""
     backend = await resolve_backend(options.gpu_backend, executor)
-    since = options.baseline.kmsg_last_us if options.baseline else None
-    snapshot = await probe_host(executor, backend, ports=list(options.ports),
-                                timeout=options.timeout, kmsg_since_us=since)
+    baseline = options.baseline
+    snapshot = await probe_host(
+        executor, backend, ports=list(options.ports), timeout=options.timeout,
+        kmsg_since_us=baseline.kmsg_last_us if baseline else None,
+        kmsg_since_boot_id=baseline.boot_id if baseline else None,
+        listeners=options.listeners or baseline is not None,
+    )
     scope = options.scope
     if not executor.is_local:
         # Our PIDs mean nothing on another host; the collector excludes itself and its SSH
         # ancestors there (``collector_pid``).
         scope = dataclasses.replace(scope, exclude_roots=frozenset())
-    return evaluate(snapshot, scope, options.baseline), snapshot
+    return evaluate(snapshot, scope, baseline), snapshot
+
+
+async def _checked(executor: Executor, options: CheckOptions) -> HostVerdict:
+    """:func:`check_host`, where a failure of the checker itself (a bug, a backend that raised)
+    makes the host UNKNOWN with the reason instead of ending the whole check."""
+    started = time.monotonic()
+    try:
+        return (await check_host(executor, options))[0]
+    except CleanslateError:
+        raise  # bad input: the caller reports it
+    except Exception as exc:
+        return HostVerdict(
+            host=executor.name, verdict=Verdict.UNKNOWN, gpu_backend=options.gpu_backend,
+            findings=(Finding(kind=FindingKind.PROBE_ERROR, severity=Severity.UNKNOWN,
+                              message=f"the check failed: {type(exc).__name__}: {exc}",
+                              evidence={"error": f"{type(exc).__name__}: {exc}"}),),
+            probed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            probe_elapsed_s=round(time.monotonic() - started, 4),
+        )
 
 
 async def check_hosts(executors: list[Executor], options: CheckOptions) -> CheckReport:
     """Probe every host concurrently; the overall verdict is the worst one."""
     started = time.monotonic()
     checked_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    results = await asyncio.gather(*(check_host(e, options) for e in executors))
-    hosts = tuple(r[0] for r in results)
+    hosts = tuple(await asyncio.gather(*(_checked(e, options) for e in executors)))
     return CheckReport(
         verdict=Verdict.worst([h.verdict for h in hosts]),
         checked_at=checked_at,
@@ -88,27 +140,92 @@ async def check_hosts(executors: list[Executor], options: CheckOptions) -> Check
     )
 
 
+def _strays(report: CheckReport) -> list[tuple[str, Finding]]:
+    return [(host.host, f) for host in report.hosts for f in host.findings
+            if f.kind == FindingKind.STRAY_PROCESS and f.severity == Severity.ERROR]
+
+
+def _mark_respawned(report: CheckReport, clean_for_s: float) -> CheckReport:
+    """Add a ``respawned`` finding for each engine process seen after a clean reading."""
+    hosts = []
+    for host in report.hosts:
+        extra = []
+        for finding in host.findings:
+            if finding.kind != FindingKind.STRAY_PROCESS or finding.severity != Severity.ERROR:
+                continue
+            parent = finding.evidence.get("ppid")
+            extra.append(Finding(
+                kind=FindingKind.RESPAWNED, severity=Severity.ERROR, pid=finding.pid,
+                message=f"an engine process appeared {clean_for_s:.2f} s after the host had "
+                        f"read clean (PID {finding.pid}, parent PID {parent}): something keeps "
+                        "starting it; " + finding.message,
+                evidence={**finding.evidence, "clean_for_s": round(clean_for_s, 3)},
+            ))
+        if extra:
+            host = host.model_copy(update={"findings": (*host.findings, *extra),
+                                           "verdict": Verdict.DIRTY})
+        hosts.append(host)
+    return report.model_copy(update={"hosts": tuple(hosts), "verdict": Verdict.DIRTY})
+
+
 async def check_until_clean(
-    executors: list[Executor], options: CheckOptions, *, deadline_s: float, interval_s: float = 0.5
+    executors: list[Executor], options: CheckOptions, *, deadline_s: float,
+    interval_s: float = 0.5, settle_s: float = DEFAULT_SETTLE_S,
 ) -> CheckReport:
-    """Re-probe until every host is CLEAN or ``deadline_s`` seconds have passed.
+    """Re-probe until every host has read CLEAN for ``settle_s`` seconds, or ``deadline_s``
+    seconds have passed.
 
     Memory is released asynchronously after a kill (milliseconds to minutes), so one reading
-    proves nothing; this returns the first CLEAN report, or the last one at the deadline.
+    proves nothing, and one clean reading proves little: a parent that keeps restarting a stray
+    leaves gaps in which the host reads clean. So a first clean reading opens a *settle window*:
+    readings follow back to back, every one must be clean, and the window must last
+    ``settle_s`` seconds (between the first and the last clean reading's end) over at least
+    :data:`MIN_SETTLE_READINGS` readings. A reading that is not clean closes the window (the
+    next clean one opens a new one); an engine process (a ``stray_process`` error) seen while a
+    window is open ends the wait at once as DIRTY, with a ``respawned`` finding.
+
+    Readings start only before the deadline; a window they open may finish after it, by at
+    most ``settle_s`` plus one reading. ``settle_s=0`` accepts the first clean reading (not
+    recommended). Returns the last report, with :class:`UntilClean` saying how it went.
     """
     started = time.monotonic()
     attempts = 0
+    window_start: float | None = None  # when the window's first clean reading ended
+    readings = 0
+
+    def done(report: CheckReport, elapsed: float, *, respawned: bool = False) -> CheckReport:
+        clean = report.verdict == Verdict.CLEAN and window_start is not None
+        return report.model_copy(update={
+            "elapsed_s": round(elapsed, 3),
+            "until_clean": UntilClean(
+                deadline_s=deadline_s, interval_s=interval_s, attempts=attempts,
+                clean_after_s=round(window_start, 3) if clean and window_start is not None
+                else None,
+                settle_s=settle_s,
+                clean_for_s=round(elapsed - window_start, 3) if clean and window_start
+                is not None else 0.0,
+                clean_readings=readings if clean else 0,
+                respawned=respawned,
+            ),
+        })
+
     while True:
         attempts += 1
         report = await check_hosts(executors, options)
         elapsed = time.monotonic() - started
-        done = report.verdict == Verdict.CLEAN or elapsed + interval_s > deadline_s
-        if done:
-            return report.model_copy(update={
-                "elapsed_s": round(elapsed, 3),
-                "until_clean": UntilClean(
-                    deadline_s=deadline_s, interval_s=interval_s, attempts=attempts,
-                    clean_after_s=round(elapsed, 3) if report.verdict == Verdict.CLEAN else None,
-                ),
-            })
+        if report.verdict == Verdict.CLEAN:
+            if window_start is None:
+                window_start, readings = elapsed, 0
+            readings += 1
+            if elapsed - window_start >= settle_s and (
+                    settle_s <= 0 or readings >= MIN_SETTLE_READINGS):
+                return done(report, elapsed)
+            await asyncio.sleep(min(interval_s, SETTLE_PAUSE_S))
+            continue
+        if window_start is not None and _strays(report):
+            return done(_mark_respawned(report, elapsed - window_start), elapsed,
+                        respawned=True)
+        window_start, readings = None, 0
+        if elapsed + interval_s > deadline_s:
+            return done(report, elapsed)
         await asyncio.sleep(interval_s)

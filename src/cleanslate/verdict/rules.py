@@ -434,11 +434,11 @@ def _unreadable_rules(snapshot: Snapshot, scope: Scope, own: set[int]) -> list[F
     environ = [p.pid for p in snapshot.processes if not p.environ_readable and relevant(p.pid)]
     if environ:
         out.append(finding("the environment", environ,
-                           f"a {_MARKER_NAME} marker on them would not be seen"))
+                           f"a {_MARKER_NAME} marker there would not be seen"))
     files = [pid for pid in snapshot.fd_unreadable if relevant(pid)]
     if files:
         out.append(finding("the open files", files,
-                           "a /dev/nvidia* file or a listening socket they hold would not be "
+                           "a /dev/nvidia* file or a listening socket held there would not be "
                            "seen"))
     stat = [pid for pid in snapshot.stat_unreadable if pid not in own]
     if stat:
