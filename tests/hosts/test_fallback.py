@@ -216,6 +216,7 @@ GOOD: dict[str, tuple[bytes, int]] = {
     "marker": (b"/proc/100/environ:CLEANSLATE_RUN=r1\0"
                b"grep: /proc/1/environ: Permission denied\n", 2),
     "shm": (b"total 4\n-rw-r--r-- 1 0 0 4096 999500 nccl-a\\nb\\ c\n", 0),
+    "gpudev": (b"/dev/nvidia0\n/dev/nvidia1\n", 0),
 }
 
 
@@ -277,6 +278,9 @@ def test_a_well_formed_output_is_read_whole() -> None:
     assert [e["name"] for e in data["shm"]] == ["nccl-a\nb c"]
     assert data["collector_pid"] == 200 and data["boot_time"] == 999000.0
     assert data["fd_unreadable"] == [1, 300]
+    assert data["gpu_devices"] == ["/dev/nvidia0", "/dev/nvidia1"]
+    none = parse_fallback(frame(good(gpudev=(b"", 2))), token=TOKEN, ports=set())
+    assert none["gpu_devices"] == []
     assert _verdict(data) == Verdict.DIRTY  # the sglang process
 
 

@@ -212,3 +212,49 @@ def test_collector_reports_unreadable_fds_and_stat_fields(tmp_path: Path) -> Non
         assert key in plain, key
     assert plain["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert sys.executable  # the collector ran under this interpreter
+
+
+# --- a GPU host that no backend can read ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("auto_fallback", "devices", "verdict"),
+    [
+        (True, ("/dev/nvidia0", "/dev/nvidia1"), Verdict.UNKNOWN),  # auto found no backend
+        (False, ("/dev/nvidia0",), Verdict.CLEAN),  # the user chose --gpu-backend none
+        (True, (), Verdict.CLEAN),  # a CPU-only host
+    ],
+)
+def test_auto_without_a_backend_on_a_gpu_host_is_unknown(
+    auto_fallback: bool, devices: tuple[str, ...], verdict: Verdict
+) -> None:
+    """Before: ``auto`` fell back to ``none`` silently (NVML not initialising, nvidia-smi not on
+    PATH) and a GPU host with memory held read CLEAN."""
+    snapshot = Snapshot.model_validate({
+        "host": "h", "taken_at": "t", "elapsed_s": 0.1, "processes": (_proc(10),),
+        "gpu_devices": devices,
+        "gpu": GpuReading(backend="none", ok=True, note="n", auto_fallback=auto_fallback)})
+    result = evaluate(snapshot, Scope())
+    assert result.verdict == verdict, result.findings
+    if verdict == Verdict.UNKNOWN:
+        assert any("/dev/nvidia0" in f.message for f in result.findings)
+
+
+def test_auto_resolution_says_it_fell_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cleanslate.probe.gpu import base
+    from cleanslate.probe.gpu.none import NoGpuBackend
+
+    monkeypatch.delenv("CLEANSLATE_SIM_GPU_DIR", raising=False)
+    base._load_builtin()
+
+    async def never(cls: object, executor: object) -> bool:
+        return False
+
+    for name in ("nvml", "nvidia-smi"):
+        monkeypatch.setattr(base._REGISTRY[name], "usable", classmethod(never))
+    backend = asyncio.run(base.resolve_backend("auto", LocalExecutor()))
+    assert isinstance(backend, NoGpuBackend) and backend.auto_fallback
+    reading = asyncio.run(backend.read(LocalExecutor(), 1.0))
+    assert reading.auto_fallback and reading.ok
+    chosen = asyncio.run(base.resolve_backend("none", LocalExecutor()))
+    assert isinstance(chosen, NoGpuBackend) and not chosen.auto_fallback

@@ -217,6 +217,15 @@ def _boot_id() -> str | None:
         return None
 
 
+def _gpu_devices() -> list[str] | None:
+    """The NVIDIA GPU device nodes (``/dev/nvidia0`` ...), ``None`` when /dev is unreadable."""
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return None
+    return sorted("/dev/" + n for n in names if n.startswith("nvidia") and n[6:].isdigit())
+
+
 def _hidepid() -> str | None:
     """The ``hidepid`` option of the /proc mount when it hides other users' processes from this
     user (``None``: it does not, or this is root)."""
@@ -302,6 +311,7 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
         result["boot_time"] = _boot_time()
         result["boot_id"] = _boot_id()
         result["proc_hidepid"] = _hidepid()
+        result["gpu_devices"] = _gpu_devices()
         errors: list[int] = []
         procs = _processes(marker, errors)
         result["processes"] = procs

@@ -56,7 +56,8 @@ from cleanslate.hosts.base import CommandResult, Executor
 from cleanslate.probe._collect import SHM_PATTERNS
 
 #: The sections of the script's output, in order.
-SECTIONS = ("self", "now", "uid", "btime", "comm", "ps", "tcp", "fd", "fderr", "marker", "shm")
+SECTIONS = ("self", "now", "uid", "btime", "comm", "ps", "tcp", "fd", "fderr", "marker", "shm",
+            "gpudev")
 
 #: The script run on the host (``sh -s``, this text on stdin), with ``{token}`` and ``{shm_dir}``
 #: to fill. Its body is one function, so the shell has read all of it before any command runs
@@ -77,6 +78,7 @@ b fd; err=$(LC_ALL=C ls -ln -b /proc/[0-9]*/fd 2>&1 >&3); rc=$?; e fd $rc
 b fderr; printf '%s' "$err"; e fderr 0
 b marker; grep -a -z -H --line-buffered '^CLEANSLATE_RUN=' /proc/[0-9]*/environ 2>&1; e marker $?
 b shm; LC_ALL=C ls -ln -b --time-style=+%s {shm_dir} 2>&1; e shm $?
+b gpudev; ls -d /dev/nvidia[0-9]* 2>/dev/null; e gpudev $?
 printf '@@%s done\n' "$T"
 }}
 probe </dev/null 3>&1
@@ -331,7 +333,23 @@ def parse_fallback(
     out["shm"] = shm
     sources.append(_source("shm", False, shm_error))
     sources.append(_source("kmsg", False, _NOT_READ + "does not read the kernel log"))
+    gpudev, _ = usable("gpudev")
+    out["gpu_devices"] = _gpu_devices(gpudev) if gpudev is not None else None
     return out
+
+
+_GPU_DEVICE = re.compile(r"^/dev/nvidia\d+$")
+
+
+def _gpu_devices(section: _Section) -> list[str] | None:
+    """``/dev/nvidia<N>`` nodes from ``ls -d /dev/nvidia[0-9]*`` (which fails, printing nothing,
+    when there are none); ``None`` when the output is not that."""
+    lines = section.lines()
+    if section.rc != 0:
+        return [] if not lines else None
+    if not lines or not all(_GPU_DEVICE.match(line) for line in lines):
+        return None
+    return sorted(lines)
 
 
 _COMM_LINE = re.compile(r"^\s*(\d+) (.*)$")

@@ -160,6 +160,9 @@ class GpuReading(Frozen):
     driver_version: str | None = None
     note: str | None = None
     elapsed_s: float = 0.0
+    #: The ``none`` backend, chosen by ``auto`` because no other was usable (see
+    #: ``Snapshot.gpu_devices``), not by the user.
+    auto_fallback: bool = False
 
 
 class Snapshot(Frozen):
@@ -173,6 +176,8 @@ class Snapshot(Frozen):
     ``ProcessInfo.environ_readable`` (the run marker), ``proc_hidepid`` (the ``/proc`` mount
     option that hides other users' processes from a non-root probe, ``None`` when nothing is
     hidden). ``boot_id`` is ``/proc/sys/kernel/random/boot_id`` (``None``: not read).
+    ``gpu_devices``: the ``/dev/nvidia<N>`` device nodes present (``None``: not read); a host
+    with some and no GPU reading is UNKNOWN unless the user chose ``--gpu-backend none``.
     """
 
     host: str
@@ -190,6 +195,7 @@ class Snapshot(Frozen):
     stat_unreadable: tuple[int, ...] = ()
     fd_unreadable: tuple[int, ...] = ()
     proc_hidepid: str | None = None
+    gpu_devices: tuple[str, ...] | None = None
     shm: tuple[ShmEntry, ...] = ()
     kernel_events: tuple[KernelEvent, ...] = ()
     kmsg_last_us: int | None = None

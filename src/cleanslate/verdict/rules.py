@@ -178,6 +178,17 @@ def _source_rules(snapshot: Snapshot) -> list[Finding]:
             message=f"{source.name} {what}: {source.error}",
             evidence={"source": source.name, "error": source.error},
         ))
+    devices = snapshot.gpu_devices or ()
+    if snapshot.gpu.auto_fallback and devices:
+        out.append(Finding(
+            kind=_K.PROBE_ERROR, severity=_S.UNKNOWN,
+            message=f"this host has NVIDIA GPU devices ({', '.join(devices[:4])}"
+                    f"{' ...' if len(devices) > 4 else ''}) but no GPU backend could read them "
+                    "(NVML did not initialise here and nvidia-smi is not on PATH): GPU memory "
+                    "and health are unknown; --gpu-backend nvidia-smi says why, "
+                    "--gpu-backend none checks without GPUs",
+            evidence={"source": "gpu:auto", "devices": list(devices)},
+        ))
     if snapshot.gpu.note and snapshot.gpu.ok:
         out.append(Finding(kind=_K.PROBE_ERROR, severity=_S.INFO, message=snapshot.gpu.note,
                            evidence={"source": f"gpu:{snapshot.gpu.backend}"}))

@@ -82,8 +82,12 @@ async def resolve_backend(name: str, executor: Executor) -> GpuBackend:
     for candidate in AUTO_ORDER:
         cls = _REGISTRY.get(candidate)
         if cls is not None and await cls.usable(executor):
+            if candidate == "none":
+                break
             return cls()
-    return get_backend("none")
+    from cleanslate.probe.gpu.none import NoGpuBackend
+
+    return NoGpuBackend(auto_fallback=True)
 
 
 def sim_gpu_dir() -> str | None:

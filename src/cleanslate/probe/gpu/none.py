@@ -14,9 +14,17 @@ class NoGpuBackend(GpuBackend):
 
     name = "none"
 
+    def __init__(self, *, auto_fallback: bool = False) -> None:
+        #: Chosen by ``auto`` because no other backend was usable (not by the user): the
+        #: verdict is UNKNOWN where the host has NVIDIA devices (``Snapshot.gpu_devices``).
+        self.auto_fallback = auto_fallback
+
     async def read(self, executor: Executor, timeout: float) -> GpuReading:
         return GpuReading(
             backend=self.name,
             ok=True,
-            note="no GPU backend in use: GPU memory and health were not read",
+            note="no GPU backend in use: GPU memory and health were not read"
+                 + (" (auto: no other backend was usable on this host)"
+                    if self.auto_fallback else ""),
+            auto_fallback=self.auto_fallback,
         )
