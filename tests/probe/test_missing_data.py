@@ -192,6 +192,9 @@ def test_a_baseline_from_another_boot_is_said() -> None:
     verdict = evaluate(snapshot, Scope(), base)
     assert any("another boot" in f.message and f.severity == Severity.WARNING
                for f in verdict.findings)
+    other_host = base.model_copy(update={"host": "gpu-7", "boot_id": "now-boot"})
+    verdict = evaluate(snapshot, Scope(), other_host)
+    assert [f.message for f in verdict.findings if "taken on host 'gpu-7'" in f.message]
 
 
 def test_collector_reports_unreadable_fds_and_stat_fields(tmp_path: Path) -> None:

@@ -475,6 +475,13 @@ def _baseline_rules(
     if baseline is None:
         return []
     out = []
+    if baseline.host != snapshot.host:
+        out.append(Finding(
+            kind=_K.PROBE_ERROR, severity=_S.WARNING,
+            message=f"the baseline was taken on host {baseline.host!r}, not {snapshot.host!r}: "
+                    "its idle memory, listeners and processes may not be this host's",
+            evidence={"baseline_host": baseline.host, "host": snapshot.host},
+        ))
     if baseline.boot_id and snapshot.boot_id and baseline.boot_id != snapshot.boot_id:
         out.append(Finding(
             kind=_K.PROBE_ERROR, severity=_S.WARNING,
