@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,6 +26,18 @@ settings.load_profile(os.environ.get("CLEANSLATE_FUZZ", "ci"))
 
 #: Multiplier of every test's example count.
 SCALE = 10 if os.environ.get("CLEANSLATE_FUZZ") == "deep" else 1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_cwd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fuzzed relative paths (``--store null``, ``--save-baseline '[/x]'``) land in a scratch
+    folder, not in the repository."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("fuzzcwd"))
+    try:
+        yield
+    finally:
+        os.chdir(old)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

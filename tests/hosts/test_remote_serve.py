@@ -129,7 +129,7 @@ def test_orphan_grandchild_is_found_and_removed_remotely(lab: RemoteLab) -> None
     assert code == 0, (report, err)
     orphans = [t for t in report["targets"] if t["comm"].startswith("sim::grandchild")]
     assert orphans, report["targets"]
-    assert orphans[0]["why"] in ("marker", "session", "descendant")
+    assert orphans[0]["why"] in ("marker", "session", "descendant", "cgroup")
     assert report["verify"]["verdict"] == "clean"
     assert not pid_alive(orphans[0]["pid"])
 

@@ -385,7 +385,7 @@ def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
     from cleanslate.store import Store
 
     try:
-        store = Store(store_url)
+        store = Store(store_url, create=False)
         run = store.get_run(run_id)
     except InputError as exc:
         raise InputError(redact_text(exc.message), where=exc.where,

@@ -48,10 +48,10 @@ class ServerFields(BaseModel):
         description="engine command: the server's argv template, with {port} (and {model})")
     python: str | None = None
     readiness_path: str | None = None
-    ready_timeout_s: float = Field(default=600.0, gt=0)
+    ready_timeout_s: float = Field(default=600.0, gt=0, le=86400)
     smoke: bool = True
-    smoke_timeout_s: float = Field(default=60.0, gt=0)
-    grace_s: float = Field(default=30.0, ge=0)
+    smoke_timeout_s: float = Field(default=60.0, gt=0, le=86400)
+    grace_s: float = Field(default=30.0, ge=0, le=86400)
 
     @field_validator("engine")
     @classmethod

@@ -216,7 +216,8 @@ class Store:
     def __init__(self, url: str | None = None, *, create: bool = True) -> None:
         """Open (and, for a new SQLite file, create with mode 0600) the store. With
         ``create=False`` (commands that only read or act on recorded runs: ``report``, ``stop``,
-        ``clean --run``) a SQLite file that does not exist is an :class:`InputError` instead.
+        ``clean --run``, ``check``) a SQLite file that does not exist is an :class:`InputError`
+        instead, and nothing is written to an existing database (no tables are created in it).
 
         Bad input is an :class:`InputError` naming ``--store`` (or ``$CLEANSLATE_STORE``) with
         the URL shown without its password: a URL that does not parse, an unknown scheme, a
@@ -254,7 +255,8 @@ class Store:
                 # a file holding our tables is touched (a SQLite file of another program that
                 # --store happens to name keeps its mode).
                 tighten(self._tighten)
-            Base.metadata.create_all(self.engine)
+            if create:
+                Base.metadata.create_all(self.engine)  # a reading command writes nothing
         except SQLAlchemyError as exc:
             self.engine.dispose()
             reason = getattr(exc, "orig", None) or exc

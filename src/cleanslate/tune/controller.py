@@ -60,7 +60,7 @@ async def validate_study_flags(spec: StudySpec, root: yaml.Node | None, path: Pa
     from cleanslate.launch.config import ServeConfig
 
     config = ServeConfig(engine=spec.engine, model=spec.model, launch=spec.launch,
-                         python=spec.python, readiness_path=spec.readiness_path)
+                         argv=spec.argv, python=spec.python, readiness_path=spec.readiness_path)
     adapter = adapter_for(config, executor)
     options, note = await engine_help_options(adapter, executor)
     if options is None:
