@@ -32,11 +32,26 @@ class ReadyResult(BaseModel):
     exit_code: int | None = None
 
 
+def run_log_path(run: RunRecord) -> str | None:
+    """The run's log file, or ``None`` when the record names a file outside the run's own folder
+    (``<artifacts>/<run id>/server.log``, as launch writes it): a record in a shared store must
+    not make cleanslate read, keep and print an arbitrary file of the host."""
+    folder = run.artifacts_dir.rstrip("/")
+    parts = folder.split("/")
+    if parts[-1] != run.id or ".." in parts or run.log_path != f"{folder}/server.log":
+        return None
+    return run.log_path
+
+
 async def log_tail(executor: Executor, run: RunRecord, max_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The last ``max_bytes`` of the run's log ('' when there is none yet), scrubbed of the
-    run's secrets (:func:`~cleanslate.launch.launcher.scrubber_for`)."""
+    """The last ``max_bytes`` of the run's log ('' when there is none yet, or when the record's
+    log path is not the run's own: :func:`run_log_path`), scrubbed of the run's secrets
+    (:func:`~cleanslate.launch.launcher.scrubber_for`)."""
+    path = run_log_path(run)
+    if path is None:
+        return ""
     try:
-        data = await executor.read_file(run.log_path, max_bytes=max_bytes, tail=True)
+        data = await executor.read_file(path, max_bytes=max_bytes, tail=True)
     except (FileNotFoundError, OSError):
         return ""
     return scrubber_for(run.id)(data.decode(errors="replace")) or ""
@@ -45,8 +60,11 @@ async def log_tail(executor: Executor, run: RunRecord, max_bytes: int = LOG_TAIL
 async def classify_run_log(executor: Executor, adapter: EngineAdapter, run: RunRecord,
                            returncode: int | None = None) -> tuple[str, str] | None:
     """(cause, root-cause line) from the whole log, or ``None`` when it shows no failure."""
+    path = run_log_path(run)
     try:
-        text = (await executor.read_file(run.log_path, max_bytes=1 << 20, tail=True)).decode(
+        if path is None:
+            raise FileNotFoundError(run.log_path)
+        text = (await executor.read_file(path, max_bytes=1 << 20, tail=True)).decode(
             errors="replace")
     except (FileNotFoundError, OSError):
         text = ""
