@@ -231,6 +231,7 @@ class Store:
         self._lock = threading.Lock()
         self._tighten: Path | None = None
         self._create = create
+        self._empty = False
         parsed = self._parse()
         connect_args: dict[str, Any] = {}
         if parsed.get_backend_name() == "sqlite":
@@ -256,7 +257,9 @@ class Store:
                 # --store happens to name keeps its mode).
                 tighten(self._tighten)
             if create:
-                Base.metadata.create_all(self.engine)  # a reading command writes nothing
+                Base.metadata.create_all(self.engine)
+            else:  # a reading command writes nothing; a database without our tables is empty
+                self._empty = not inspect(self.engine).has_table(RunRow.__tablename__)
         except SQLAlchemyError as exc:
             self.engine.dispose()
             reason = getattr(exc, "orig", None) or exc
@@ -402,6 +405,10 @@ class Store:
     @_guarded("reading a run")
     def get_run(self, run_id: str) -> RunRecord:
         """The run with this id; an unknown id is an :class:`InputError`."""
+        if self._empty:
+            raise InputError(f"no run {run_id!r} in {self.display_url}",
+                             hint="this database holds no cleanslate records; pass --store if "
+                                  "it is another one")
         with Session(self.engine) as session:
             row = session.get(RunRow, run_id)
             if row is None:
@@ -418,6 +425,8 @@ class Store:
     @_guarded("reading runs")
     def runs(self, *, status: str | None = None, study: str | None = None) -> list[RunRecord]:
         """Run records, oldest first, redacted (stores written before redaction included)."""
+        if self._empty:
+            return []
         with Session(self.engine) as session:
             query = select(RunRow).order_by(RunRow.started_at)
             if status is not None:
@@ -460,6 +469,8 @@ class Store:
     @_guarded("reading a study")
     def study(self, name: str) -> dict[str, Any] | None:
         """The study's row (its spec redacted), ``None`` for an unknown name."""
+        if self._empty:
+            return None
         with Session(self.engine) as session:
             row = session.get(StudyRow, name)
             if row is None:
@@ -470,6 +481,8 @@ class Store:
 
     @_guarded("reading studies")
     def studies(self) -> list[str]:
+        if self._empty:
+            return []
         with Session(self.engine) as session:
             return list(session.scalars(select(StudyRow.name).order_by(StudyRow.created_at)))
 
@@ -494,6 +507,8 @@ class Store:
     @_guarded("reading trials")
     def trials(self, study: str, *, status: str | None = None) -> list[TrialRecord]:
         """A study's trial records in insertion order, redacted."""
+        if self._empty:
+            return []
         with Session(self.engine) as session:
             query = select(TrialRow).where(TrialRow.study == study).order_by(TrialRow.id)
             if status is not None:
