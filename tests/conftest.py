@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,6 +122,17 @@ def procs() -> Iterator[Processes]:
         p.end_all()
 
 
+def recorded_rows(db: Path, table: str = "cs_runs") -> list[dict[str, Any]]:
+    """The JSON documents of a SQLite store's table (runs by default), read directly: a test's
+    own view, independent of the store's API. Empty when the file does not exist yet."""
+    import sqlite3
+
+    if not db.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return [json.loads(row[0]) for row in conn.execute(f"select data from {table}")]
+
+
 @dataclass
 class CliResult:
     returncode: int
@@ -157,7 +169,6 @@ def postgres_url() -> Iterator[str]:
     import shutil
     import socket
     import tempfile
-    from pathlib import Path
 
     if not os.path.exists(f"{PG_BIN}/initdb"):
         pytest.skip(f"PostgreSQL binaries not found in {PG_BIN}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import recorded_rows
 from tests.hosts.conftest import pid_alive
 from tests.hosts.sshd import Sshd, free_port
 
@@ -63,11 +63,7 @@ class RemoteLab:
         return self.cli("check", "--gpu-backend", "sim", "--engine", "sim", "--json", *extra)[1]
 
     def runs(self) -> list[dict[str, Any]]:
-        db = self.root / "cs.db"
-        if not db.exists():
-            return []
-        with sqlite3.connect(db) as conn:
-            return [json.loads(row[0]) for row in conn.execute("select data from cs_runs")]
+        return recorded_rows(self.root / "cs.db")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CliResult, Processes, run_cli
+from tests.conftest import CliResult, Processes, recorded_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -63,13 +63,7 @@ class Lab:
         return dict(result.json())
 
     def runs(self) -> list[dict[str, Any]]:
-        import sqlite3
-
-        db = self.root / "cs.db"
-        if not db.exists():
-            return []
-        with sqlite3.connect(db) as conn:
-            return [json.loads(row[0]) for row in conn.execute("select data from cs_runs")]
+        return recorded_rows(self.root / "cs.db")
 
 
 @pytest.fixture

@@ -37,7 +37,6 @@ import random
 import shutil
 import signal
 import socket
-import sqlite3
 import sys
 import time
 import urllib.request
@@ -48,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CliResult, Processes, run_cli
+from tests.conftest import CliResult, Processes, recorded_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -259,11 +258,7 @@ class Lab:
         return self.cli("check", "--json", *extra)
 
     def runs(self) -> list[dict[str, Any]]:
-        db = self.root / "cs.db"
-        if not db.exists():
-            return []
-        with sqlite3.connect(db) as conn:
-            return [json.loads(row[0]) for row in conn.execute("select data from cs_runs")]
+        return recorded_rows(self.root / "cs.db")
 
     def report(self, title: str) -> None:
         figures = ", ".join(f"{k} {v:g}" for k, v in self.timings.items())

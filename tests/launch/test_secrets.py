@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CliResult, run_cli
+from tests.conftest import CliResult, recorded_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -56,13 +56,7 @@ class Lab:
         return path
 
     def runs(self) -> list[dict[str, Any]]:
-        import sqlite3
-
-        db = self.root / "cs.db"
-        if not db.exists():
-            return []
-        with sqlite3.connect(db) as conn:
-            return [json.loads(row[0]) for row in conn.execute("select data from cs_runs")]
+        return recorded_rows(self.root / "cs.db")
 
     def leaks(self) -> list[str]:
         """Files under the lab (artifacts, the store and its journals) holding a secret."""
