@@ -72,7 +72,7 @@ name: {name}
 engine: sim
 model: sim
 port: {port}
-gpus: [0]
+gpus: {gpus}
 fixed: {{tp-size: {tp}, time-scale: 0.25}}
 space:
   fault: [{fault}]
@@ -262,7 +262,8 @@ class Soak:
         c = Cycle(number=number, fault=fault, disruption=self.rng.choice(DISRUPTIONS))
         name = f"soak-{number}"
         study = self.work / f"{name}.yaml"
-        study.write_text(STUDY.format(name=name, port=port, tp=self.rng.choice((1, 2)),
+        tp = self.rng.choice((1, 2))
+        study.write_text(STUDY.format(name=name, port=port, tp=tp, gpus=list(range(tp)),
                                       fault=json.dumps(fault)))
         started = time.monotonic()
         proc = self.tune(study)
@@ -340,7 +341,8 @@ class Soak:
         if c.left_behind or c.port_bound:
             c.false_clean = sum(1 for v in c.verdicts if v == "clean")
         trials = [t for t in rows(self.db, "cs_trials") if t.get("study") == study]
-        c.trial_statuses = [str(t.get("status")) for t in trials]
+        c.trial_statuses = [f"{t.get('status')}:{t.get('cause')}" if t.get("cause")
+                            else str(t.get("status")) for t in trials]
         for t in trials:
             if t.get("status") in ("feasible", "infeasible"):
                 self.finished[(study, int(t["number"]))] = (t["status"], t.get("value"),
@@ -369,6 +371,13 @@ class Soak:
         for path in self.decoy_shm:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def _histogram(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def reexec_isolated() -> None:
@@ -432,6 +441,7 @@ def main() -> int:
                                 and c.killed),
         "server_kills": sum(1 for c in cycles if c.disruption == "kill-server" and c.killed),
         "faults": sorted({str(c.fault) for c in cycles}),
+        "outcomes": _histogram(s for c in cycles for s in c.trial_statuses),
         "details": {"decoys": damage, "lost": lost},
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "faults"}, indent=1))
