@@ -30,7 +30,7 @@ def test_the_default_deadline_grows_with_the_output_asked_for() -> None:
 
 def test_a_server_that_streams_forever_ends_the_level_at_the_deadline(cli: Any,
                                                                       procs: Any) -> None:
-    _proc, url = start_fake_server_process(procs, "--endless", "--itl-ms", "5")
+    _proc, url = start_fake_server_process(procs, "--fault", "endless", "--itl-ms", "5")
     t0 = time.monotonic()
     res = cli("bench", "--url", url, "--model", "m", "--concurrency", "2", "--num-prompts", "2",
               *SMALL, "--request-timeout", "2", "--json", "-", timeout=120)
@@ -44,7 +44,7 @@ def test_a_server_that_streams_forever_ends_the_level_at_the_deadline(cli: Any,
 
 
 def test_a_response_far_larger_than_asked_for_is_cut(cli: Any, procs: Any) -> None:
-    _proc, url = start_fake_server_process(procs, "--endless")
+    _proc, url = start_fake_server_process(procs, "--fault", "endless")
     res = cli("bench", "--url", url, "--model", "m", "--num-prompts", "1",
               "--workload", "random:input_len=8,output_len=1", "--json", "-", timeout=120)
     assert res.returncode == 1, res.stderr
@@ -53,7 +53,9 @@ def test_a_response_far_larger_than_asked_for_is_cut(cli: Any, procs: Any) -> No
 
 def test_422_naming_ignore_eos_shows_the_body_and_says_no_ignore_eos(cli: Any,
                                                                       procs: Any) -> None:
-    _proc, url = start_fake_server_process(procs, "--reject-fields", "ignore_eos,min_tokens")
+    _proc, url = start_fake_server_process(
+        procs, "--fault", "reject-fields=ignore_eos,min_tokens"
+    )
     res = cli("bench", "--url", url, "--model", "m", "--num-prompts", "3", *SMALL,
               "--json", "-")
     assert res.returncode == 1, res.stderr

@@ -108,7 +108,7 @@ def test_success_json_to_stdout_and_file(cli: Any, procs: Any, tmp_path: Path) -
 
 
 def test_http_errors_exit_1(cli: Any, procs: Any) -> None:
-    _proc, url = start_fake_server_process(procs, "--fail-every", "2")
+    _proc, url = start_fake_server_process(procs, "--fault", "http-500=2")
     res = cli("bench", "--url", url, "--model", "m", "--num-prompts", "6", "--json", "-")
     assert res.returncode == 1
     assert res.json()["levels"][0]["errors"] == {"http_500": 3}

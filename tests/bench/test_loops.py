@@ -26,8 +26,12 @@ SMALL = RandomWorkload(input_len=8, output_len=5)
 def level(
     load: ClosedLoop | OpenLoop, server: dict[str, Any] | None = None, **cfg: Any
 ) -> LevelResult:
+    """One level against the fake; ``server``: its ``faults`` (a tuple) and timing knobs."""
+    knobs = dict(server or {})
+    faults = knobs.pop("faults", ())
+
     async def go() -> LevelResult:
-        async with fake_server(**(server or {})) as (url, _stats):
+        async with fake_server(*faults, **knobs) as (url, _stats):
             config = BenchConfig(url=url, model="m", workload=cfg.pop("workload", SMALL), **cfg)
             return await run_level(config, load)
 
@@ -80,7 +84,7 @@ def test_duration_mode_sends_until_the_deadline() -> None:
 def test_http_errors_and_malformed_lines_are_counted_not_fatal() -> None:
     lv = level(
         ClosedLoop(concurrency=3),
-        {"fail_every": 3, "malformed_every": 2},
+        {"faults": ("http-500=3", "malformed-every=2")},
         num_prompts=30,
     )
     assert lv.completed == 20 and lv.failed == 10
@@ -91,14 +95,14 @@ def test_http_errors_and_malformed_lines_are_counted_not_fatal() -> None:
 
 
 def test_no_usage_falls_back_to_counting_events() -> None:
-    lv = level(ClosedLoop(concurrency=2), {"usage": False}, num_prompts=4)
+    lv = level(ClosedLoop(concurrency=2), {"faults": ("no-usage",)}, num_prompts=4)
     assert lv.output_tokens_source == "approx" and lv.total_output_tokens == 20
     assert lv.input_tokens_source == "approx"
     assert any("no usage" in w for w in lv.warnings)
 
 
 def test_a_server_ignoring_ignore_eos_is_reported() -> None:
-    lv = level(ClosedLoop(concurrency=2), {"short_by": 2}, num_prompts=4)
+    lv = level(ClosedLoop(concurrency=2), {"faults": ("short-by=2",)}, num_prompts=4)
     assert lv.short_output_requests == 4
     assert any("ignore_eos" in w for w in lv.warnings)
 

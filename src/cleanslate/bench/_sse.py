@@ -2,11 +2,12 @@
 
 The hot path (``_client``) only records, for every network read, ``time.perf_counter()`` and the
 bytes; this module turns those into events. An event's timestamp is the time of the read that
-delivered its first byte (DESIGN section 7). Events are classified with byte searches, not JSON
-decoding: an event carries content when one of ``"text":``, ``"content":``,
-``"reasoning_content":`` or ``"reasoning":`` is followed by a non-empty string. Only the event
-that carries ``"usage":{`` is JSON-decoded (for the token counts), and every event only when the
-caller needs the generated text (no usage and a tokenizer given).
+delivered its first byte. Events are classified with byte searches, not JSON decoding: an event
+carries content when one of ``"text":``, ``"content":``, ``"reasoning_content":`` or
+``"reasoning":`` is followed by a non-empty string (:func:`cleanslate.wire.has_content`; the
+format is described in :mod:`cleanslate.wire`). Only the event that carries ``"usage":{`` is
+JSON-decoded (for the token counts), and every event only when the caller needs the generated
+text (no usage and a tokenizer given).
 
 Malformed input is counted, never raised: a line that is not an SSE field (``data:``,
 ``event:``, ``id:``, ``retry:``, or a ``:`` comment), or a ``data:`` payload that is neither
@@ -19,29 +20,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-_CONTENT_KEYS: tuple[bytes, ...] = (
-    b'"text":',
-    b'"content":',
-    b'"reasoning_content":',
-    b'"reasoning":',
-)
-_QUOTE = 34  # ord('"')
-_WHITESPACE = b" \t\r\n"
+from cleanslate.wire import DONE_PAYLOAD, extract_text, has_content
 
-
-def has_content(payload: bytes) -> bool:
-    """True when a JSON event payload holds a non-empty text / content string."""
-    for key in _CONTENT_KEYS:
-        i = payload.find(key)
-        while i != -1:
-            j = i + len(key)
-            n = len(payload)
-            while j < n and payload[j] in _WHITESPACE:
-                j += 1
-            if j + 1 < n and payload[j] == _QUOTE and payload[j + 1] != _QUOTE:
-                return True
-            i = payload.find(key, j)
-    return False
+__all__ = ["ParsedStream", "extract_text", "has_content", "parse_stream"]
 
 
 @dataclass(slots=True)
@@ -131,29 +112,7 @@ def _event(out: ParsedStream, payload: bytes, t: float, content_times: list[floa
             if err is not None:
                 text = str(err.get("message", err) if isinstance(err, dict) else err)
                 out.error = "".join(c if c.isprintable() else " " for c in text[:300]).strip()
-    elif payload.strip() == b"[DONE]":
+    elif payload.strip() == DONE_PAYLOAD:
         out.done = True
     else:
         out.malformed += 1
-
-
-def extract_text(payloads: list[bytes]) -> str:
-    """The generated text of a stream's content events (completions or chat deltas)."""
-    parts: list[str] = []
-    for payload in payloads:
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            continue
-        for choice in obj.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
-            text = choice.get("text")
-            if text is None:
-                delta = choice.get("delta") or {}
-                text = (
-                    delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                )
-            if isinstance(text, str):
-                parts.append(text)
-    return "".join(parts)

@@ -55,6 +55,7 @@ from typing import IO, Any
 
 from aiohttp import web
 
+from cleanslate import wire
 from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV
 from cleanslate.sim import ledger
 from cleanslate.sim.engine import NAN_TOKEN_ID, Engine, SimRequest
@@ -100,8 +101,7 @@ def log(message: str) -> None:
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
-    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
-    return web.json_response(body, status=status)
+    return web.json_response(wire.http_error_body(status, message, kind), status=status)
 
 
 class _Worker:
@@ -428,19 +428,17 @@ class Launcher:
         return web.Response(status=200, headers={"Server": SERVER_HEADER})
 
     async def models(self, request: web.Request) -> web.Response:
-        body = {
-            "object": "list",
-            "data": [
+        body = wire.models_body(
+            [
                 {
                     "id": self.opts.model_name,
-                    "object": "model",
                     "created": self._created,
                     "owned_by": OWNED_BY,
                     "root": self.opts.model_path,
                     "max_model_len": self.model.s.context_length,
                 }
-            ],
-        }
+            ]
+        )
         return web.json_response(body, headers={"Server": SERVER_HEADER})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -561,13 +559,6 @@ class Launcher:
             if self.gt is not None:
                 self.gt.write(json.dumps(record) + "\n")
 
-    def _head(self, req: SimRequest, chat: bool) -> bytes:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        return (
-            f'data: {{"id":"{req.rid}","object":"{obj}","created":{int(time.time())},'
-            f'"model":{json.dumps(self.opts.model_name)},"choices":[{{"index":0,'
-        ).encode()
-
     async def _stream(
         self,
         request: web.Request,
@@ -578,24 +569,18 @@ class Launcher:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={
-                "Content-Type": "text/event-stream",
+                "Content-Type": wire.EVENT_STREAM,
                 "Cache-Control": "no-cache",
                 "Server": SERVER_HEADER,
             }
         )
         await resp.prepare(request)
-        head = self._head(req, chat)
+        chunks_of = wire.ChunkTemplate(
+            req.rid, self.opts.model_name, chat=chat, created=int(time.time())
+        )
         if chat:
-            open_text = head + b'"delta":{"content":"'
-            mid_text = b'"},"logprobs":null,"finish_reason":'
-            await resp.write(
-                head + b'"delta":{"role":"assistant","content":""},"logprobs":null,'
-                b'"finish_reason":null}]}\n\n'
-            )
-        else:
-            open_text = head + b'"text":"'
-            mid_text = b'","logprobs":null,"finish_reason":'
-        tail = b"null}]}\n\n"
+            await resp.write(chunks_of.role())
+        content = chunks_of.content
         vocab = VOCAB_BYTES
         chunks = 0
         first = True
@@ -603,7 +588,6 @@ class Launcher:
             toks, done = await req.next_tokens()
             if toks:
                 text = b"".join(NAN_BYTES if t == NAN_TOKEN_ID else vocab[t] for t in toks)
-                end = f'"{req.finish_reason}"}}]}}\n\n'.encode() if done else tail
                 now = time.time()
                 if first:
                     record["first_token"] = now
@@ -612,24 +596,15 @@ class Launcher:
                 if done:
                     record["last_token"] = now
                     record["last_token_mono"] = time.monotonic()
-                await resp.write(open_text + text + mid_text + end)
+                await resp.write(content(text, req.finish_reason if done else None))
                 chunks += 1
             if done:
                 break
         record["completion_tokens"] = req.generated
         record["chunks"] = chunks
         record["finish_reason"] = req.finish_reason
-        out = b""
-        if usage:
-            u = {
-                "prompt_tokens": req.prompt_tokens,
-                "completion_tokens": req.generated,
-                "total_tokens": req.prompt_tokens + req.generated,
-            }
-            out += head[: -len(b'"choices":[{"index":0,')] + (
-                b'"choices":[],"usage":' + json.dumps(u).encode() + b"}\n\n"
-            )
-        await resp.write(out + b"data: [DONE]\n\n")
+        out = chunks_of.usage(req.prompt_tokens, req.generated) if usage else b""
+        await resp.write(out + wire.DONE_EVENT)
         record["status"] = "ok"
         await resp.write_eof()
         return resp
@@ -642,35 +617,16 @@ class Launcher:
             if done:
                 break
         text = b"".join(NAN_BYTES if t == NAN_TOKEN_ID else VOCAB_BYTES[t] for t in tokens)
-        content = text.decode()
-        u = {
-            "prompt_tokens": req.prompt_tokens,
-            "completion_tokens": req.generated,
-            "total_tokens": req.prompt_tokens + req.generated,
-        }
-        choice: dict[str, Any]
-        if chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": content,
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-            }
-        body = {
-            "id": req.rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": self.opts.model_name,
-            "choices": [choice],
-            "usage": u,
-        }
+        body = wire.whole_response(
+            req.rid,
+            self.opts.model_name,
+            chat=chat,
+            created=int(time.time()),
+            text=text.decode(),
+            finish_reason=req.finish_reason,
+            prompt_tokens=req.prompt_tokens,
+            completion_tokens=req.generated,
+        )
         now, mono = time.time(), time.monotonic()
         record.update(
             first_token=now,

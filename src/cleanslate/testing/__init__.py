@@ -4,9 +4,12 @@
   tokenizer, built in well under a second, that real engines (``transformers serve``, vLLM's CPU
   build) can serve with no download. Needs ``torch``, ``transformers`` and ``tokenizers``
   (imported lazily; they are test extras, not runtime dependencies).
-- :mod:`cleanslate.testing.fake_openai`: a small aiohttp server speaking the OpenAI completion
-  API that misbehaves on demand (HTTP 500, empty output, NaN, repetition, hanging), healthy on
-  ``/health`` throughout, for testing smoke tests and readiness logic without an engine.
+- :mod:`cleanslate.testing.fake_openai`: the one fake OpenAI-compatible server (completions and
+  chat, streamed and whole, usage chunks), fast enough to measure a benchmark client against and
+  misbehaving on demand through one fault vocabulary (HTTP 500, error bodies, empty output, NaN,
+  repetition, hanging, malformed events, no usage, short or endless streams, rejected fields),
+  healthy on ``/health`` throughout. Standard library only; it writes what
+  :mod:`cleanslate.wire` describes, as the simulated engine does.
 """
 
 from __future__ import annotations
