@@ -1,9 +1,9 @@
 """How many streamed tokens/s can a benchmark client sustain on one core?
 
-A zero-delay streaming server (``cleanslate.bench._fakeserver``: every response is ``output_len``
-identical chat events written as fast as the server can) runs pinned to one CPU; each client in
-turn runs pinned to another CPU (its whole process tree: ``os.sched_setaffinity`` is inherited)
-against a fresh server, in the same run:
+A zero-delay streaming server (the fake OpenAI server, ``cleanslate.testing.fake_openai``: every
+response is ``output_len`` pre-built chat events written as fast as the server can) runs pinned
+to one CPU; each client in turn runs pinned to another CPU (its whole process tree:
+``os.sched_setaffinity`` is inherited) against a fresh server, in the same run:
 
 * ``cleanslate``: ``cleanslate bench`` with every metric computed;
 * ``bare``: a bare aiohttp read loop over one session that computes nothing (the floor);
@@ -116,7 +116,7 @@ def start_server(cpus: list[int], itl_ms: float = 0.0) -> Server:
         [
             sys.executable,
             "-m",
-            "cleanslate.bench._fakeserver",
+            "cleanslate.testing.fake_openai",
             "--port",
             "0",
             "--cpu",
