@@ -1,9 +1,10 @@
 """Streamed tokens per second the simulated engine sustains at concurrency 256.
 
 Starts ``cleanslate sim serve`` (tp-size 1) with a performance model fast enough never to be
-the limit (``--time-scale``), runs a closed-loop streaming client in this process beside it
-(so on this machine server and client share its cores), and prints the output tokens/s the
-client received plus the CPU seconds each side used. Target: >= 5,000 tokens/s.
+the limit (``--time-scale``), runs a closed-loop level of the benchmark client
+(``cleanslate.bench``, ``ignore_eos``) in this process beside it (so on this machine server and
+client share its cores), and prints the output tokens/s the client received plus the CPU
+seconds each side used. Target: >= 5,000 tokens/s.
 
     python bench/sim_capacity.py [--concurrency 256] [--requests 1024] [--output-len 256]
 """
@@ -21,16 +22,61 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import psutil
 
-from cleanslate.sim.loadgen import closed_loop
+from cleanslate.bench import BenchConfig, ClosedLoop, LevelResult, RandomWorkload, run_level
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def closed_level(
+    url: str,
+    model: str,
+    concurrency: int,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    *,
+    chat: bool = False,
+    timeout_s: float | None = None,
+) -> LevelResult:
+    """One closed-loop level: ``requests`` streamed requests, ``concurrency`` in flight, prompts
+    of ``input_len`` sim tokens asking for ``output_len`` tokens (``ignore_eos``); each request
+    must end within ``timeout_s`` seconds (``None``: the client's default)."""
+    config = BenchConfig(
+        url=url,
+        model=model,
+        endpoint="chat" if chat else "completions",
+        workload=RandomWorkload(input_len=input_len, output_len=output_len),
+        num_prompts=requests,
+        request_timeout_s=timeout_s,
+    )
+    return asyncio.run(run_level(config, ClosedLoop(concurrency=concurrency)))
+
+
+def summary(level: LevelResult) -> dict[str, Any]:
+    """The figures this script and ``sim_model_table.py`` print; times in seconds."""
+
+    def seconds(ms: float | None) -> float:
+        return round(ms / 1000, 4) if ms is not None else float("nan")
+
+    return {
+        "concurrency": level.max_concurrency,
+        "requests": level.completed + level.failed,
+        "errors": level.failed,
+        "output_tokens": level.total_output_tokens,
+        "duration_s": round(level.duration, 3),
+        "output_throughput": round(level.output_throughput, 1),
+        "ttft_mean_s": seconds(level.ttft_ms.mean),
+        "ttft_p50_s": seconds(level.ttft_ms.median),
+        "ttft_p99_s": seconds(level.ttft_ms.p99),
+    }
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 30.0) -> None:
@@ -89,36 +135,35 @@ def main() -> int:
         server = psutil.Process(proc.pid)
         me = psutil.Process()
         s0, c0 = server.cpu_times(), me.cpu_times()
-        run = asyncio.run(
-            closed_loop(
-                url,
-                "cleanslate/sim-70b",
-                args.concurrency,
-                args.requests,
-                args.input_len,
-                args.output_len,
-                chat=args.chat,
-            )
+        level = closed_level(
+            url,
+            "cleanslate/sim-70b",
+            args.concurrency,
+            args.requests,
+            args.input_len,
+            args.output_len,
+            chat=args.chat,
         )
         s1, c1 = server.cpu_times(), me.cpu_times()
         server_cpu = (s1.user + s1.system) - (s0.user + s0.system)
         client_cpu = (c1.user + c1.system) - (c0.user + c0.system)
+        tokens = level.total_output_tokens
         result = {
-            **run.summary(),
-            "streamed_tokens_per_s": round(run.output_throughput, 1),
+            **summary(level),
+            "streamed_tokens_per_s": round(level.output_throughput, 1),
             "server_cpu_s": round(server_cpu, 2),
             "client_cpu_s": round(client_cpu, 2),
-            "server_cpu_s_per_1k_tokens": round(1000 * server_cpu / max(1, run.output_tokens), 4),
+            "server_cpu_s_per_1k_tokens": round(1000 * server_cpu / max(1, tokens), 4),
             "cpus": os.cpu_count(),
             "endpoint": "chat/completions" if args.chat else "completions",
         }
         print(json.dumps(result, indent=2))
-        verdict = "meets" if run.output_throughput >= 5000 else "misses"
+        verdict = "meets" if level.output_throughput >= 5000 else "misses"
         print(
-            f"sim capacity: {run.output_throughput:,.0f} streamed tokens/s at concurrency "
+            f"sim capacity: {level.output_throughput:,.0f} streamed tokens/s at concurrency "
             f"{args.concurrency} with the client beside it ({verdict} the 5,000 target)"
         )
-        return 0 if run.errors == 0 else 1
+        return 0 if level.failed == 0 else 1
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

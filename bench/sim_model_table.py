@@ -3,9 +3,9 @@
 For each configuration (the quick-start best and its neighbours along each flag) it starts
 ``cleanslate sim serve`` with the quick-start fixed flags, runs closed-loop streaming levels at
 concurrency 64 and 256 with the quick-start workload (1024 prompt tokens, 128 output tokens,
-``ignore_eos``) using :mod:`cleanslate.sim.loadgen`, stops the server, and prints a Markdown
-table: output tokens/s and mean / p50 TTFT per level, or how the configuration failed (OOM at
-start, crash). Takes about 6 minutes at ``--time-scale 1``.
+``ignore_eos``) with the benchmark client (``cleanslate.bench``), stops the server, and prints a
+Markdown table: output tokens/s and mean / p50 TTFT per level, or how the configuration failed
+(OOM at start, crash). Takes about 6 minutes at ``--time-scale 1``.
 
     python bench/sim_model_table.py [--time-scale 1.0] [--json results.json]
 """
@@ -13,7 +13,6 @@ start, crash). Takes about 6 minutes at ``--time-scale 1``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -26,11 +25,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cleanslate.sim.loadgen import closed_loop
 from cleanslate.sim.model import QUICKSTART_FIXED, QUICKSTART_WORKLOAD
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sim_capacity import free_port
+from sim_capacity import closed_level, free_port, summary
 
 MODEL = "cleanslate/sim-70b"
 BEST = {
@@ -110,24 +108,22 @@ def run_config(flags: dict[str, Any], time_scale: float, tmp: str) -> dict[str, 
                 return result
             time.sleep(0.05)
         for concurrency, n in LEVELS:
-            run = asyncio.run(
-                closed_loop(
-                    url,
-                    MODEL,
-                    concurrency,
-                    n,
-                    QUICKSTART_WORKLOAD["input_len"],
-                    QUICKSTART_WORKLOAD["output_len"],
-                    timeout_s=600,
-                )
+            level = closed_level(
+                url,
+                MODEL,
+                concurrency,
+                n,
+                QUICKSTART_WORKLOAD["input_len"],
+                QUICKSTART_WORKLOAD["output_len"],
+                timeout_s=600,
             )
-            summary = run.summary()
-            if run.errors or proc.poll() is not None:
+            figures = summary(level)
+            if level.failed or proc.poll() is not None:
                 text = Path(log_path).read_text(errors="replace")
-                summary["failed"] = "crash" if "Traceback" in text else f"{run.errors} errors"
-                result["levels"][concurrency] = summary
+                figures["failed"] = "crash" if "Traceback" in text else f"{level.failed} errors"
+                result["levels"][concurrency] = figures
                 break
-            result["levels"][concurrency] = summary
+            result["levels"][concurrency] = figures
         return result
     finally:
         if proc.poll() is None:

@@ -12,7 +12,8 @@ import aiohttp
 import psutil
 import pytest
 
-from cleanslate.sim.loadgen import one_request
+from cleanslate.bench._client import RequestRecord
+from tests.sim._client import one_request, streamed_text
 from tests.sim.conftest import (
     SimServers,
     free_port,
@@ -24,16 +25,17 @@ from tests.sim.conftest import (
 
 pytestmark = pytest.mark.slow
 
-MODEL = "cleanslate/sim-70b"
 CRASH_LINE = "AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'"
 
 
-async def _concurrent(url: str, n: int, max_tokens: int, timeout_s: float = 20) -> list[object]:
+async def _concurrent(
+    url: str, n: int, max_tokens: int, timeout_s: float = 20
+) -> list[RequestRecord]:
     async with aiohttp.ClientSession() as session:
         return list(
             await asyncio.gather(
                 *(
-                    one_request(session, url, MODEL, f"p{i} q", max_tokens, timeout_s=timeout_s)
+                    one_request(session, url, f"p{i} q", max_tokens, timeout_s=timeout_s)
                     for i in range(n)
                 )
             )
@@ -47,7 +49,7 @@ def test_crash_at_concurrency_writes_a_traceback_and_dies(sims: SimServers) -> N
     log = server.log()
     assert "Traceback (most recent call last):" in log
     assert CRASH_LINE in log
-    assert any(not r.ok for r in results)  # type: ignore[attr-defined]
+    assert any(not r.ok for r in results)
     assert wait_for(lambda: not any(used_mib(server.ledger).values()), 2.0)
 
 
@@ -59,7 +61,7 @@ def test_the_model_crashes_above_the_captured_batch_size(sims: SimServers) -> No
     assert CRASH_LINE in server.log()
     # ... while the same load with CUDA graphs off, or below the limit, is fine.
     eager = sims.start("--time-scale", "0.2", "--cuda-graph-max-bs", "4", "--disable-cuda-graph")
-    assert all(r.ok for r in asyncio.run(_concurrent(eager.url, 8, 20)))  # type: ignore[attr-defined]
+    assert all(r.ok for r in asyncio.run(_concurrent(eager.url, 8, 20)))
     assert eager.proc.poll() is None
 
 
@@ -68,9 +70,9 @@ def test_nan_fault_emits_nan_text(sims: SimServers) -> None:
 
     async def go() -> str:
         async with aiohttp.ClientSession() as session:
-            r = await one_request(session, server.url, MODEL, "hi", 6, keep_text=True)
-            assert r.ok and r.tokens == 6
-            return r.text
+            r = await one_request(session, server.url, "hi", 6)
+            assert r.ok and r.output_tokens == 6
+            return await streamed_text(session, server.url, "hi", 6)
 
     assert asyncio.run(go()).split() == ["NaN"] * 6
 
@@ -81,9 +83,9 @@ def test_hang_after_n_requests_while_health_is_ok(sims: SimServers) -> None:
     async def go() -> None:
         async with aiohttp.ClientSession() as session:
             for _ in range(2):
-                assert (await one_request(session, server.url, MODEL, "x", 4, timeout_s=10)).ok
-            stuck = await one_request(session, server.url, MODEL, "x", 4, timeout_s=2)
-            assert not stuck.ok and stuck.tokens == 0 and "Timeout" in (stuck.error or "")
+                assert (await one_request(session, server.url, "x", 4, timeout_s=10)).ok
+            stuck = await one_request(session, server.url, "x", 4, timeout_s=2)
+            assert not stuck.ok and stuck.output_tokens == 0 and stuck.error == "deadline"
 
     asyncio.run(go())
     assert server.healthy()
@@ -99,7 +101,7 @@ def test_health_generate_goes_through_the_scheduler(sims: SimServers) -> None:
 
     async def go() -> None:
         async with aiohttp.ClientSession() as session:
-            assert not (await one_request(session, server.url, MODEL, "x", 2, timeout_s=1)).ok
+            assert not (await one_request(session, server.url, "x", 2, timeout_s=1)).ok
             timeout = aiohttp.ClientTimeout(total=2)
             with pytest.raises(asyncio.TimeoutError):
                 async with session.get(server.url + "/health_generate", timeout=timeout):
