@@ -26,7 +26,7 @@ def test_registry_has_every_engine_users_name_in_yaml() -> None:
         assert isinstance(adapter, EngineAdapter)
         assert adapter.readiness_path == "/health"
         assert 0 < adapter.default_port < 65536
-        assert adapter.signature() is get_signature(name)
+        assert adapter.signature is get_signature(name)
 
 
 def test_unknown_engine_suggests_the_closest_name() -> None:
@@ -149,7 +149,7 @@ def test_command_engine_templates() -> None:
         "my-server", "--listen", "0.0.0.0:8123", "/m", "--threads", "4",
     ]  # fmt: skip
     assert adapter.readiness_path == "/ping"
-    assert adapter.signature() is None
+    assert adapter.signature is None
     assert adapter.help_argv() is None
     with pytest.raises(InputError, match=r"no \{port\}"):
         get_engine("command", argv=["my-server", "{model}"])

@@ -248,7 +248,6 @@ def test_auto_resolution_says_it_fell_back(monkeypatch: pytest.MonkeyPatch) -> N
     from cleanslate.probe.gpu.none import NoGpuBackend
 
     monkeypatch.delenv("CLEANSLATE_SIM_GPU_DIR", raising=False)
-    base._load_builtin()
 
     async def never(cls: object, executor: object) -> bool:
         return False

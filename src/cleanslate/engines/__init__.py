@@ -1,9 +1,11 @@
 """Engines: how each inference server is recognised, launched and diagnosed.
 
-:mod:`cleanslate.engines.signatures` says how to recognise an engine's processes; the engine
-adapters (launch argv, readiness, crash signatures, flag validation) build on it. One module per
-engine (``sglang``, ``vllm``, ``trtllm``, ``transformers``, ``llamacpp``, ``command``, ``sim``),
-registered under the name users write in YAML::
+One adapter class per engine (``sglang``, ``vllm``, ``trtllm``, ``transformers``, ``llamacpp``,
+``command``, ``sim``), registered under the name users write in YAML, carries everything the
+rest of cleanslate knows about that engine: launch argv, readiness, crash patterns, flag
+validation, its process signature, its ``/dev/shm`` leftovers and helper processes, its run
+environment and GPU backend (:mod:`cleanslate.engines._base`). Other packages ask the registry
+(:func:`match_engine`, :func:`shm_patterns`, :func:`engine_class`) instead of naming engines::
 
     adapter = get_engine("vllm", launch=[python, "-m", "vllm.entrypoints.openai.api_server"])
     argv = adapter.build_argv(model, port, {"max-model-len": 512, "enforce-eager": True})
@@ -27,12 +29,19 @@ from cleanslate.engines import transformers as transformers
 from cleanslate.engines import trtllm as trtllm
 from cleanslate.engines import vllm as vllm
 from cleanslate.engines._base import (
+    RUNTIME_SHM_GLOBS,
     EngineAdapter,
     Leftovers,
+    ProcessSignature,
     engine_class,
     engine_names,
+    engine_signature,
     get_engine,
+    get_signature,
+    match_engine,
     register_engine,
+    shm_patterns,
+    signatures,
 )
 from cleanslate.engines._crash import (
     CRASH_CAUSES,
@@ -51,13 +60,6 @@ from cleanslate.engines._help import (
     engine_help_options,
     parse_help_options,
     validate_flags,
-)
-from cleanslate.engines.signatures import (
-    ProcessSignature,
-    get_signature,
-    match_engine,
-    register_signature,
-    signatures,
 )
 
 if TYPE_CHECKING:
@@ -98,6 +100,7 @@ def classify_log(engine: str, text: str, *, returncode: int | None = None) -> Cr
 __all__ = [
     "CRASH_CAUSES",
     "GENERIC_PATTERNS",
+    "RUNTIME_SHM_GLOBS",
     "Crash",
     "CrashCause",
     "CrashPattern",
@@ -117,6 +120,7 @@ __all__ = [
     "engine_class",
     "engine_help_options",
     "engine_names",
+    "engine_signature",
     "flag_args",
     "get_engine",
     "get_signature",
@@ -127,7 +131,7 @@ __all__ = [
     "option_name",
     "parse_help_options",
     "register_engine",
-    "register_signature",
+    "shm_patterns",
     "signatures",
     "smoke_test",
     "validate_flags",

@@ -8,10 +8,21 @@ An adapter knows, for one inference server:
   (:attr:`readiness_path`, answered with HTTP 200);
 - which OpenAI endpoints it serves (:attr:`supports_completions`, :attr:`supports_chat`), so the
   smoke test asks only what the engine can answer;
-- how to recognise its processes (:meth:`signature`, from :mod:`cleanslate.engines.signatures`)
-  and what it leaves behind when killed badly (:attr:`leftovers`);
+- how to recognise its processes (:attr:`signature`, ``None`` when they cannot be recognised
+  by name) and what it leaves behind when killed badly (:attr:`leftovers`: ``/dev/shm`` globs,
+  helper process names);
 - how to read its log after a failure (:meth:`classify_log`);
-- how to list its flags (:meth:`help_argv`) so they can be validated before any GPU time is spent.
+- how to list its flags (:meth:`help_argv`) so they can be validated before any GPU time is spent;
+- what its runs need besides the argv: the environment (:meth:`prepare_env`), the interpreter on
+  another host (:attr:`local_python`), the GPU backend that sees its memory
+  (:attr:`gpu_backend`), and whether it starts from the user's argv template
+  (:attr:`argv_template`).
+
+The rest of cleanslate asks the registry instead of knowing engines by name: ``check`` and
+teardown match processes with :func:`match_engine`, the probe reports the ``/dev/shm`` files of
+:func:`shm_patterns`, ``serve`` builds its adapter with :func:`get_engine`. Adding an engine is
+one module that defines a subclass and decorates it with :func:`register_engine` (see
+``tests/engines/test_toy_engine.py``); a name registered twice is an error.
 
 Adapters are cheap value objects: build one per launch with :func:`get_engine`, passing the
 user's overrides (a launch prefix, an interpreter, a readiness path). They never start processes
@@ -20,14 +31,47 @@ themselves; ``serve`` does, with the argv they build.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import difflib
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
 from cleanslate.engines._flags import Flags, flag_args, option_name
-from cleanslate.engines.signatures import ProcessSignature, get_signature
 from cleanslate.errors import InputError
+
+
+@dataclass(frozen=True)
+class ProcessSignature:
+    """How to tell that a process belongs to an engine: regexes over the kernel's ``comm`` and
+    over the space-joined command line; either one matching is a match.
+
+    Engines rename their workers (``sglang::scheduler_TP0``, ``VLLM::EngineCore``) with
+    ``prctl(PR_SET_NAME)`` and sometimes rewrite their argv too, while ``nvidia-smi`` keeps
+    showing the executable path, hence both. Build one with :meth:`compile`; the pattern helpers
+    of :mod:`cleanslate.engines.signatures` anchor on the program being run, so that an editor
+    on ``notes-about-vllm.txt`` does not match.
+    """
+
+    engine: str
+    comm: re.Pattern[str]
+    cmdline: re.Pattern[str]
+    description: str = ""
+
+    @classmethod
+    def compile(
+        cls, engine: str, comm: str, cmdline: str, description: str = ""
+    ) -> ProcessSignature:
+        """A signature from regex source texts (searched, not matched: anchor with ``^``)."""
+        return cls(engine, re.compile(comm), re.compile(cmdline), description)
+
+    def matches(self, comm: str, cmdline: Sequence[str]) -> bool:
+        if self.comm.search(comm):
+            return True
+        return bool(cmdline) and bool(self.cmdline.search(" ".join(cmdline)))
 
 
 @dataclass(frozen=True)
@@ -43,6 +87,12 @@ class Leftovers:
     shm_globs: tuple[str, ...] = ()
     process_names: tuple[str, ...] = ()
     notes: str = ""
+
+
+#: ``/dev/shm`` names that the libraries under every engine leave (NCCL, PyTorch, Python's
+#: multiprocessing, CUDA IPC), whichever engine ran: ``check`` reports them even when no
+#: registered engine names them.
+RUNTIME_SHM_GLOBS: tuple[str, ...] = ("nccl-*", "psm_*", "sem.mp-*", "torch_*", "cuda.shm.*")
 
 
 _NO_OVERRIDE: Any = object()
@@ -78,6 +128,19 @@ class EngineAdapter:
     crash_patterns: ClassVar[tuple[CrashPattern, ...]] = ()
     #: flags the adapter places itself; a user flag with one of these names is an input error
     reserved_flags: ClassVar[tuple[str, ...]] = ("--port", "--host")
+    #: how to recognise the engine's processes; ``None``: they cannot be recognised by name
+    #: (teardown then relies on the run's PIDs, cgroup and marker)
+    signature: ClassVar[ProcessSignature | None] = None
+    #: the default interpreter is the one running cleanslate (``sys.executable``) rather than
+    #: ``python`` on ``PATH``; on another host the executor's ``python`` replaces it
+    local_python: ClassVar[bool] = False
+    #: the server is started from the user's ``argv:`` template (with ``{port}``), not from a
+    #: launch prefix: ``launch:`` is refused and ``argv:`` required
+    argv_template: ClassVar[bool] = False
+    #: the GPU backend that sees this engine's GPU memory, when it is not the host's own (the
+    #: simulated engine's ledger: ``sim``); ``--gpu-backend auto`` uses it for the engine's runs,
+    #: configured from the run's environment (:meth:`prepare_env`)
+    gpu_backend: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -87,7 +150,7 @@ class EngineAdapter:
         model_flag: str | None = _NO_OVERRIDE,
         readiness_path: str | None = None,
     ) -> None:
-        self.python = python or "python"
+        self.python = python or (sys.executable if self.local_python else "python")
         self._launch = tuple(launch) if launch is not None else None
         if self._launch is not None and not self._launch:
             raise InputError(f"engine {self.name}: the launch command is empty")
@@ -172,11 +235,20 @@ class EngineAdapter:
         """The command that prints the engine's options, or ``None`` when there is none."""
         return [*self.launch_prefix, "--help"]
 
-    # -- processes and logs ---------------------------------------------------------------------
+    # -- environment ------------------------------------------------------------------------------
 
-    def signature(self) -> ProcessSignature | None:
-        """How to recognise this engine's processes (``None``: not recognisable by name)."""
-        return get_signature(self.name)
+    @classmethod
+    def prepare_env(cls, env: Mapping[str, str], artifacts: Path) -> dict[str, str]:
+        """The environment a run of this engine is launched with, from the user's ``env``.
+
+        ``artifacts`` is the local folder of the store's run artifacts, for what the engine
+        needs created beside them. The base returns ``env`` unchanged; it must never change
+        this process's environment. The result is recorded (redacted) with the run, and its
+        checks read GPU memory through :attr:`gpu_backend` configured from it.
+        """
+        return dict(env)
+
+    # -- processes and logs ---------------------------------------------------------------------
 
     def all_crash_patterns(self) -> tuple[CrashPattern, ...]:
         return (*self.crash_patterns, *GENERIC_PATTERNS)
@@ -188,32 +260,38 @@ class EngineAdapter:
         )
 
 
-@dataclass
-class _Registry:
-    engines: dict[str, type[EngineAdapter]] = field(default_factory=dict)
-
-
-_REGISTRY = _Registry()
+_REGISTRY: dict[str, type[EngineAdapter]] = {}
 A = TypeVar("A", bound=type[EngineAdapter])
 
 
 def register_engine(cls: A) -> A:
-    """Class decorator: make an adapter available under ``cls.name`` (replacing any previous)."""
-    _REGISTRY.engines[cls.name] = cls
+    """Class decorator: make an adapter available under ``cls.name``.
+
+    Raises :class:`ValueError` when the name is taken by another class, or when the adapter's
+    signature names another engine: two adapters for one name would silently disagree.
+    """
+    existing = _REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"engine {cls.name!r} is already registered by "
+                         f"{existing.__module__}.{existing.__qualname__}")
+    if cls.signature is not None and cls.signature.engine != cls.name:
+        raise ValueError(f"engine {cls.name!r}: its signature is for engine "
+                         f"{cls.signature.engine!r}")
+    _REGISTRY[cls.name] = cls
     return cls
 
 
 def engine_names() -> list[str]:
     """The registered engine names, sorted."""
-    return sorted(_REGISTRY.engines)
+    return sorted(_REGISTRY)
 
 
 def engine_class(name: str) -> type[EngineAdapter]:
+    """The adapter class registered as ``name``; an unknown name is an :class:`InputError` that
+    suggests the closest names."""
     try:
-        return _REGISTRY.engines[name]
+        return _REGISTRY[name]
     except KeyError:
-        import difflib
-
         close = difflib.get_close_matches(name, engine_names(), n=3)
         hint = ("did you mean " + " or ".join(close) + "? " if close else "") + (
             "known engines: " + ", ".join(engine_names())
@@ -228,3 +306,58 @@ def get_engine(name: str, **options: Any) -> EngineAdapter:
         return cls(**options)
     except TypeError as exc:
         raise InputError(f"engine {name}: bad option: {exc}", where="engine") from None
+
+
+# -- what the rest of cleanslate asks the registry ----------------------------------------------
+
+
+def signatures() -> list[ProcessSignature]:
+    """The signatures of the registered engines that have one, in registration order."""
+    return [cls.signature for cls in _REGISTRY.values() if cls.signature is not None]
+
+
+def engine_signature(engine: str) -> ProcessSignature | None:
+    """The signature of ``engine``, or ``None`` when it has none (``command``) or is not
+    registered (a recorded run of an engine this process does not know)."""
+    cls = _REGISTRY.get(engine)
+    return None if cls is None else cls.signature
+
+
+def get_signature(engine: str) -> ProcessSignature:
+    """The signature of ``engine``. An :class:`InputError` (``where="--engine"``) when the engine
+    is unknown or has none (``command``): its processes cannot be found by name."""
+    cls = _REGISTRY.get(engine)
+    if cls is not None and cls.signature is not None:
+        return cls.signature
+    known = "known engines: " + ", ".join(sorted(s.engine for s in signatures()))
+    if cls is None:
+        raise InputError(f"unknown engine {engine!r}", where="--engine", hint=known)
+    raise InputError(f"engine {engine!r} has no process signature: its processes cannot be "
+                     "recognised by name", where="--engine", hint=known)
+
+
+def match_engine(
+    comm: str, cmdline: Sequence[str], engines: Iterable[str] | None = None
+) -> str | None:
+    """The first engine (in registration order) whose signature matches the process, or
+    ``None``. ``engines`` limits the candidates (``None``: every registered engine); an engine
+    without a signature never matches, an unknown name is an :class:`InputError`."""
+    if engines is None:
+        candidates = signatures()
+    else:
+        candidates = [sig for sig in (engine_class(name).signature for name in engines)
+                      if sig is not None]
+    for signature in candidates:
+        if signature.matches(comm, cmdline):
+            return signature.engine
+    return None
+
+
+def shm_patterns() -> tuple[str, ...]:
+    """The ``/dev/shm`` name patterns that ``check`` reports as leftovers: those of the runtime
+    libraries (:data:`RUNTIME_SHM_GLOBS`), then every registered engine's ``shm_globs``, each
+    once, in that order."""
+    out = dict.fromkeys(RUNTIME_SHM_GLOBS)
+    for cls in _REGISTRY.values():
+        out.update(dict.fromkeys(cls.leftovers.shm_globs))
+    return tuple(out)

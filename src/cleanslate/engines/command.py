@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._flags import Flags, flag_args
-from cleanslate.engines.signatures import ProcessSignature
 from cleanslate.errors import InputError
 
 
@@ -26,6 +25,7 @@ class CommandEngine(EngineAdapter):
     default_port = 8000
     reserved_flags = ()
     leftovers = Leftovers()
+    argv_template = True
 
     def __init__(
         self,
@@ -82,6 +82,3 @@ class CommandEngine(EngineAdapter):
 
     def help_argv(self) -> list[str] | None:
         return self._help_argv
-
-    def signature(self) -> ProcessSignature | None:
-        return None

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines.signatures import ProcessSignature, program
 
 
 @register_engine
@@ -18,6 +19,8 @@ class LlamaCppEngine(EngineAdapter):
     default_model_flag = "-m"
     reserved_flags = ("--port", "--host", "-m", "--model")
     leftovers = Leftovers(notes="a single process")
+    signature = ProcessSignature.compile(
+        "llamacpp", r"^llama-server$", program("llama-server"), "llama.cpp llama-server")
 
     def default_launch(self) -> tuple[str, ...]:
         return ("llama-server",)

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
+from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 
 @register_engine
@@ -23,9 +24,15 @@ class SGLangEngine(EngineAdapter):
     default_model_flag = "--model-path"
     reserved_flags = ("--port", "--host", "--model-path", "--model")
     leftovers = Leftovers(
-        shm_globs=("nccl-*", "torch_*", "psm_*", "sem.mp-*"),
+        shm_globs=("nccl-*", "torch_*", "psm_*", "sem.mp-*", "sglang*"),
         process_names=("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel"),
         notes="schedulers survive their launcher under PID 1 and keep their GPU memory",
+    )
+    signature = ProcessSignature.compile(
+        "sglang",
+        r"^sglang(::|$)",
+        any_of(program("sglang"), python_module("sglang"), r"^sglang::"),
+        "SGLang launcher, schedulers (sglang::scheduler_TP0) and detokenizer",
     )
     crash_patterns: ClassVar[tuple[CrashPattern, ...]] = (
         # "Rank 0 scheduler is dead" says that a scheduler died, not why: a bare death

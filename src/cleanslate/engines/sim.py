@@ -4,15 +4,24 @@ A real multi-process OpenAI-compatible server that needs no GPU (DESIGN section 
 are SGLang-style (``tp-size``, ``mem-fraction-static``, ``disable-cuda-graph``,
 ``max-running-requests``, ``chunked-prefill-size``, ``fault: NAME[=ARG]``); its workers rename
 themselves ``sim::scheduler_TP<n>``. ``python`` defaults to the interpreter running cleanslate,
-which is the right one locally; for a remote host pass the executor's ``python``.
+which is the right one locally; on a remote host the executor's ``python`` is used.
+
+Its GPU memory is simulated: the workers record it in a ledger directory named by
+``CLEANSLATE_SIM_GPU_DIR`` (:mod:`cleanslate.sim.ledger`), which the ``sim`` GPU backend reads.
+:meth:`SimEngine.prepare_env` gives every run a ledger, and ``--gpu-backend auto`` reads that
+ledger for the run's checks.
 """
 
 from __future__ import annotations
 
-import sys
+import os
+from collections.abc import Mapping
+from pathlib import Path
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._flags import Flags
+from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
+from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 
 
 @register_engine
@@ -27,13 +36,30 @@ class SimEngine(EngineAdapter):
         process_names=("sim::scheduler_TP", "sim::grandchild", "sim::listener"),
         notes="faults on demand leave orphans, bound ports and /dev/shm files",
     )
-
-    def __init__(self, *, python: str | None = None, **options: object) -> None:
-        super().__init__(python=python or sys.executable, **options)  # type: ignore[arg-type]
+    signature = ProcessSignature.compile(
+        "sim",
+        r"^sim::",
+        any_of(program(r"cleanslate\s+sim\s+serve"),
+               r"(?:^|\s)-m\s*cleanslate\s+sim\s+serve(?:\s|$)",
+               python_module(r"cleanslate\.sim"), r"^sim::"),
+        "cleanslate's simulated engine (a test double, not a real server)",
+    )
+    local_python = True
+    gpu_backend = "sim"
 
     def default_launch(self) -> tuple[str, ...]:
         # `-m cleanslate.sim` loads only the simulated engine, not the whole CLI: faster start.
         return (self.python, "-m", "cleanslate.sim", "serve")
+
+    @classmethod
+    def prepare_env(cls, env: Mapping[str, str], artifacts: Path) -> dict[str, str]:
+        """The user's ``env`` with the ledger every run of the sim needs: the one ``env`` names,
+        else the one this process's environment names, else ``sim-gpus`` beside the artifacts
+        (created when missing)."""
+        directory = env.get(SIM_GPU_DIR_ENV) or os.environ.get(SIM_GPU_DIR_ENV) or str(
+            artifacts / "sim-gpus")
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        return {**env, SIM_GPU_DIR_ENV: directory}
 
     def build_argv(
         self,
@@ -53,4 +79,3 @@ class SimEngine(EngineAdapter):
         for fault in [faults] if isinstance(faults, str) else list(faults):  # type: ignore[arg-type]
             argv += ["--fault", str(fault)]
         return argv
-

@@ -11,6 +11,7 @@ Useful flags: ``device``, ``dtype``, ``continuous-batching``, ``cb-use-cuda-grap
 from __future__ import annotations
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines.signatures import ProcessSignature, program
 
 
 @register_engine
@@ -19,6 +20,9 @@ class TransformersEngine(EngineAdapter):
     description = "Hugging Face `transformers serve`"
     default_port = 8000
     leftovers = Leftovers(notes="a single process; nothing known to outlive it")
+    signature = ProcessSignature.compile(
+        "transformers", r"^transformers$", program(r"transformers(?:-cli)?\s+serve"),
+        "Hugging Face `transformers serve`")
     # Its request models reject unknown fields: ``ignore_eos`` / ``min_tokens`` get HTTP 422.
     accepts_ignore_eos = False
 

@@ -8,6 +8,7 @@ the process group alone.
 from __future__ import annotations
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 
 @register_engine
@@ -16,9 +17,16 @@ class TRTLLMEngine(EngineAdapter):
     description = "TensorRT-LLM `trtllm-serve`"
     default_port = 8000
     leftovers = Leftovers(
-        shm_globs=("nccl-*", "vader*", "psm_*", "sem.mp-*"),
+        shm_globs=("nccl-*", "vader*", "psm_*", "sem.mp-*", "trtllm*"),
         process_names=("trtllm-serve", "trtllm-llmapi-launch", "orted", "mpi4py"),
         notes="MPI workers may run in their own process groups",
+    )
+    signature = ProcessSignature.compile(
+        "trtllm",
+        r"^(trtllm-serve|trtllm-llmapi)",
+        any_of(program("trtllm-serve"), program("trtllm-llmapi-launch"),
+               python_module("tensorrt_llm")),
+        "TensorRT-LLM trtllm-serve and its MPI workers",
     )
 
     def default_launch(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, W_WRAPPER, CrashPattern, crash_pattern
+from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -29,9 +30,15 @@ class VLLMEngine(EngineAdapter):
     default_port = 8000
     reserved_flags = ("--port", "--host", "--model")
     leftovers = Leftovers(
-        shm_globs=("psm_*", "sem.mp-*", "nccl-*", "torch_*"),
+        shm_globs=("psm_*", "sem.mp-*", "nccl-*", "torch_*", "vllm*"),
         process_names=("VLLM::EngineCore", "VLLM::Worker", "multiprocessing.resource_tracker"),
         notes="EngineCore and Worker survive a SIGKILL of the API server, re-parented to PID 1",
+    )
+    signature = ProcessSignature.compile(
+        "vllm",
+        r"^(VLLM::|vllm$|vllm::)",
+        any_of(program("vllm"), python_module("vllm"), r"^VLLM::"),
+        "vLLM API server, VLLM::EngineCore and VLLM::Worker processes",
     )
     crash_patterns: ClassVar[tuple[CrashPattern, ...]] = (
         crash_pattern(

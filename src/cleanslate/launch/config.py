@@ -28,7 +28,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from cleanslate.config import load_yaml_model
-from cleanslate.engines import engine_names
+from cleanslate.engines import engine_class, engine_names
+
+
+def _argv_template(engine: object) -> bool | None:
+    """Whether a known engine starts from an argv template (``None``: not a known engine)."""
+    if not isinstance(engine, str) or engine not in engine_names():
+        return None
+    return engine_class(engine).argv_template
+
+
+def template_engines() -> str:
+    """The engines started from an argv template (``command``), for messages."""
+    return " or ".join(n for n in engine_names() if engine_class(n).argv_template)
 
 
 class ServerFields(BaseModel):
@@ -64,23 +76,26 @@ class ServerFields(BaseModel):
     @classmethod
     def _argv(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
         engine = info.data.get("engine")
-        if engine == "command":
+        template = _argv_template(engine)
+        if template:
             if not value:
-                raise ValueError('engine command needs argv: the command that starts the '
+                raise ValueError(f"engine {engine} needs argv: the command that starts the "
                                  'server, with {port}, e.g. [my-server, --port, "{port}"]')
             if not any("{port}" in str(part) for part in value):
                 raise ValueError("argv has no {port} placeholder: cleanslate must know the port "
                                  "the server listens on")
-        elif value is not None and engine is not None:
-            raise ValueError(f"argv: is the template of engine command; engine {engine} is "
+        elif value is not None and template is not None:
+            raise ValueError(f"argv: is the template of engine {template_engines()}; engine "
+                             f"{engine} is "
                              "started by its adapter (use launch: to change the command)")
         return value
 
     @field_validator("launch")
     @classmethod
     def _launch(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if value is not None and info.data.get("engine") == "command":
-            raise ValueError("engine command takes argv: (the whole command, with {port}), "
+        engine = info.data.get("engine")
+        if value is not None and _argv_template(engine):
+            raise ValueError(f"engine {engine} takes argv: (the whole command, with {{port}}), "
                              "not launch:")
         if value is not None and not value:
             raise ValueError("launch: is empty")

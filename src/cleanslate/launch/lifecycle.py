@@ -19,9 +19,8 @@ import contextlib
 import fnmatch
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cleanslate.engines import (
@@ -35,7 +34,7 @@ from cleanslate.engines import (
 )
 from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
-from cleanslate.launch.config import ServeConfig
+from cleanslate.launch.config import ServeConfig, template_engines
 from cleanslate.launch.launcher import (
     LaunchError,
     LaunchRequest,
@@ -46,7 +45,7 @@ from cleanslate.launch.launcher import (
     scrubber_for,
 )
 from cleanslate.launch.ready import classify_run_log, log_tail, wait_ready
-from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV, resolve_backend
+from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
 from cleanslate.store import RunRecord, Store
@@ -87,55 +86,53 @@ class StartOutcome:
 
 
 def adapter_for(config: ServeConfig, executor: Executor) -> EngineAdapter:
-    """The engine adapter for a server config: ``launch``, ``argv`` (engine ``command``),
-    ``readiness_path`` and ``python`` passed through."""
+    """The engine adapter for a server config: ``launch``, ``argv`` (engines started from an
+    argv template, ``command``), ``readiness_path`` and ``python`` passed through; an engine
+    whose default interpreter is ours gets the executor's on another host."""
+    adapter_cls = engine_class(config.engine)
     options: dict[str, Any] = {}
-    if config.engine == "command":
+    if adapter_cls.argv_template:
         if config.launch:
-            raise InputError("engine command takes argv: (the whole command, with {port}), "
-                             "not launch:", where="launch")
+            raise InputError(f"engine {config.engine} takes argv: (the whole command, with "
+                             "{port}), not launch:", where="launch")
         options["argv"] = config.argv
     elif config.argv:
-        raise InputError(f"argv: is the template of engine command, not of {config.engine}",
-                         where="argv", hint="use launch: to change how the engine starts")
+        raise InputError(f"argv: is the template of engine {template_engines()}, not of "
+                         f"{config.engine}", where="argv",
+                         hint="use launch: to change how the engine starts")
     if config.launch:
         options["launch"] = config.launch
     if config.readiness_path:
         options["readiness_path"] = config.readiness_path
     if config.python:
         options["python"] = config.python
-    elif config.engine == "sim" and not executor.is_local:
+    elif adapter_cls.local_python and not executor.is_local:
         options["python"] = executor.python
     return get_engine(config.engine, **options)
 
 
-def sim_env(config_engine: str, env: dict[str, str], artifacts: Path) -> dict[str, str]:
-    """For the sim engine, the simulated GPU ledger both the run and our checks must use.
-
-    ``CLEANSLATE_SIM_GPU_DIR`` from the config, else from our environment, else a ledger beside
-    the artifacts. It is also set in this process, so ``--gpu-backend auto`` reads it.
-    """
-    if config_engine != "sim":
-        return env
-    directory = env.get(SIM_GPU_DIR_ENV) or os.environ.get(SIM_GPU_DIR_ENV) or str(
-        artifacts / "sim-gpus")
-    os.environ[SIM_GPU_DIR_ENV] = directory
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    return {**env, SIM_GPU_DIR_ENV: directory}
+def run_gpu_backend(gpu_backend: str, engine: str, env: Mapping[str, str]) -> str | GpuBackend:
+    """The GPU backend of a run's checks, configured from the run's environment ``env`` (the
+    sim's ledger). ``auto`` is the engine's own backend when it has one
+    (:attr:`~cleanslate.engines.EngineAdapter.gpu_backend`), else resolved on the host."""
+    if gpu_backend == "auto":
+        gpu_backend = engine_class(engine).gpu_backend or "auto"
+    if gpu_backend in backend_names():
+        return get_backend(gpu_backend, env=env)
+    return gpu_backend  # ``auto``, or a bad name: reported where the check resolves it
 
 
 def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float = 10.0,
                    exclude_roots: frozenset[int] = frozenset()) -> CheckOptions:
     """What "clean after this run" means: its GPUs, its port, its engine and its marker."""
-    if SIM_GPU_DIR_ENV in run.env:
-        os.environ.setdefault(SIM_GPU_DIR_ENV, run.env[SIM_GPU_DIR_ENV])
     scope = Scope(
         gpus=frozenset(run.gpus) if run.gpus is not None else None,
-        engines=(run.engine,) if run.engine != "command" else (),
+        engines=(run.engine,),
         markers=frozenset({run.marker}),
         exclude_roots=exclude_roots or frozenset({os.getpid()}),
     )
-    return CheckOptions(scope=scope, ports=(run.port,), gpu_backend=gpu_backend,
+    return CheckOptions(scope=scope, ports=(run.port,),
+                        gpu_backend=run_gpu_backend(gpu_backend, run.engine, run.env),
                         timeout=timeout)
 
 
@@ -178,7 +175,7 @@ async def start_server(
     port = config.port or adapter.default_port
     run_id = new_run_id()
     artifacts = store.artifacts
-    env = sim_env(config.engine, dict(config.env), artifacts)
+    env = adapter.prepare_env(config.env, artifacts)
     argv = adapter.build_argv(config.model, port, config.flags)
     note = None
 
@@ -192,7 +189,7 @@ async def start_server(
     options = CheckOptions(
         scope=Scope(gpus=frozenset(config.gpus) if config.gpus is not None else None,
                     exclude_roots=frozenset({os.getpid()})),
-        ports=(port,), gpu_backend=gpu_backend)
+        ports=(port,), gpu_backend=run_gpu_backend(gpu_backend, config.engine, env))
     before = await check_hosts([executor], options)
     phases["verify_before_s"] = round(time.monotonic() - t0, 3)
     if preflight and before.verdict != Verdict.CLEAN:
@@ -368,7 +365,8 @@ async def stop_server(
         backend = None
         if gpu_backend != "none":
             with contextlib.suppress(InputError):
-                backend = await resolve_backend(gpu_backend, executor)
+                backend = await resolve_backend(
+                    run_gpu_backend(gpu_backend, run.engine, run.env), executor)
         spec = ScopeSpec(
             root=(run.pid, run.create_time) if run.pid and run.create_time else None,
             supervisor=(run.supervisor_pid, run.supervisor_create_time)

@@ -27,20 +27,6 @@ import sys
 import time
 from typing import Any
 
-#: File names in /dev/shm that engines, PyTorch, Python multiprocessing and NCCL leave behind.
-SHM_PATTERNS = (
-    "nccl-*",
-    "psm_*",
-    "sem.mp-*",
-    "torch_*",
-    "sglang*",
-    "vllm*",
-    "trtllm*",
-    "cleanslate-sim-*",
-    "cuda.shm.*",
-    "vader*",
-)
-
 _XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
 
 
@@ -193,10 +179,14 @@ def _fd_scan(
     return holders, owners, unreadable
 
 
-def _shm(directory: str = "/dev/shm") -> list[dict[str, Any]]:
+def _shm(directory: str, patterns: list[str]) -> list[dict[str, Any]]:
+    """The files of ``directory`` whose name matches one of ``patterns`` (``fnmatch``), each
+    with the first pattern it matches."""
     out: list[dict[str, Any]] = []
+    if not patterns:
+        return out
     for name in sorted(os.listdir(directory)):
-        for pattern in SHM_PATTERNS:
+        for pattern in patterns:
             if fnmatch.fnmatchcase(name, pattern):
                 try:
                     st = os.lstat(os.path.join(directory, name))
@@ -291,8 +281,10 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
 
     Options: ``ports`` (listeners on these are reported as ``sockets``), ``listeners`` (also
     report every listening socket, any port, as ``listeners``), ``marker``, ``budget_s``,
-    ``shm_dir``, ``kmsg`` (read the kernel log), ``kmsg_since_us`` with ``kmsg_since_boot_id``
-    (only kernel records after that position of that boot).
+    ``shm_dir``, ``shm_patterns`` (the ``fnmatch`` patterns of the ``/dev/shm`` names to
+    report: the engines' leftovers, which the caller takes from the engine registry; none
+    reported without them), ``kmsg`` (read the kernel log), ``kmsg_since_us`` with
+    ``kmsg_since_boot_id`` (only kernel records after that position of that boot).
     """
     ports = set(options.get("ports") or ())
     marker = options.get("marker") or "CLEANSLATE_RUN"
@@ -357,7 +349,8 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        result["shm"] = _shm(options.get("shm_dir") or "/dev/shm")
+        result["shm"] = _shm(options.get("shm_dir") or "/dev/shm",
+                             [str(p) for p in options.get("shm_patterns") or ()])
         sources.append(_source("shm", False, started))
     except Exception as exc:
         sources.append(_source("shm", False, started, f"{type(exc).__name__}: {exc}"))

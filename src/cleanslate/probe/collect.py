@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from cleanslate.engines import shm_patterns as registered_shm_patterns
 from cleanslate.hosts.base import CommandResult, Executor
 
 
@@ -25,17 +27,21 @@ async def run_collector(
     kmsg_since_boot_id: str | None = None,
     shm_dir: str | None = None,
     listeners: bool = False,
+    shm_patterns: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any] | None, CommandResult]:
     """Run the collector with ``timeout`` seconds. Returns the parsed JSON (``None`` on failure)
     and the command's result, whose :meth:`~CommandResult.describe_failure` says what went wrong.
     ``listeners``: also report every listening socket (any port); ``kmsg_since_us`` counts only
-    in the boot ``kmsg_since_boot_id`` (when given)."""
+    in the boot ``kmsg_since_boot_id`` (when given); ``shm_patterns``: the ``/dev/shm`` names
+    to report (``None``: the registered engines', :func:`cleanslate.engines.shm_patterns`)."""
     options = {
         "ports": ports,
         "kmsg_since_us": kmsg_since_us,
         "kmsg_since_boot_id": kmsg_since_boot_id,
         "budget_s": max(0.5, timeout * 0.5),
         "shm_dir": shm_dir,
+        "shm_patterns": list(registered_shm_patterns() if shm_patterns is None
+                             else shm_patterns),
         "listeners": listeners,
     }
     result = await executor.run(

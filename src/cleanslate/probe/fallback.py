@@ -48,12 +48,12 @@ import fnmatch
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cleanslate.engines import shm_patterns as registered_shm_patterns
 from cleanslate.hosts.base import CommandResult, Executor
-from cleanslate.probe._collect import SHM_PATTERNS
 
 #: The sections of the script's output, in order.
 SECTIONS = ("self", "now", "uid", "btime", "comm", "ps", "tcp", "fd", "fderr", "marker", "shm",
@@ -115,11 +115,12 @@ def needs_fallback(result: CommandResult) -> bool:
 
 async def run_fallback(
     executor: Executor, *, ports: list[int], timeout: float, shm_dir: str | None = None,
-    listeners: bool = False,
+    listeners: bool = False, shm_patterns: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any] | None, CommandResult]:
     """Run the script on the host and parse it (``None`` when the script failed or its output
     did not end as the script ends). ``listeners``: also list every listening socket (any port)
-    as ``listeners``, as the collector does for baselines."""
+    as ``listeners``, as the collector does for baselines; ``shm_patterns``: as for
+    :func:`parse_fallback`."""
     token = new_token()
     script = fallback_script(token, shm_dir or "/dev/shm")
     result = await executor.run(["sh", "-s"], timeout=timeout, stdin=script.encode())
@@ -127,8 +128,8 @@ async def run_fallback(
         return None, result
     if not result.stdout.endswith(f"@@{token} done\n".encode()):
         return None, result
-    return parse_fallback(result.stdout, token=token, ports=set(ports),
-                          listeners=listeners), result
+    return parse_fallback(result.stdout, token=token, ports=set(ports), listeners=listeners,
+                          shm_patterns=shm_patterns), result
 
 
 def _sh_quote(value: str) -> str:
@@ -244,9 +245,12 @@ def _problem(section: _Section | None, name: str, whole: str | None) -> str | No
 
 
 def parse_fallback(
-    raw: bytes, *, token: str, ports: set[int], listeners: bool = False
+    raw: bytes, *, token: str, ports: set[int], listeners: bool = False,
+    shm_patterns: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Turn the script's output into the collector's raw snapshot dict (see the module doc).
+    ``shm_patterns``: the ``/dev/shm`` names to report (``None``: the registered engines',
+    :func:`cleanslate.engines.shm_patterns`).
 
     Never raises for bad output: a section that cannot be trusted or parsed fails its source,
     with the reason in the source's ``error``.
@@ -329,7 +333,8 @@ def parse_fallback(
     shm: list[dict[str, Any]] = []
     shm_error = shm_problem
     if shm_section is not None:
-        shm, shm_error = _shm(shm_section)
+        patterns = registered_shm_patterns() if shm_patterns is None else tuple(shm_patterns)
+        shm, shm_error = _shm(shm_section, patterns)
     out["shm"] = shm
     sources.append(_source("shm", False, shm_error))
     sources.append(_source("kmsg", False, _NOT_READ + "does not read the kernel log"))
@@ -569,7 +574,7 @@ def unescape_ls(text: str) -> str:
     return out.decode("utf-8", "replace")
 
 
-def _shm(section: _Section) -> tuple[list[dict[str, Any]], str | None]:
+def _shm(section: _Section, patterns: Sequence[str]) -> tuple[list[dict[str, Any]], str | None]:
     lines = section.lines()
     if section.rc != 0:
         detail = " ".join(lines[-1:]) or "no output"
@@ -585,7 +590,7 @@ def _shm(section: _Section) -> tuple[list[dict[str, Any]], str | None]:
         if parts[0].startswith("l") and " -> " in name:
             name = name.split(" -> ", 1)[0]
         name = unescape_ls(name)
-        for pattern in SHM_PATTERNS:
+        for pattern in patterns:
             if fnmatch.fnmatchcase(name, pattern):
                 out.append({"name": name, "size_bytes": int(parts[4]), "mtime": float(parts[5]),
                             "pattern": pattern})

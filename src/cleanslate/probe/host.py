@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +35,7 @@ async def probe_host(
     kmsg_since_boot_id: str | None = None,
     shm_dir: str | None = None,
     listeners: bool = False,
+    shm_patterns: Sequence[str] | None = None,
 ) -> Snapshot:
     """Take a :class:`Snapshot` of the executor's host.
 
@@ -42,6 +44,8 @@ async def probe_host(
     verdict turns into UNKNOWN. A reading that lacks a required source, or does not have the
     snapshot's shape, is a failed source too. Never raises for a host-side failure.
     ``listeners``: also read every listening socket, on any port (``Snapshot.listeners``).
+    ``shm_patterns``: the ``/dev/shm`` names reported in ``Snapshot.shm`` (``None``: those of
+    the registered engines and their runtimes, :func:`cleanslate.engines.shm_patterns`).
     """
     started = time.monotonic()
     taken_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -50,6 +54,7 @@ async def probe_host(
         run_collector(
             executor, ports=in_scope, timeout=timeout, kmsg_since_us=kmsg_since_us,
             kmsg_since_boot_id=kmsg_since_boot_id, shm_dir=shm_dir, listeners=listeners,
+            shm_patterns=shm_patterns,
         ),
         _read_gpus(executor, backend, timeout),
     )
@@ -58,7 +63,8 @@ async def probe_host(
         # No python3 on the host: parse ps, ls and /proc/net/tcp instead, in the time left.
         left = max(1.0, timeout - (time.monotonic() - started))
         data, result = await run_fallback(executor, ports=in_scope, timeout=left,
-                                          shm_dir=shm_dir, listeners=listeners)
+                                          shm_dir=shm_dir, listeners=listeners,
+                                          shm_patterns=shm_patterns)
     gpu_status = SourceStatus(
         name=f"gpu:{gpu.backend}", ok=gpu.ok, critical=True, error=gpu.error,
         elapsed_s=gpu.elapsed_s,

@@ -37,12 +37,25 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
+
+#: The environment variable that names the ledger directory: read by the simulated engine's
+#: processes (they record their memory there), by the ``sim`` GPU backend and ``--gpu-backend
+#: auto`` (they read it), and set by the sim engine adapter for the runs it prepares.
+SIM_GPU_DIR_ENV = "CLEANSLATE_SIM_GPU_DIR"
 
 DEFAULT_GPUS = 8
 DEFAULT_MEMORY_MIB = 143771
 DEFAULT_NAME = "Simulated NVIDIA H200 (cleanslate sim, not a real GPU)"
 CONFIG_FILE = "config.json"
+
+
+def ledger_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """The ledger directory named by :data:`SIM_GPU_DIR_ENV` in ``environ`` (this process's
+    environment when ``None``), or ``None`` when it names none."""
+    value = (os.environ if environ is None else environ).get(SIM_GPU_DIR_ENV)
+    return value or None
 
 
 def read_config(directory: str) -> dict[str, Any]:

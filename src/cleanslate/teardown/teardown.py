@@ -48,6 +48,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cleanslate.engines import engine_signature, match_engine
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.base import GpuBackend
 from cleanslate.probe.gpu.none import NoGpuBackend
@@ -309,12 +310,8 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
            (time.time() if now is None else now)) + END_SLACK_S
     start = None if spec.not_before is None else spec.not_before - START_SLACK_S
     holders = _gpu_holders(snapshot, spec.gpus) | _port_owners(snapshot, spec.port)
-    signature = spec.signature
-    if signature is not None:
-        from cleanslate.engines.signatures import signatures
-
-        if signature not in {s.engine for s in signatures()}:
-            signature = None  # an engine without a signature (``command``)
+    # None for an engine without a signature (``command``): only holdings are evidence then.
+    signature = engine_signature(spec.signature) if spec.signature is not None else None
 
     def in_window(proc: ProcessInfo) -> bool:
         return (start is None or proc.create_time >= start) and proc.create_time <= end
@@ -322,11 +319,7 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     def evidence(proc: ProcessInfo) -> bool:
         if proc.pid in holders:
             return True
-        if signature is None:
-            return False
-        from cleanslate.engines.signatures import match_engine
-
-        return match_engine(proc.comm, proc.cmdline, [signature]) is not None
+        return signature is not None and signature.matches(proc.comm, proc.cmdline)
 
     def select(proc: ProcessInfo) -> str | None:
         if spec.root and proc.pid == spec.root[0] and _same(proc, spec.root[1]):
@@ -346,11 +339,8 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
             return GROUP if spec.pgid is not None and proc.pgid == spec.pgid else SESSION
         if proc.pid in spec.pids:
             return NAMED
-        if spec.engine is not None:
-            from cleanslate.engines.signatures import match_engine
-
-            if match_engine(proc.comm, proc.cmdline, [spec.engine]):
-                return ENGINE
+        if spec.engine is not None and match_engine(proc.comm, proc.cmdline, [spec.engine]):
+            return ENGINE
         return None
 
     chosen: dict[int, str] = {}

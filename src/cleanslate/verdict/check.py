@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cleanslate.errors import CleanslateError
 from cleanslate.hosts.base import Executor
-from cleanslate.probe.gpu.base import resolve_backend
+from cleanslate.probe.gpu.base import GpuBackend, resolve_backend
 from cleanslate.probe.host import DEFAULT_TIMEOUT_S, probe_host
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.verdict.baseline import Baseline
@@ -42,11 +42,12 @@ SETTLE_PAUSE_S = 0.02
 class CheckOptions:
     """How to check a host. ``timeout`` bounds each probe source, in seconds. ``listeners``:
     read every listening socket, on any port (a baseline records them; a check against a
-    baseline always reads them)."""
+    baseline always reads them). ``gpu_backend``: a backend name (``auto`` resolved per host)
+    or an instance already configured for a run (the sim engine's ledger)."""
 
     scope: Scope = field(default_factory=Scope)
     ports: tuple[int, ...] = ()
-    gpu_backend: str = "auto"
+    gpu_backend: str | GpuBackend = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
     baseline: Baseline | None = None
     listeners: bool = False
@@ -119,7 +120,9 @@ async def _checked(executor: Executor, options: CheckOptions) -> HostVerdict:
         raise  # bad input: the caller reports it
     except Exception as exc:
         return HostVerdict(
-            host=executor.name, verdict=Verdict.UNKNOWN, gpu_backend=options.gpu_backend,
+            host=executor.name, verdict=Verdict.UNKNOWN,
+            gpu_backend=options.gpu_backend if isinstance(options.gpu_backend, str)
+            else options.gpu_backend.name,
             findings=(Finding(kind=FindingKind.PROBE_ERROR, severity=Severity.UNKNOWN,
                               message=f"the check failed: {type(exc).__name__}: {exc}",
                               evidence={"error": f"{type(exc).__name__}: {exc}"}),),

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cleanslate.engines.signatures import match_engine
+from cleanslate.engines import match_engine
 from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot
 from cleanslate.verdict.baseline import Baseline, had_process
 from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict

@@ -1,11 +1,13 @@
-"""The GPU backend registry.
+"""The GPU backend contract and its registry.
 
 A backend reads every GPU of a host and returns a :class:`~cleanslate.probe.snapshot.GpuReading`.
 Backends are registered by the name users pass to ``--gpu-backend`` (``nvml``, ``nvidia-smi``,
-``sim``, ``none``); ``auto`` picks the first one whose :meth:`GpuBackend.usable` is true, in
-:data:`AUTO_ORDER`.
+``sim``, ``none``; :mod:`cleanslate.probe.gpu` registers the built-in ones); ``auto`` picks the
+first one whose :meth:`GpuBackend.usable` is true, in :data:`AUTO_ORDER`. This module imports
+no backend: a backend module imports it and registers itself.
 
-Contract of :meth:`GpuBackend.read`:
+Contract of :meth:`GpuBackend.read` (``tests/probe/gpu/test_contract.py`` runs it on every
+built-in backend):
 - it returns within ``timeout`` seconds (plus a small grace), whatever the driver does;
 - it never raises for a GPU or driver problem: a failed or timed-out read is a reading with
   ``ok=False`` and the tool's own message in ``error``;
@@ -14,21 +16,26 @@ Contract of :meth:`GpuBackend.read`:
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import ClassVar, TypeVar
 
 from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.snapshot import GpuReading
+
+# Kept importable from here until ``sim.server`` and ``sim.cli`` import them from their home,
+# :mod:`cleanslate.sim.ledger` (importing the probe from the sim makes a package cycle).
+from cleanslate.sim.ledger import SIM_GPU_DIR_ENV as SIM_GPU_DIR_ENV
+from cleanslate.sim.ledger import ledger_dir
+
+sim_gpu_dir = ledger_dir
 
 _REGISTRY: dict[str, type[GpuBackend]] = {}
 
 #: The order in which ``--gpu-backend auto`` tries backends. ``sim`` comes first because it is
 #: only usable when ``CLEANSLATE_SIM_GPU_DIR`` names a ledger, which a user sets on purpose.
 AUTO_ORDER: tuple[str, ...] = ("sim", "nvml", "nvidia-smi", "none")
-
-SIM_GPU_DIR_ENV = "CLEANSLATE_SIM_GPU_DIR"
 
 
 class GpuBackend(ABC):
@@ -45,28 +52,43 @@ class GpuBackend(ABC):
         """Whether ``auto`` should pick this backend on the executor's host."""
         return True
 
+    @classmethod
+    def for_env(cls, env: Mapping[str, str] | None = None) -> GpuBackend:
+        """An instance that reads what a run with environment ``env`` uses (``None``: this
+        process's environment). The base ignores ``env``; the ``sim`` backend finds its ledger
+        there."""
+        return cls()
 
-def register(cls: type[GpuBackend]) -> type[GpuBackend]:
-    """Class decorator: make a backend selectable by its ``name``."""
+    @classmethod
+    def for_auto(cls) -> GpuBackend:
+        """The instance ``auto`` uses when it picks this backend (``none`` says that it was a
+        fallback)."""
+        return cls()
+
+
+B = TypeVar("B", bound=type[GpuBackend])
+
+
+def register(cls: B) -> B:
+    """Class decorator: make a backend selectable by its ``name``. Raises :class:`ValueError`
+    when another class has that name."""
+    existing = _REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"GPU backend {cls.name!r} is already registered by "
+                         f"{existing.__module__}.{existing.__qualname__}")
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def backend_names() -> list[str]:
-    _load_builtin()
+    """The registered backend names, sorted (``auto`` is not one)."""
     return sorted(_REGISTRY)
 
 
-def _load_builtin() -> None:
-    # Imported for their registration side effect; kept lazy so importing the probe stays cheap.
-    from cleanslate.probe.gpu import none, nvidia_smi, nvml, sim  # noqa: F401
-
-
-def get_backend(name: str) -> GpuBackend:
-    """Return a backend instance by name (``auto`` is resolved by :func:`resolve_backend`)."""
-    _load_builtin()
+def backend_class(name: str) -> type[GpuBackend]:
+    """The backend class registered as ``name``; an :class:`InputError` for an unknown name."""
     try:
-        return _REGISTRY[name]()
+        return _REGISTRY[name]
     except KeyError:
         choices = ", ".join(["auto", *sorted(_REGISTRY)])
         raise InputError(
@@ -74,23 +96,22 @@ def get_backend(name: str) -> GpuBackend:
         ) from None
 
 
-async def resolve_backend(name: str, executor: Executor) -> GpuBackend:
-    """Resolve ``auto`` to a concrete backend for this host; other names pass through."""
+def get_backend(name: str, env: Mapping[str, str] | None = None) -> GpuBackend:
+    """A backend instance by name (``auto`` is resolved by :func:`resolve_backend`). ``env``: the
+    environment of the run whose GPUs it reads (see :meth:`GpuBackend.for_env`)."""
+    return backend_class(name).for_env(env)
+
+
+async def resolve_backend(name: str | GpuBackend, executor: Executor) -> GpuBackend:
+    """Resolve ``auto`` to a concrete backend for this host; other names pass through, and so
+    does a backend instance (one already configured for a run)."""
+    if isinstance(name, GpuBackend):
+        return name
     if name != "auto":
         return get_backend(name)
-    _load_builtin()
     for candidate in AUTO_ORDER:
         cls = _REGISTRY.get(candidate)
         if cls is not None and await cls.usable(executor):
-            if candidate == "none":
-                break
-            return cls()
-    from cleanslate.probe.gpu.none import NoGpuBackend
-
-    return NoGpuBackend(auto_fallback=True)
-
-
-def sim_gpu_dir() -> str | None:
-    """The simulated GPU ledger named by ``CLEANSLATE_SIM_GPU_DIR``, if any."""
-    value = os.environ.get(SIM_GPU_DIR_ENV)
-    return value or None
+            return cls.for_auto()
+    raise InputError("no GPU backend is usable on this host", where="--gpu-backend",
+                     hint="choose one of " + ", ".join(sorted(_REGISTRY)))

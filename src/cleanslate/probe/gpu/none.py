@@ -28,3 +28,7 @@ class NoGpuBackend(GpuBackend):
                     if self.auto_fallback else ""),
             auto_fallback=self.auto_fallback,
         )
+
+    @classmethod
+    def for_auto(cls) -> NoGpuBackend:
+        return cls(auto_fallback=True)

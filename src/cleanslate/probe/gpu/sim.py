@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from cleanslate.hosts.base import Executor
-from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV, GpuBackend, register, sim_gpu_dir
+from cleanslate.probe.gpu.base import GpuBackend, register
 from cleanslate.probe.snapshot import Gpu, GpuProcess, GpuReading
+from cleanslate.sim import ledger
+from cleanslate.sim.ledger import SIM_GPU_DIR_ENV, ledger_dir
 
 
 @lru_cache(maxsize=1)
 def ledger_source() -> str:
     """The source of the stdlib-only ledger reader that is sent to the host."""
-    from cleanslate.sim import ledger
-
     return Path(ledger.__file__).read_text(encoding="utf-8")
 
 
@@ -79,7 +80,8 @@ def reading_from_json(payload: dict[str, Any], elapsed_s: float) -> GpuReading:
 
 @register
 class SimGpuBackend(GpuBackend):
-    """Reads the simulated GPU ledger (usable only when ``CLEANSLATE_SIM_GPU_DIR`` is set)."""
+    """Reads the simulated GPU ledger: ``directory``, else the one ``CLEANSLATE_SIM_GPU_DIR``
+    names when it reads (``auto`` picks it only when that variable is set)."""
 
     name = "sim"
 
@@ -88,11 +90,17 @@ class SimGpuBackend(GpuBackend):
 
     @classmethod
     async def usable(cls, executor: Executor) -> bool:
-        return sim_gpu_dir() is not None
+        return ledger_dir() is not None
+
+    @classmethod
+    def for_env(cls, env: Mapping[str, str] | None = None) -> SimGpuBackend:
+        """The ledger a run with environment ``env`` writes to (``None``, or an ``env`` that
+        names none: the one this process's environment names when it reads)."""
+        return cls(ledger_dir(env) if env is not None else None)
 
     async def read(self, executor: Executor, timeout: float) -> GpuReading:
         start = time.monotonic()
-        directory = self.directory or sim_gpu_dir()
+        directory = self.directory or ledger_dir()
         if directory is None:
             return GpuReading(
                 backend=self.name,
