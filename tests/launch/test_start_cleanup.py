@@ -85,7 +85,7 @@ def test_a_bug_after_launch_tears_the_server_down(
     assert marked(run.id) == []
     assert run.status == "failed" and run.cause == "error"
     assert "RuntimeError" in (run.detail or "")
-    assert run.verdict_after is not None and run.verdict_after["verdict"] == "clean"
+    assert run.verdict_after is not None and run.verdict_after.verdict == "clean"
 
 
 def test_a_store_error_after_launch_tears_the_server_down(

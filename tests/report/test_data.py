@@ -41,9 +41,9 @@ def test_trials_sorted_by_objective_then_infeasible(quickstart: StudyReport) -> 
 def test_best_level_figures_come_from_the_best_level(quickstart: StudyReport) -> None:
     best = quickstart.best
     assert best is not None and best.best is not None
-    assert best.best["label"] == best.record.best_level
+    assert best.best.label == best.record.best_level
     assert best.metric("output_throughput") == pytest.approx(best.record.value)
-    assert best.metric("p99_ttft_ms") == best.best["p99_ttft_ms"]
+    assert best.metric("p99_ttft_ms") == best.best.ttft_ms.p99
     assert best.launch_command.split()[1:4] == ["-m", "cleanslate", "sim"]
 
 

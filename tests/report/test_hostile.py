@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from cleanslate.store import Store
 from cleanslate.store._tables import RunRow, StudyRow, TrialRow
 from tests.report.conftest import DATA, StudyStore
+from tests.store.documents import check_report, finding
 
 SECRETS = ("hf_oldsecret123", "sk-old-abcdef9876", "pgold-pass-55", "other-server-key-1",
            "bearer-old-tok-2")
@@ -33,17 +34,15 @@ def _with_secrets(entry: dict[str, Any]) -> dict[str, Any]:
         trial["detail"] = "server said: HF_TOKEN=hf_oldsecret123 is not valid"
         trial["log_tail"] = ("non-default args: {'api_key': ['sk-old-abcdef9876']}\n"
                              "Authorization: Bearer bearer-old-tok-2\n")
-        trial["findings_after"] = [{"kind": "stray", "severity": "error",
-                                    "message": "python x.py --api-key other-server-key-1"}]
+        trial["findings_after"] = [finding("python x.py --api-key other-server-key-1")]
     for run in entry["runs"]:
         run["env"] = {**run.get("env", {}), "HF_TOKEN": "hf_oldsecret123"}
         run["argv"] = [*run["argv"], "--api-key", "sk-old-abcdef9876"]
         run["log_tail"] = "token hf_oldsecret123 accepted"
-        doc = run.get("verdict_after") or {"verdict": "dirty", "hosts": [{"findings": []}]}
-        doc["hosts"][0]["findings"].append({
-            "kind": "stray", "severity": "error",
-            "message": "stray `python other.py --api-key other-server-key-1`",
-            "evidence": {"cmdline": ["python", "other.py", "--api-key", "other-server-key-1"]}})
+        doc = run.get("verdict_after") or check_report("dirty")
+        doc["hosts"][0]["findings"].append(finding(
+            "stray `python other.py --api-key other-server-key-1`",
+            evidence={"cmdline": ["python", "other.py", "--api-key", "other-server-key-1"]}))
         run["verdict_after"] = doc
     return entry
 

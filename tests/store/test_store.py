@@ -16,6 +16,7 @@ from cleanslate.errors import InputError
 from cleanslate.redact import REDACTED
 from cleanslate.store import RunRecord, Store, TrialRecord, display_url
 from cleanslate.store._tables import RunRow, StudyRow, TrialRow
+from tests.store.documents import check_report, finding, level, teardown_report
 
 SECRETS = ("hf_secret123", "sk-proj-abcdef123456", "pgpass-9876", "other-srv-key-42",
            "bearer-tok-777")
@@ -32,12 +33,10 @@ def _run(**extra: Any) -> RunRecord:
         "detail": "connect postgresql://u:pgpass-9876@h/db refused",
         "log_tail": "non-default args: {'api_key': ['sk-proj-abcdef123456']}\n"
                     "token hf_secret123 loaded\n",
-        "verdict_after": {"verdict": "dirty", "hosts": [{"findings": [{
-            "kind": "stray", "severity": "error",
-            "message": "stray `python other.py --api-key other-srv-key-42`",
-            "evidence": {"cmdline": ["python", "other.py", "--api-key", "other-srv-key-42"]},
-        }]}]},
-        "teardown": {"targets": [{"command": "curl -H 'Authorization: Bearer bearer-tok-777'"}]},
+        "verdict_after": check_report("dirty", finding(
+            "stray `python other.py --api-key other-srv-key-42`",
+            evidence={"cmdline": ["python", "other.py", "--api-key", "other-srv-key-42"]})),
+        "teardown": teardown_report("curl -H 'Authorization: Bearer bearer-tok-777'"),
     }
     fields.update(extra)
     return RunRecord(**fields)
@@ -51,8 +50,8 @@ def _trial(**extra: Any) -> TrialRecord:
         "status": "infeasible", "cause": "crashed",
         "detail": "HF_TOKEN=hf_secret123 rejected",
         "log_tail": "starting with sk-proj-abcdef123456",
-        "findings_after": ({"message": "x --api-key other-srv-key-42"},),
-        "levels": ({"label": "c=8", "total_token_throughput": 123.5, "output_throughput": 80.0},),
+        "findings_after": (finding("x --api-key other-srv-key-42"),),
+        "levels": (level("c=8", total_token_throughput=123.5, output_throughput=80.0),),
     }
     fields.update(extra)
     return TrialRecord(**fields)
@@ -104,13 +103,13 @@ def test_records_read_back_are_redacted_and_keep_their_figures(tmp_path: Path) -
     assert run.argv[-1] == REDACTED and run.flags == {"api-key": REDACTED, "max-num-seqs": 64}
     assert run.port == 8000 and run.marker == "r-1"
     [back] = store.trials("s")
-    assert back.levels[0]["total_token_throughput"] == 123.5
+    assert back.levels[0].total_token_throughput == 123.5
     assert back.params == {"max-num-seqs": 64}
     stored = store.study("s") if store.save_study("s", SPEC, "running") else None
     assert stored is not None
     # A spec compares with the stored one through Store.redacted (resume).
-    assert stored["spec"] == store.redacted(SPEC)
-    assert store.redacted(stored["spec"]) == stored["spec"]
+    assert stored.spec == store.redacted(SPEC)
+    assert store.redacted(stored.spec) == stored.spec
 
 
 def test_rows_written_by_an_older_version_are_redacted_on_the_way_out(tmp_path: Path) -> None:
@@ -131,7 +130,7 @@ def test_rows_written_by_an_older_version_are_redacted_on_the_way_out(tmp_path: 
     reader = Store(url)  # a new process: it has seen no secret value
     text = json.dumps([r.model_dump(mode="json") for r in reader.runs()]
                       + [t.model_dump(mode="json") for t in reader.trials("s")]
-                      + [reader.study("s")])
+                      + [reader.study("s").model_dump(mode="json")])
     for secret in SECRETS:
         assert secret not in text, secret
 

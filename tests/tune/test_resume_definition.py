@@ -25,11 +25,11 @@ def test_a_study_with_a_secret_in_env_resumes(tmp_path: Path) -> None:
     store.save_study(spec.name, spec.model_dump(mode="json"), "running")
     stored = store.study(spec.name)
     assert stored is not None
-    assert "hf_abcdefghijklmnopqrstuvwx" not in str(stored["spec"])  # never kept
-    assert same_definition(store, stored["spec"], spec)
-    assert same_definition(store, stored["spec"], _spec(budget={"trials": 3}))
-    assert not same_definition(store, stored["spec"], _spec(concurrency=[1, 8]))
-    assert not same_definition(store, stored["spec"], _spec(env={"X": "2"}))
+    assert "hf_abcdefghijklmnopqrstuvwx" not in str(stored.spec)  # never kept
+    assert same_definition(store, stored.spec, spec)
+    assert same_definition(store, stored.spec, _spec(budget={"trials": 3}))
+    assert not same_definition(store, stored.spec, _spec(concurrency=[1, 8]))
+    assert not same_definition(store, stored.spec, _spec(env={"X": "2"}))
 
 
 def test_keys_added_to_the_schema_later_compare_at_their_default(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def _check_left_nothing(store: Store, spec: Any) -> None:
     assert run.status not in ("starting", "ready"), run.status
     assert not _alive(run.pid) and not _alive(run.supervisor_pid)
     assert _marked(run.marker) == []
-    assert (run.verdict_after or {}).get("verdict") == "clean", run.verdict_after
+    assert run.verdict_after is not None and run.verdict_after.verdict == "clean", run.verdict_after
     (trial,) = store.trials(spec.name)
     assert trial.status == "infra_failed" and trial.cause == "controller_error", trial
     assert trial.verdict_after == "clean"

@@ -12,6 +12,7 @@ import contextlib
 import json
 import signal
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # the launch stack (aiohttp, SQLAlchemy) is imported when a c
     from cleanslate.launch.config import ServeConfig
     from cleanslate.launch.lifecycle import StartOutcome
     from cleanslate.store import RunRecord, Store
-    from cleanslate.teardown.teardown import TeardownReport
+    from cleanslate.teardown.teardown import Target, TargetRecord, TeardownReport
 
 
 def parse_engine_args(args: list[str]) -> dict[str, Any]:
@@ -199,7 +200,7 @@ async def _stop_if_running(executor: Any, store: Store, run: RunRecord, grace_s:
 
     with contextlib.suppress(BaseException):
         try:
-            running = store.get_run(run.id).status in ("starting", "ready")
+            running = store.get_run(run.id).status.running
         except Exception:
             running = True
         if running:
@@ -224,7 +225,9 @@ def _run_doc(run: RunRecord, outcome: StartOutcome) -> dict[str, Any]:
         "engine": run.engine, "port": run.port, "log": run.log_path, "status": run.status,
         "user": run.user, "cgroup": run.cgroup, "cgroup_note": outcome.cgroup_note,
         "boot_id": run.boot_id, "machine_id": run.machine_id,
-        "verdict_before": run.verdict_before, "phases": outcome.phases,
+        "verdict_before": run.verdict_before.model_dump(mode="json")
+        if run.verdict_before else None,
+        "phases": outcome.phases,
         "smoke": outcome.smoke.model_dump(mode="json") if outcome.smoke else None,
         "flag_validation": outcome.validation_note or "checked",
     }
@@ -317,19 +320,19 @@ async def _foreground(executor: Any, store: Store, run: RunRecord, grace_s: floa
     return EXIT_FAILED if status == "crashed" else report.exit_code
 
 
-def targets_table(title: str, targets: Any) -> Table:
-    """A table of teardown targets (dicts or :class:`Target`), every cell printed as text."""
+def targets_table(title: str, targets: Iterable[Target | TargetRecord]) -> Table:
+    """A table of teardown targets (live or as a report keeps them), every cell printed as
+    text."""
     table = Table(title=title, title_justify="left")
     for column in ("PID", "user", "why", "comm", "command"):
         table.add_column(column, overflow="fold")
     for target in targets:
-        row = target if isinstance(target, dict) else target.as_dict()
-        why = str(row.get("why", ""))
-        if row.get("protected"):
-            why = f"{why}; left alone: {row['protected']}"
-        user = row.get("user") or (str(row["uid"]) if row.get("uid") is not None else "?")
-        table.add_row(Text(str(row.get("pid"))), Text(str(user)), Text(why),
-                      Text(str(row.get("comm", ""))), Text(str(row.get("command", ""))[:200]))
+        why = target.why
+        if target.protected:
+            why = f"{why}; left alone: {target.protected}"
+        user = target.user or (str(target.uid) if target.uid is not None else "?")
+        table.add_row(Text(str(target.pid)), Text(user), Text(why), Text(target.comm),
+                      Text(target.command[:200]))
     return table
 
 

@@ -205,10 +205,11 @@ def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | Non
     console.print(f"[bold green]best configuration[/] (trial {best.number}): "
                   f"{escape(_params(best.params))}")
     console.print(f"  {spec.objective.metric} = {best.value:,.1f} at {best.best_level}")
-    level = next((lv for lv in best.levels if lv.get("label") == best.best_level), None)
-    if level:
-        console.print(f"  output {level['output_throughput']:,.0f} tok/s, total "
-                      f"{level['total_token_throughput']:,.0f} tok/s, p99 TTFT "
-                      f"{level['p99_ttft_ms']:,.0f} ms, p99 TPOT {level['p99_tpot_ms']:,.1f} ms")
+    level = best.level(best.best_level)
+    if level is not None:
+        console.print(f"  output {level.output_throughput:,.0f} tok/s, total "
+                      f"{level.total_token_throughput:,.0f} tok/s, p99 TTFT "
+                      f"{level.ttft_ms.p99 or 0:,.0f} ms, p99 TPOT "
+                      f"{level.tpot_ms.p99 or 0:,.1f} ms")
     console.print(Text(f"  launch: {launch_command(spec, best)}"), highlight=False,
                   soft_wrap=True)

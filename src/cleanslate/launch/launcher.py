@@ -30,7 +30,7 @@ from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
 from cleanslate.redact import Scrubber, redact_argv, redact_env, redact_flags
-from cleanslate.store import RunRecord
+from cleanslate.store import RunRecord, RunStatus
 
 MARKER_ENV = "CLEANSLATE_RUN"
 #: ``0`` launches runs without a cgroup of their own (teardown then relies on the marker, the
@@ -161,7 +161,7 @@ async def launch(executor: Executor, request: LaunchRequest, *,
         url=request.adapter.base_url(request.port),
         log_path=log_path,
         artifacts_dir=run_dir,
-        status="starting",
+        status=RunStatus.STARTING,
         pid=int(state["pid"]),
         pgid=int(state["pgid"]),
         sid=int(state["sid"]),

@@ -12,11 +12,25 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleanslate.bench import ClosedLoop, LevelResult
 from cleanslate.errors import InputError
-from cleanslate.store import RunRecord, Store, TrialRecord
+from cleanslate.store import RunRecord, Store
+from cleanslate.store._trials import (
+    LevelVerdict,
+    StudyStatus,
+    TrialRecord,
+    TrialStatus,
+    level_metric,
+)
+from cleanslate.tune.study import Objective
+from cleanslate.verdict.findings import Finding, Severity, Verdict
 
 #: Trial statuses in the order a report lists them after sorting by the objective.
-STATUS_ORDER = ("feasible", "infeasible", "infra_failed", "running")
+STATUS_ORDER = (TrialStatus.FEASIBLE, TrialStatus.INFEASIBLE, TrialStatus.INFRA_FAILED,
+                TrialStatus.RUNNING)
+
+#: Severities of the host-check findings a report shows (``info`` is only in JSON).
+_SHOWN = (Severity.ERROR, Severity.UNKNOWN, Severity.WARNING)
 
 #: Level keys shown for a trial's best level: (key, header, unit).
 LEVEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -29,13 +43,6 @@ LEVEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _number(value: Any) -> float | None:
-    """A finite float, or ``None`` for anything else (missing, NaN, text)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def show(value: Any) -> str:
     """A flag value as a report shows it: ``unset`` for null (the flag is not passed)."""
     return "unset" if value is None else str(value)
@@ -46,25 +53,12 @@ def params_text(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={show(v)}" for k, v in params.items())
 
 
-def level_concurrency(level: dict[str, Any]) -> float | None:
+def level_concurrency(level: LevelResult) -> float | None:
     """The x of a level in throughput-against-load plots: the closed loop's concurrency, an
-    open loop's rate (requests/s), else the parsed ``c=N`` label."""
-    load = level.get("load") or {}
-    for key in ("concurrency", "rate"):
-        value = _number(load.get(key))
-        if value is not None:
-            return value
-    label = str(level.get("label", ""))
-    if label.startswith("c="):
-        return _number(_parse_float(label[2:]))
-    return None
-
-
-def _parse_float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
+    open loop's rate (requests/s; ``None`` for an infinite one)."""
+    load = level.load
+    value = float(load.concurrency if isinstance(load, ClosedLoop) else load.rate)
+    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -79,28 +73,26 @@ class TrialView:
         return self.record.number
 
     @property
-    def status(self) -> str:
+    def status(self) -> TrialStatus:
         return self.record.status
 
     @property
     def feasible(self) -> bool:
-        return self.record.status == "feasible" and self.record.value is not None
+        return self.record.status == TrialStatus.FEASIBLE and self.record.value is not None
 
     @property
-    def best(self) -> dict[str, Any] | None:
+    def best(self) -> LevelResult | None:
         """The trial's best feasible level (the one its value was taken from), if any."""
-        label = self.record.best_level
-        if label is None:
-            return None
-        return next((lv for lv in self.record.levels if lv.get("label") == label), None)
+        return self.record.level(self.record.best_level)
 
     def metric(self, key: str) -> float | None:
         """A key of the best feasible level (``output_throughput``, ``p99_ttft_ms`` ...)."""
-        best = self.best
-        return _number(best.get(key)) if best else None
+        return self.record.metric(key)
 
-    def level_verdict(self, level: dict[str, Any]) -> str:
-        return self.record.level_verdicts.get(str(level.get("label")), "?")
+    def level_verdict(self, level: LevelResult) -> str:
+        """How a level of this trial went (:class:`~cleanslate.store.LevelVerdict`), ``?``
+        when not recorded."""
+        return self.record.level_verdicts.get(level.label, "?")
 
     @property
     def launch_command(self) -> str:
@@ -116,25 +108,25 @@ class TrialView:
         parts = [p for p in (self.record.cause, self.record.detail) if p]
         return ": ".join(parts)
 
-    def host_findings(self, when: str) -> list[dict[str, Any]]:
+    def host_findings(self, when: str) -> list[Finding]:
         """The findings of the host check ``before`` or ``after`` the trial that a reader should
-        see (errors, unknowns, warnings), from the run's full check document when recorded,
-        else the trial's own (errors and unknowns only)."""
-        document = (self.run.verdict_before if when == "before" else self.run.verdict_after
-                    ) if self.run else None
-        if document:
-            return [f for host in document.get("hosts", []) for f in host.get("findings", [])
-                    if f.get("severity") in ("error", "unknown", "warning")]
+        see (errors, unknowns, warnings), from the run's full check report when recorded, else
+        the trial's own (errors and unknowns only)."""
+        report = (self.run.verdict_before if when == "before" else self.run.verdict_after
+                  ) if self.run else None
+        if report is not None:
+            return [f for host in report.hosts for f in host.findings if f.severity in _SHOWN]
         return list(self.record.findings_before if when == "before"
                     else self.record.findings_after)
 
     def host_verdict(self, when: str) -> str:
         """``clean``, ``dirty``, ``unknown``, or ``-`` when that check did not run."""
-        value = self.record.verdict_before if when == "before" else self.record.verdict_after
+        value: Verdict | None = (self.record.verdict_before if when == "before"
+                                 else self.record.verdict_after)
         if value is None and self.run is not None:
-            document = self.run.verdict_before if when == "before" else self.run.verdict_after
-            value = (document or {}).get("verdict")
-        return value or "-"
+            report = self.run.verdict_before if when == "before" else self.run.verdict_after
+            value = report.verdict if report is not None else None
+        return value.value if value is not None else "-"
 
     @property
     def log_tail(self) -> str:
@@ -175,7 +167,7 @@ class StudyReport:
 
     name: str
     spec: dict[str, Any]
-    status: str
+    status: StudyStatus
     created_at: float | None
     elapsed_s: float | None
     trials: tuple[TrialView, ...]
@@ -203,14 +195,17 @@ class StudyReport:
         return str(self.spec.get("strategy", "?"))
 
     @property
+    def objective(self) -> Objective:
+        """The study's objective (:meth:`Objective.of` its spec)."""
+        return Objective.of(self.spec)
+
+    @property
     def metric(self) -> str:
-        objective = self.spec.get("objective") or {}
-        return str(objective.get("maximize") or objective.get("minimize") or "output_throughput")
+        return self.objective.metric
 
     @property
     def direction(self) -> str:
-        objective = self.spec.get("objective") or {}
-        return "minimize" if objective.get("minimize") else "maximize"
+        return self.objective.direction
 
     @property
     def factors(self) -> list[str]:
@@ -234,7 +229,7 @@ class StudyReport:
 
     @property
     def results(self) -> list[TrialView]:
-        return [t for t in self.trials if t.status in ("feasible", "infeasible")]
+        return [t for t in self.trials if t.status.finished]
 
     def sorted_trials(self) -> list[TrialView]:
         """Feasible trials best first by the objective, then infeasible, infrastructure
@@ -258,7 +253,7 @@ class StudyReport:
     @property
     def failures(self) -> list[TrialView]:
         """Trials that were not feasible (results and infrastructure failures), by number."""
-        return sorted((t for t in self.trials if t.status != "feasible"),
+        return sorted((t for t in self.trials if t.status != TrialStatus.FEASIBLE),
                       key=lambda t: t.number)
 
     def trial(self, number: int) -> TrialView | None:
@@ -310,21 +305,21 @@ class StudyReport:
                               cause=None if t.feasible else (t.record.cause or t.status)))
         return out
 
-    def level_points(self) -> list[tuple[TrialView, dict[str, Any], float, float]]:
+    def level_points(self) -> list[tuple[TrialView, LevelResult, float, float]]:
         """Every measured level as ``(trial, level, output tokens/s, p99 TTFT ms)``."""
         out = []
         for t in self.trials:
             for level in t.record.levels:
-                x = _number(level.get("output_throughput"))
-                y = _number(level.get("p99_ttft_ms"))
+                x = level_metric(level, "output_throughput")
+                y = level_metric(level, "p99_ttft_ms")
                 if x is not None and y is not None:
                     out.append((t, level, x, y))
         return out
 
-    def pareto_front(self) -> list[tuple[TrialView, dict[str, Any], float, float]]:
+    def pareto_front(self) -> list[tuple[TrialView, LevelResult, float, float]]:
         """The levels that met the SLOs and that no other such level beats on both output
         tokens/s (higher) and p99 TTFT (lower), sorted by throughput."""
-        ok = [p for p in self.level_points() if p[0].level_verdict(p[1]) == "ok"]
+        ok = [p for p in self.level_points() if p[0].level_verdict(p[1]) == LevelVerdict.OK]
         return pareto([(p, p[2], p[3]) for p in ok])
 
 
@@ -356,9 +351,8 @@ def load_report(store: Store, name: str) -> StudyReport:
     runs = {r.id: r for r in store.runs(study=name)}
     trials = tuple(TrialView(record=t, run=runs.get(t.run_id) if t.run_id else None)
                    for t in store.trials(name))
-    return StudyReport(name=name, spec=dict(study.get("spec") or {}),
-                       status=str(study.get("status", "?")),
-                       created_at=study.get("created_at"), elapsed_s=study.get("elapsed_s"),
+    return StudyReport(name=name, spec=dict(study.spec), status=study.status,
+                       created_at=study.created_at, elapsed_s=study.elapsed_s,
                        trials=trials, store_url=store.display_url)
 
 

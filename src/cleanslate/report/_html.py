@@ -25,6 +25,8 @@ from cleanslate.report._data import (
     show,
 )
 from cleanslate.report._plots import Plot, render_plots
+from cleanslate.store._trials import level_metric
+from cleanslate.verdict.findings import Finding
 
 _CSS = """
 :root { --fg: #1d2330; --muted: #5b6475; --line: #d9dde5; --bg: #ffffff; --panel: #f6f7f9;
@@ -263,11 +265,11 @@ def _failures(report: StudyReport) -> str:
     return "".join(out)
 
 
-def _findings_html(findings: list[dict[str, Any]]) -> str:
+def _findings_html(findings: list[Finding]) -> str:
     if not findings:
         return ""
-    items = "".join(f"<li>{_badge(f.get('severity'))} {_e(f.get('kind'))}: "
-                    f"{_e(f.get('message'))}</li>" for f in findings)
+    items = "".join(f"<li>{_badge(f.severity)} {_e(f.kind)}: {_e(f.message)}</li>"
+                    for f in findings)
     return f'<ul class="findings">{items}</ul>'
 
 
@@ -297,9 +299,9 @@ def _levels_detail(report: StudyReport, t: TrialView) -> str:
     rows = []
     for level in r.levels:
         conc = level_concurrency(level)
-        rows.append([_e(level.get("label", "-")), _e(f"{conc:g}" if conc else "-"),
+        rows.append([_e(level.label), _e(f"{conc:g}" if conc else "-"),
                      _badge(t.level_verdict(level)),
-                     *(_e(format_value(_num(level.get(k)), k)) for k, _ in keys)])
+                     *(_e(format_value(level_metric(level, k), k)) for k, _ in keys)])
     levels = (_table(["level", "load", "verdict", *(h for _, h in keys)], rows,
                      numeric=set(range(3, 3 + len(keys))))
               if rows else '<p class="meta">no level was measured</p>')
@@ -314,11 +316,6 @@ def _levels_detail(report: StudyReport, t: TrialView) -> str:
         + (f'<p class="meta">launch command</p><pre>{_e(t.launch_command)}</pre>'
            if t.launch_command else "")
         + "</details>")
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
 
 
 def _plots_html(plots: list[Plot]) -> str:

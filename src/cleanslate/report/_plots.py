@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from cleanslate.bench import LevelResult
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
+from cleanslate.store._trials import level_metric
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -143,13 +145,13 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
     for si, report in enumerate(reports):
         style = _LINESTYLES[si % len(_LINESTYLES)]
         for trial in sorted(report.trials, key=lambda t: t.number):
-            points: list[tuple[float, float, dict[str, Any]]] = []
+            points: list[tuple[float, float, LevelResult]] = []
             for lv in trial.record.levels:
-                xv, yv = level_concurrency(lv), lv.get("output_throughput")
-                if xv is not None and isinstance(yv, (int, float)):
-                    points.append((xv, float(yv), lv))
+                xv, yv = level_concurrency(lv), level_metric(lv, "output_throughput")
+                if xv is not None and yv is not None:
+                    points.append((xv, yv, lv))
             if not points:
-                if trial.status in ("feasible", "infeasible"):
+                if trial.status.finished:
                     unplotted.append(f"#{trial.number} {trial.record.cause or trial.status}")
                 continue
             color = colors[(report.name, trial.number)]
@@ -221,7 +223,7 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
             ax.plot(fx, fy, linestyle="none", marker="o", markersize=14,
                     markerfacecolor="none", markeredgecolor="black", markeredgewidth=1.2)
             for trial, level, x, y in front:
-                ax.annotate(f"#{trial.number} {level.get('label', '')}", (x, y),
+                ax.annotate(f"#{trial.number} {level.label}", (x, y),
                             textcoords="offset points", xytext=(8, 6), fontsize=8)
         limit = report.slo.get("ttft_p99_ms")
         if limit:

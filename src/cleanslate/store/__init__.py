@@ -4,6 +4,10 @@ A SQLite file ``./cleanslate.db`` by default, ``--store URL`` or ``CLEANSLATE_ST
 (PostgreSQL for fleets). Optuna's tables live in the same database; ours are prefixed ``cs_``.
 Artifacts (logs) live in a folder beside the database (:func:`artifacts_root`).
 
+What crosses the store is a frozen record with a schema version: :class:`RunRecord`,
+:class:`TrialRecord`, :class:`StudyRecord` (``_records``, ``_trials``), their statuses
+:class:`StrEnum` values. The JSON a record dumps is the JSON a row holds.
+
 The store never holds a secret: every record is redacted on the way in and again on the way out
 (:meth:`Store.redacted`), a SQLite file is created with mode 0600 and the artifacts folder with
 0700, and its URL is printed only through :func:`display_url` (no password).
@@ -11,24 +15,64 @@ The store never holds a secret: every record is redacted on the way in and again
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from cleanslate.store._records import (
+    SCHEMA_VERSION,
+    NewerSchemaError,
+    Record,
+    RunRecord,
+    RunStatus,
+)
 from cleanslate.store._store import (
     DEFAULT_STORE_URL,
     STORE_ENV,
-    RunRecord,
     Store,
-    TrialRecord,
     artifacts_root,
     display_url,
     resolve_store_url,
 )
 
+if TYPE_CHECKING:
+    from cleanslate.store._trials import (
+        LevelVerdict,
+        StudyRecord,
+        StudyStatus,
+        TrialRecord,
+        TrialStatus,
+        level_metric,
+    )
+
+#: Names of ``_trials``, imported when first used: a trial's levels need the benchmark client,
+#: which the commands that read only runs (``check``, ``stop``) never load.
+_TRIALS = frozenset({"LevelVerdict", "StudyRecord", "StudyStatus", "TrialRecord", "TrialStatus",
+                     "level_metric"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRIALS:
+        from cleanslate.store import _trials
+
+        return getattr(_trials, name)
+    raise AttributeError(f"module 'cleanslate.store' has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_STORE_URL",
+    "SCHEMA_VERSION",
     "STORE_ENV",
+    "LevelVerdict",
+    "NewerSchemaError",
+    "Record",
     "RunRecord",
+    "RunStatus",
     "Store",
+    "StudyRecord",
+    "StudyStatus",
     "TrialRecord",
+    "TrialStatus",
     "artifacts_root",
     "display_url",
+    "level_metric",
     "resolve_store_url",
 ]

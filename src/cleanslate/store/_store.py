@@ -1,4 +1,4 @@
-"""The :class:`Store` and the :class:`RunRecord` it keeps."""
+"""The :class:`Store`: records in, records out, redacted both ways."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import create_engine, inspect, select
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
@@ -27,7 +27,11 @@ from cleanslate.redact import (
     redact_url,
     secret_values,
 )
+from cleanslate.store._records import NewerSchemaError, RunRecord, RunStatus
 from cleanslate.store._tables import Base, RunRow, StudyRow, TrialRow
+
+if TYPE_CHECKING:  # the benchmark client (a trial's levels) is imported when trials are read
+    from cleanslate.store._trials import StudyRecord, StudyStatus, TrialRecord, TrialStatus
 
 STORE_ENV = "CLEANSLATE_STORE"
 DEFAULT_STORE_URL = "sqlite:///cleanslate.db"
@@ -86,96 +90,6 @@ def artifacts_root(url: str) -> Path:
     return Path("artifacts").resolve()
 
 
-class RunRecord(BaseModel):
-    """A launched server as the store keeps it. Times are epoch seconds.
-
-    ``pid`` is the engine's root process, ``supervisor_pid`` the process that started it (the
-    child subreaper, locally); ``create_time`` fields guard against PID reuse. ``marker`` is the
-    value of ``CLEANSLATE_RUN`` in the run's environment: every process of the run carries it.
-    ``boot_id`` (``/proc/sys/kernel/random/boot_id``) and ``machine_id`` (``/etc/machine-id``)
-    say which boot of which machine the PIDs belong to: a record from another boot or machine
-    names no live process. ``cgroup`` is the run's own cgroup (v2) path when the host allowed
-    one to be made, ``None`` otherwise.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    host: str
-    engine: str
-    model: str
-    argv: tuple[str, ...]
-    flags: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    marker: str
-    port: int
-    gpus: tuple[int, ...] | None = None
-    url: str
-    log_path: str
-    artifacts_dir: str
-    status: str = "starting"
-    cause: str | None = None
-    detail: str | None = None
-    log_tail: str | None = None
-    pid: int | None = None
-    pgid: int | None = None
-    sid: int | None = None
-    create_time: float | None = None
-    supervisor_pid: int | None = None
-    supervisor_create_time: float | None = None
-    started_at: float = Field(default_factory=time.time)
-    ready_at: float | None = None
-    stopped_at: float | None = None
-    phases: dict[str, float] = Field(default_factory=dict)
-    verdict_before: dict[str, Any] | None = None
-    verdict_after: dict[str, Any] | None = None
-    teardown: dict[str, Any] | None = None
-    shm_before: tuple[str, ...] = ()
-    study: str | None = None
-    trial: int | None = None
-    boot_id: str | None = None
-    machine_id: str | None = None
-    cgroup: str | None = None
-    user: str | None = None
-
-
-class TrialRecord(BaseModel):
-    """One trial as the store keeps it.
-
-    ``status``: ``running`` (its cycle is under way, or its controller died), ``feasible``
-    (measured, at least one level met the SLOs), ``infeasible`` (a result: failed to start, OOM,
-    NaN, crashed under load or missed every SLO; ``cause`` says which), ``infra_failed`` (the
-    host was dirty or unreachable: not a result; the configuration is run again).
-    ``levels`` are the benchmark levels (:class:`cleanslate.bench.LevelResult` JSON) in order.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    id: int | None = None
-    study: str
-    number: int
-    params: dict[str, Any]
-    flags: dict[str, Any] = Field(default_factory=dict)
-    status: str = "running"
-    cause: str | None = None
-    detail: str | None = None
-    value: float | None = None
-    best_level: str | None = None
-    levels: tuple[dict[str, Any], ...] = ()
-    level_verdicts: dict[str, str] = Field(default_factory=dict)
-    phases: dict[str, float] = Field(default_factory=dict)
-    run_id: str | None = None
-    argv: tuple[str, ...] = ()
-    host: str | None = None
-    log_tail: str | None = None
-    verdict_before: str | None = None
-    verdict_after: str | None = None
-    findings_before: tuple[dict[str, Any], ...] = ()
-    findings_after: tuple[dict[str, Any], ...] = ()
-    started_at: float = Field(default_factory=time.time)
-    finished_at: float | None = None
-
-
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -183,8 +97,9 @@ _R = TypeVar("_R")
 def _guarded(what: str) -> Callable[[Callable[Concatenate[Store, _P], _R]],
                                     Callable[Concatenate[Store, _P], _R]]:
     """A store method whose database errors (the server went away, a read-only or locked file,
-    a full disk) and invalid stored records become an :class:`InputError` naming the store
-    (without its password) and what was being done: exit 2, never a traceback."""
+    a full disk), invalid stored records and records of a newer schema become an
+    :class:`InputError` naming the store (without its password) and what was being done: exit
+    2, never a traceback."""
 
     def decorate(fn: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
         @functools.wraps(fn)
@@ -196,11 +111,18 @@ def _guarded(what: str) -> Callable[[Callable[Concatenate[Store, _P], _R]],
                 raise self._error(f"the store failed while {what}: {self._scrub(str(reason))}"
                                   ) from None
             except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(map(str, first.get("loc", ())))
                 raise self._error(f"a record in the store is not valid ({what}): "
                                   f"{exc.error_count()} error(s), first: "
-                                  f"{self._scrub(str(exc.errors()[0].get('msg', '')))}",
+                                  + (f"{self._scrub(where)}: " if where else "")
+                                  + self._scrub(str(first.get("msg", ""))),
                                   hint="was it written by another version of cleanslate?"
                                   ) from None
+            except NewerSchemaError as exc:
+                raise self._error(f"{exc} while {what}",
+                                  hint="it was written by a newer cleanslate: use that "
+                                       "version (or a newer one) with this store") from None
 
         return wrapper
 
@@ -388,17 +310,18 @@ class Store:
 
     @_guarded("saving a run")
     def save_run(self, run: RunRecord) -> None:
-        """Insert or replace a run record, redacted (:meth:`redacted`) whoever built it."""
+        """Insert or replace a run record, redacted (:meth:`redacted`) whoever built it, at
+        the current schema version."""
         with Session(self.engine) as session, session.begin():
             row = session.get(RunRow, run.id)
-            data = self.redacted(run.model_dump(mode="json"))
+            data = self.redacted(run.to_document())
             if row is None:
                 session.add(RunRow(id=run.id, host=data["host"], engine=data["engine"],
-                                   model=data["model"], status=run.status, data=data,
+                                   model=data["model"], status=run.status.value, data=data,
                                    started_at=run.started_at, updated_at=time.time(),
                                    study=run.study, trial=run.trial))
             else:
-                row.status = run.status
+                row.status = run.status.value
                 row.data = data
                 row.updated_at = time.time()
 
@@ -420,39 +343,44 @@ class Store:
                     hint=("recent runs: " + ", ".join(known)) if known else
                     "no runs are recorded in this store; pass --store if it is another one",
                 )
-            return RunRecord.model_validate(self.redacted(row.data))
+            return RunRecord.from_document(self.redacted(row.data))
 
     @_guarded("reading runs")
-    def runs(self, *, status: str | None = None, study: str | None = None) -> list[RunRecord]:
-        """Run records, oldest first, redacted (stores written before redaction included)."""
+    def runs(self, *, status: RunStatus | None = None,
+             study: str | None = None) -> list[RunRecord]:
+        """Run records, oldest first, redacted (stores written before redaction included);
+        only those with this ``status`` or of this ``study`` when given."""
         if self._empty:
             return []
         with Session(self.engine) as session:
             query = select(RunRow).order_by(RunRow.started_at)
             if status is not None:
-                query = query.where(RunRow.status == status)
+                query = query.where(RunRow.status == RunStatus(status).value)
             if study is not None:
                 query = query.where(RunRow.study == study)
-            return [RunRecord.model_validate(self.redacted(r.data))
+            return [RunRecord.from_document(self.redacted(r.data))
                     for r in session.scalars(query)]
 
     # -- studies and trials ---------------------------------------------------------------------
 
     @_guarded("saving a study")
-    def save_study(self, name: str, spec: dict[str, Any], status: str) -> float:
+    def save_study(self, name: str, spec: dict[str, Any], status: StudyStatus) -> float:
         """Create or update a study (its spec redacted: :meth:`redacted`); returns when it was
-        first created (epoch seconds)."""
+        first created (epoch seconds). ``spec`` is the study file's JSON."""
+        from cleanslate.store._trials import StudyStatus
+
         now = time.time()
         spec = self.redacted(spec)
+        value = StudyStatus(status).value
         with Session(self.engine) as session, session.begin():
             row = session.get(StudyRow, name)
             if row is None:
-                row = StudyRow(name=name, spec=spec, status=status, created_at=now,
+                row = StudyRow(name=name, spec=spec, status=value, created_at=now,
                                updated_at=now, elapsed_s=0.0)
                 session.add(row)
             else:
                 row.spec = spec
-                row.status = status
+                row.status = value
                 row.updated_at = now
             return float(row.created_at)
 
@@ -467,20 +395,24 @@ class Store:
             return float(row.elapsed_s)
 
     @_guarded("reading a study")
-    def study(self, name: str) -> dict[str, Any] | None:
-        """The study's row (its spec redacted), ``None`` for an unknown name."""
+    def study(self, name: str) -> StudyRecord | None:
+        """The study (its spec redacted), ``None`` for an unknown name."""
+        from cleanslate.store._trials import StudyRecord
+
         if self._empty:
             return None
         with Session(self.engine) as session:
             row = session.get(StudyRow, name)
             if row is None:
                 return None
-            return {"name": row.name, "spec": self.redacted(row.spec), "status": row.status,
-                    "created_at": row.created_at, "updated_at": row.updated_at,
-                    "elapsed_s": row.elapsed_s}
+            return StudyRecord.model_validate({
+                "name": row.name, "spec": self.redacted(row.spec), "status": row.status,
+                "created_at": row.created_at, "updated_at": row.updated_at,
+                "elapsed_s": row.elapsed_s or 0.0})
 
     @_guarded("reading studies")
     def studies(self) -> list[str]:
+        """The names of the studies, oldest first."""
         if self._empty:
             return []
         with Session(self.engine) as session:
@@ -488,35 +420,39 @@ class Store:
 
     @_guarded("saving a trial")
     def save_trial(self, trial: TrialRecord) -> TrialRecord:
-        """Insert (``id`` None) or update a trial, redacted (:meth:`redacted`) in the store;
-        returns the given record with its id."""
+        """Insert (``id`` None) or update a trial, redacted (:meth:`redacted`) in the store at
+        the current schema version; returns the given record with its id."""
         with Session(self.engine) as session, session.begin():
             row = session.get(TrialRow, trial.id) if trial.id is not None else None
             if row is None:
-                row = TrialRow(study=trial.study, number=trial.number, status=trial.status,
+                row = TrialRow(study=trial.study, number=trial.number, status=trial.status.value,
                                data={}, started_at=trial.started_at, updated_at=time.time())
                 session.add(row)
                 session.flush()
             trial = trial.model_copy(update={"id": row.id})
-            row.status = trial.status
+            row.status = trial.status.value
             row.number = trial.number
-            row.data = self.redacted(trial.model_dump(mode="json"))
+            row.data = self.redacted(trial.to_document())
             row.updated_at = time.time()
             return trial
 
     @_guarded("reading trials")
-    def trials(self, study: str, *, status: str | None = None) -> list[TrialRecord]:
-        """A study's trial records in insertion order, redacted."""
+    def trials(self, study: str, *, status: TrialStatus | None = None) -> list[TrialRecord]:
+        """A study's trial records in insertion order, redacted; only those with this
+        ``status`` when given."""
+        from cleanslate.store._trials import TrialRecord, TrialStatus
+
         if self._empty:
             return []
         with Session(self.engine) as session:
             query = select(TrialRow).where(TrialRow.study == study).order_by(TrialRow.id)
             if status is not None:
-                query = query.where(TrialRow.status == status)
-            return [TrialRecord.model_validate(self.redacted(r.data))
+                query = query.where(TrialRow.status == TrialStatus(status).value)
+            return [TrialRecord.from_document(self.redacted(r.data))
                     for r in session.scalars(query)]
 
     def close(self) -> None:
+        """Close the database connections (the store is not used after this)."""
         self.engine.dispose()
 
 
@@ -538,4 +474,4 @@ def tighten(path: Path) -> None:
                 os.close(fd)
 
 
-__all__ = ["RunRecord", "SQLAlchemyError", "Store", "TrialRecord", "display_url", "tighten"]
+__all__ = ["SQLAlchemyError", "Store", "display_url", "tighten"]

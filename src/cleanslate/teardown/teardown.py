@@ -44,9 +44,15 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from cleanslate.engines import engine_signature, match_engine
 from cleanslate.hosts.base import Executor
@@ -92,13 +98,41 @@ class Target:
     user: str | None = None
     protected: str | None = None
 
+    def record(self) -> TargetRecord:
+        """This process as a :class:`TeardownReport` keeps it."""
+        return TargetRecord(pid=self.pid, create_time=self.create_time, comm=self.comm,
+                            command=self.command[:TargetRecord.COMMAND_CHARS], why=self.why,
+                            uid=self.uid, user=self.user, protected=self.protected)
+
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pid": self.pid, "create_time": self.create_time,
-                               "comm": self.comm, "command": self.command[:200],
-                               "why": self.why, "uid": self.uid, "user": self.user}
-        if self.protected is not None:
-            out["protected"] = self.protected
-        return out
+        """:meth:`record` as JSON (``clean --json``)."""
+        return self.record().model_dump(mode="json")
+
+
+class TargetRecord(BaseModel):
+    """A process in a teardown's scope as its report keeps it: a :class:`Target` with its
+    command line cut at :attr:`COMMAND_CHARS` characters. In JSON, ``protected`` is present
+    only for a process that was left alone."""
+
+    model_config = ConfigDict(frozen=True)
+
+    COMMAND_CHARS: ClassVar[int] = 200
+
+    pid: int
+    create_time: float
+    comm: str
+    command: str
+    why: str
+    uid: int | None = None
+    user: str | None = None
+    protected: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _protected_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("protected") is None:
+            data.pop("protected", None)
+        return data
 
 
 @dataclass(frozen=True)
@@ -149,8 +183,8 @@ class TeardownReport(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    targets: tuple[dict[str, Any], ...]
-    left_alone: tuple[dict[str, Any], ...] = Field(
+    targets: tuple[TargetRecord, ...]
+    left_alone: tuple[TargetRecord, ...] = Field(
         default=(), description="processes a selection path matched but that are protected")
     rounds: tuple[SignalRound, ...] = ()
     killed: tuple[int, ...] = Field(default=(), description="PIDs that needed SIGKILL")
@@ -644,8 +678,8 @@ async def teardown(
         report = await check_until_clean([executor], verify, deadline_s=verify_deadline_s,
                                          interval_s=0.25)
     return TeardownReport(
-        targets=tuple(t.as_dict() for t in every.values()),
-        left_alone=tuple(t.as_dict() for t in left_alone.values()),
+        targets=tuple(t.record() for t in every.values()),
+        left_alone=tuple(t.record() for t in left_alone.values()),
         rounds=tuple(rounds),
         killed=tuple(killed),
         root_exit_s=root_exit,

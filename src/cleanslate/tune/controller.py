@@ -24,7 +24,8 @@ from cleanslate.engines import check_flags, engine_help_options
 from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.lifecycle import adapter_for
-from cleanslate.store import Store, TrialRecord
+from cleanslate.store import Store
+from cleanslate.store._trials import StudyStatus, TrialRecord, TrialStatus
 from cleanslate.tune.space import (
     CONSTRAINT_ATTR,
     distributions,
@@ -35,8 +36,6 @@ from cleanslate.tune.space import (
 from cleanslate.tune.study import StudySpec
 from cleanslate.tune.trial import HostQuarantined, Interrupted, recover_host, run_trial
 from cleanslate.tune.view import TuneView
-
-FINISHED = ("feasible", "infeasible")
 
 
 @dataclass
@@ -100,7 +99,7 @@ def same_definition(store: Store, stored: dict[str, Any], spec: StudySpec) -> bo
 
 
 def _best(trials: list[TrialRecord], spec: StudySpec) -> TrialRecord | None:
-    feasible = [t for t in trials if t.status == "feasible" and t.value is not None]
+    feasible = [t for t in trials if t.status == TrialStatus.FEASIBLE and t.value is not None]
     if not feasible:
         return None
     def key(t: TrialRecord) -> float:
@@ -125,14 +124,14 @@ async def run_study(
     """Run (or resume) a study until its plan or budget is done."""
     view = view or TuneView()
     existing = store.study(spec.name)
-    if existing is not None and existing["spec"] and not same_definition(
-            store, existing["spec"], spec):
+    if existing is not None and existing.spec and not same_definition(
+            store, existing.spec, spec):
         raise InputError(
             f"a study named {spec.name!r} with a different definition is already in "
             f"{store.display_url}",
             where="name", hint="give the study a new name to start over, or restore the file "
             "(only budget: may change between runs)")
-    store.save_study(spec.name, spec.model_dump(mode="json"), "running")
+    store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.RUNNING)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=spec.name, storage=store.url,
                                 direction=spec.objective.direction,
@@ -154,12 +153,12 @@ async def run_study(
     message = ""
     quarantine_report = None
     records = store.trials(spec.name)
-    view.study_started(spec, total, sum(1 for t in records if t.status in FINISHED))
+    view.study_started(spec, total, sum(1 for t in records if t.status.finished))
     clock = time.monotonic()
     try:
         while True:
             records = store.trials(spec.name)
-            done = [t for t in records if t.status in FINISHED]
+            done = [t for t in records if t.status.finished]
             if len(done) >= total:
                 stopped_by = "plan" if plan is not None and len(done) >= len(plan) else "budget"
                 break
@@ -200,9 +199,9 @@ async def run_study(
                 stopped_by = "error"
                 raise
             new += 1
-            feasible = record.status == "feasible"
+            feasible = record.status == TrialStatus.FEASIBLE
             trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if feasible else 1.0)
-            trial.set_user_attr("status", record.status)
+            trial.set_user_attr("status", record.status.value)
             if record.cause:
                 trial.set_user_attr("cause", record.cause)
             if record.run_id:
@@ -214,7 +213,8 @@ async def run_study(
         store.add_study_time(spec.name, time.monotonic() - clock)
         records = store.trials(spec.name)
         store.save_study(spec.name, spec.model_dump(mode="json"),
-                         "finished" if stopped_by in ("plan", "budget") else stopped_by)
+                         StudyStatus.FINISHED if stopped_by in ("plan", "budget")
+                         else StudyStatus(stopped_by))
     return StudyOutcome(trials=records, new_trials=new, best=_best(records, spec),
                         stopped_by=stopped_by, message=message, report=quarantine_report,
                         resumed=[t.run_id or "" for t in resumed])
@@ -247,10 +247,10 @@ async def _resume(executor: Executor, store: Store, spec: StudySpec, study: optu
     """Clean up after a controller that died: its running trials are failed (to be rerun) and
     its servers torn down (found through their run records and markers)."""
     interrupted: list[TrialRecord] = []
-    for record in store.trials(spec.name, status="running"):
+    for record in store.trials(spec.name, status=TrialStatus.RUNNING):
         view.phase(f"trial {record.number} was running when its controller stopped: "
                    "cleaning up and running it again")
-        store.save_trial(record.model_copy(update={"status": "infra_failed",
+        store.save_trial(record.model_copy(update={"status": TrialStatus.INFRA_FAILED,
                                                     "cause": "controller_died",
                                                     "finished_at": time.time()}))
         interrupted.append(record)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,7 +48,14 @@ from pydantic import (
     model_validator,
 )
 
-from cleanslate.bench import LEVEL_METRICS, SLO, BenchConfig, ClosedLoop, workload_from_dict
+from cleanslate.bench import (
+    LEVEL_METRICS,
+    SLO,
+    BenchConfig,
+    ClosedLoop,
+    LevelResult,
+    workload_from_dict,
+)
 from cleanslate.bench._limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
@@ -58,6 +66,7 @@ from cleanslate.config import line_of, load_yaml_model
 from cleanslate.engines._flags import flag_args
 from cleanslate.errors import InputError
 from cleanslate.launch.config import ServerFields
+from cleanslate.store._trials import level_metric
 
 Scalar = bool | int | float | str | None
 
@@ -156,6 +165,29 @@ class Objective(BaseModel):
     @property
     def direction(self) -> Literal["maximize", "minimize"]:
         return "maximize" if self.maximize else "minimize"
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> Objective:
+        """The objective of a study spec as the store keeps it (the study file's JSON). A spec
+        without a valid one (cleanslate never stores such a spec) reads as the default,
+        ``maximize: output_throughput``."""
+        try:
+            return cls.model_validate(spec.get("objective"))
+        except ValidationError:
+            return cls(maximize="output_throughput")
+
+    def value(self, level: LevelResult) -> float | None:
+        """The metric at a level, as a finite number (``None``: not measured)."""
+        return level_metric(level, self.metric)
+
+    def best(self, levels: Iterable[LevelResult]) -> LevelResult | None:
+        """The level with the best value in this direction (the first of equals); ``None``
+        when no level has a value."""
+        scored = [(v, lv) for lv in levels if (v := self.value(lv)) is not None]
+        if not scored:
+            return None
+        pick = max if self.direction == "maximize" else min
+        return pick(scored, key=lambda pair: pair[0])[1]
 
 
 class Budget(BaseModel):

@@ -33,9 +33,11 @@ from cleanslate.launch.lifecycle import (
     stop_server,
 )
 from cleanslate.launch.ready import classify_run_log, log_tail
-from cleanslate.store import RunRecord, Store, TrialRecord
+from cleanslate.store import RunRecord, RunStatus, Store
+from cleanslate.store._trials import LevelVerdict, TrialRecord, TrialStatus, level_metric
 from cleanslate.tune.study import StudySpec
 from cleanslate.verdict.check import CheckReport
+from cleanslate.verdict.findings import Finding, Severity, Verdict
 
 Say = Callable[[str], None]
 
@@ -64,45 +66,30 @@ def serve_config(spec: StudySpec, params: dict[str, Any]) -> ServeConfig:
 
 
 def slo_misses(level: LevelResult, limits: dict[str, float]) -> list[str]:
-    """The SLOs a level missed, as ``p99_ttft_ms 6120 > 5000``."""
+    """The SLOs a level missed, as ``p99_ttft_ms 6120 > 5000``; a statistic without samples
+    misses its SLO."""
     out = []
-    data = level.model_dump()
     for key, limit in limits.items():
-        value = data.get(key)
+        value = level_metric(level, key)
         if value is None or value > limit:
             shown = "no samples" if value is None else f"{value:.1f}"
             out.append(f"{key} {shown} > {limit:g}")
     return out
 
 
-#: The verdicts a check document may hold; anything else reads as ``unknown``.
-_VERDICTS = frozenset({"clean", "dirty", "unknown"})
+def verdict_of(report: CheckReport | None) -> Verdict:
+    """The verdict of a check; a check that did not run (``None``) is never clean: it reads
+    as ``unknown``."""
+    return report.verdict if report is not None else Verdict.UNKNOWN
 
 
-def verdict_of(report: Any) -> str:
-    """The verdict of a check document: ``clean``, ``dirty`` or ``unknown``.
-
-    Missing or unreadable data is never clean: no document, a document that is not a mapping,
-    or one without a known ``verdict`` reads as ``unknown``."""
-    if not isinstance(report, dict):
-        return "unknown"
-    verdict = report.get("verdict")
-    return verdict if isinstance(verdict, str) and verdict in _VERDICTS else "unknown"
-
-
-def _summary(report: Any) -> tuple[str, tuple[dict[str, Any], ...]]:
-    """The verdict (see :func:`verdict_of`) and the error and unknown findings of a check
-    document."""
-    if not isinstance(report, dict):
-        return "unknown", ()
-    hosts = report.get("hosts")
-    findings = tuple(
-        f for host in (hosts if isinstance(hosts, list) else [])
-        if isinstance(host, dict) and isinstance(host.get("findings"), list)
-        for f in host["findings"]
-        if isinstance(f, dict) and f.get("severity") in ("error", "unknown")
-    )
-    return verdict_of(report), findings
+def _summary(report: CheckReport | None) -> tuple[Verdict, tuple[Finding, ...]]:
+    """The verdict (see :func:`verdict_of`) and the error and unknown findings of a check."""
+    if report is None:
+        return Verdict.UNKNOWN, ()
+    findings = tuple(f for host in report.hosts for f in host.findings
+                     if f.severity in (Severity.ERROR, Severity.UNKNOWN))
+    return report.verdict, findings
 
 
 async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: Say) -> int:
@@ -112,11 +99,11 @@ async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: S
     (the processes are found by their marker even when orphaned)."""
     stopped = 0
     for run in store.runs(study=spec.name):
-        unverified = verdict_of(run.verdict_after) != "clean"
-        if (run.status in ("starting", "ready") or unverified) and run.host == executor.name:
+        unverified = verdict_of(run.verdict_after) != Verdict.CLEAN
+        if (run.status.running or unverified) and run.host == executor.name:
             say(f"cleaning up run {run.id} left by an earlier controller")
             await stop_server(executor, store, run, grace_s=min(spec.grace_s, 10.0),
-                              verify_deadline_s=spec.verify_deadline_s, status="stopped",
+                              verify_deadline_s=spec.verify_deadline_s, status=RunStatus.STOPPED,
                               cause="controller_died")
             stopped += 1
     return stopped
@@ -157,10 +144,10 @@ async def run_trial(
         raise
     assert outcome is not None
     if outcome.refused is not None:
-        verdict, findings = _summary(outcome.refused.model_dump(mode="json"))
+        verdict, findings = _summary(outcome.refused)
         store.save_trial(record.model_copy(update={
-            "status": "infra_failed", "cause": "host_not_clean",
-            "detail": "; ".join(f["message"] for f in findings[:5]),
+            "status": TrialStatus.INFRA_FAILED, "cause": "host_not_clean",
+            "detail": "; ".join(f.message for f in findings[:5]),
             "verdict_before": verdict, "findings_before": findings,
             "finished_at": time.time()}))
         raise HostQuarantined(f"{executor.name} is not clean and cleaning did not help",
@@ -173,17 +160,16 @@ async def run_trial(
         "verdict_before": before_verdict, "findings_before": before_findings})
     store.save_trial(record)
     if not outcome.ok:
-        after = outcome.teardown.verify.model_dump(mode="json") if (
-            outcome.teardown and outcome.teardown.verify) else None
-        verdict_after, findings_after = _summary(after)
+        verdict_after, findings_after = _summary(
+            outcome.teardown.verify if outcome.teardown else None)
         return store.save_trial(record.model_copy(update={
-            "status": "infeasible", "cause": outcome.cause, "detail": outcome.detail,
+            "status": TrialStatus.INFEASIBLE, "cause": outcome.cause, "detail": outcome.detail,
             "log_tail": outcome.log_tail[-4000:], "phases": phases,
             "verdict_after": verdict_after, "findings_after": findings_after,
             "finished_at": time.time()}))
     assert run is not None
     levels: list[LevelResult] = []
-    level_verdicts: dict[str, str] = {}
+    level_verdicts: dict[str, LevelVerdict] = {}
     cause: str | None = None
     detail: str | None = None
     crashed = False
@@ -202,45 +188,42 @@ async def run_trial(
         report = await stop_server(executor, store, run, grace_s=spec.grace_s,
                                    gpu_backend=gpu_backend,
                                    verify_deadline_s=spec.verify_deadline_s,
-                                   status="crashed" if crashed else (
-                                       "failed" if failure is not None else "stopped"),
+                                   status=RunStatus.CRASHED if crashed else (
+                                       RunStatus.FAILED if failure is not None
+                                       else RunStatus.STOPPED),
                                    cause=cause, detail=detail, log_tail_text=tail)
     except BaseException as exc:
         # The run stays recorded as running: the next start of this study stops it.
         phases["teardown_s"] = round(time.monotonic() - t0, 3)
         store.save_trial(record.model_copy(update={
-            "status": "infra_failed", "cause": "teardown_failed",
+            "status": TrialStatus.INFRA_FAILED, "cause": "teardown_failed",
             "detail": _describe(exc) + (f" (after {detail})" if failure is not None else ""),
             "phases": phases, "verdict_after": "unknown", "finished_at": time.time()}))
         raise
     phases["teardown_s"] = round(time.monotonic() - t0, 3)
     phases["total_s"] = round(time.monotonic() - started, 3)
-    after = report.verify.model_dump(mode="json") if report.verify else None
-    verdict_after, findings_after = _summary(after)
+    verdict_after, findings_after = _summary(report.verify)
     if failure is not None:
         store.save_trial(record.model_copy(update={
-            "status": "infra_failed", "cause": cause, "detail": detail,
-            "levels": tuple(lv.model_dump(mode="json") for lv in levels), "phases": phases,
+            "status": TrialStatus.INFRA_FAILED, "cause": cause, "detail": detail,
+            "levels": tuple(levels), "phases": phases,
             "verdict_after": verdict_after, "findings_after": findings_after,
             "finished_at": time.time()}))
         raise failure
     if stop is not None and stop.is_set():
         store.save_trial(record.model_copy(update={
-            "status": "infra_failed", "cause": "interrupted", "phases": phases,
+            "status": TrialStatus.INFRA_FAILED, "cause": "interrupted", "phases": phases,
             "verdict_after": verdict_after, "finished_at": time.time()}))
         raise Interrupted()
-    good = [lv for lv in levels if level_verdicts.get(lv.label) == "ok"]
-    value = _best(good, spec)
-    best_level = None
-    if good and value is not None:
-        best_level = next(lv.label for lv in good if lv.model_dump()[spec.objective.metric]
-                          == value)
-    status = "feasible" if good else "infeasible"
+    good = [lv for lv in levels if level_verdicts.get(lv.label) == LevelVerdict.OK]
+    best = spec.objective.best(good)
+    status = TrialStatus.FEASIBLE if good else TrialStatus.INFEASIBLE
     if not good and cause is None:
         cause = "slo_miss"
     return store.save_trial(record.model_copy(update={
-        "status": status, "cause": cause, "detail": detail, "value": value,
-        "best_level": best_level, "levels": tuple(lv.model_dump(mode="json") for lv in levels),
+        "status": status, "cause": cause, "detail": detail,
+        "value": spec.objective.value(best) if best is not None else None,
+        "best_level": best.label if best is not None else None, "levels": tuple(levels),
         "level_verdicts": level_verdicts, "phases": phases,
         "log_tail": tail[-4000:] if tail else None,
         "verdict_after": verdict_after, "findings_after": findings_after,
@@ -261,48 +244,39 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
     what is left: :func:`recover_host`)."""
     detail = _describe(exc)
     say(f"error while starting ({detail}): stopping what this trial started")
-    verdict_after = "unknown"
-    findings_after: tuple[dict[str, Any], ...] = ()
+    verdict_after = Verdict.UNKNOWN
+    findings_after: tuple[Finding, ...] = ()
     stopped_any = False
     for run in store.runs(study=spec.name):
-        if run.trial != record.number or run.status not in ("starting", "ready"):
+        if run.trial != record.number or not run.status.running:
             continue
         try:
             report = await stop_server(
                 executor, store, run, grace_s=min(spec.grace_s, 10.0),
-                verify_deadline_s=spec.verify_deadline_s, status="failed",
+                verify_deadline_s=spec.verify_deadline_s, status=RunStatus.FAILED,
                 cause="controller_error", detail=detail)
         except Exception as stop_exc:  # recorded below; recover_host tries again later
             detail += f"; teardown failed: {_describe(stop_exc)}"
-            verdict_after = "unknown"
+            verdict_after = Verdict.UNKNOWN
             continue
         stopped_any = True
-        after = report.verify.model_dump(mode="json") if report.verify else None
-        verdict_after, findings_after = _summary(after)
+        verdict_after, findings_after = _summary(report.verify)
     store.save_trial(record.model_copy(update={
-        "status": "infra_failed", "cause": "controller_error", "detail": detail,
-        "phases": phases, "verdict_after": verdict_after if stopped_any else "unknown",
+        "status": TrialStatus.INFRA_FAILED, "cause": "controller_error", "detail": detail,
+        "phases": phases, "verdict_after": verdict_after if stopped_any else Verdict.UNKNOWN,
         "findings_after": findings_after, "finished_at": time.time()}))
-
-
-def _best(levels: list[LevelResult], spec: StudySpec) -> float | None:
-    values = [lv.model_dump().get(spec.objective.metric) for lv in levels]
-    numbers = [float(v) for v in values if isinstance(v, (int, float))]
-    if not numbers:
-        return None
-    return max(numbers) if spec.objective.direction == "maximize" else min(numbers)
 
 
 async def _levels(
     executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
     phases: dict[str, float], say: Say, stop: asyncio.Event | None,
-) -> tuple[list[LevelResult], dict[str, str], str | None, str | None, bool]:
+) -> tuple[list[LevelResult], dict[str, LevelVerdict], str | None, str | None, bool]:
     """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss."""
     limits = spec.slo_limits()
     adapter = adapter_for(config, executor)
     bench = spec.bench_config(run.url, ignore_eos=adapter.accepts_ignore_eos)
     levels: list[LevelResult] = []
-    verdicts: dict[str, str] = {}
+    verdicts: dict[str, LevelVerdict] = {}
     cause = detail = None
     crashed = False
     for index, load in enumerate(bench.loads):
@@ -316,17 +290,17 @@ async def _levels(
         code = await run_exit_code(executor, run)
         if level.partial or code is not None:
             if stop is not None and stop.is_set() and code is None:
-                verdicts[level.label] = "interrupted"
+                verdicts[level.label] = LevelVerdict.INTERRUPTED
                 break
             found = await classify_run_log(executor, adapter, run, returncode=code)
             cause, detail = found or ("crashed", level.partial_reason or
                                       f"the server exited with status {code}")
             crashed = True
-            verdicts[level.label] = "crashed"
+            verdicts[level.label] = LevelVerdict.CRASHED
             say(f"{load.label}: the server crashed ({cause}): {detail}")
             break
         if level.failed:
-            verdicts[level.label] = "errors"
+            verdicts[level.label] = LevelVerdict.ERRORS
             cause = "request_errors"
             sent = level.completed + level.failed
             detail = f"{level.failed} of {sent} requests failed at {level.label}: " \
@@ -338,11 +312,11 @@ async def _levels(
             break
         misses = slo_misses(level, limits)
         if misses:
-            verdicts[level.label] = "slo_miss"
+            verdicts[level.label] = LevelVerdict.SLO_MISS
             detail = f"{load.label}: " + "; ".join(misses)
             say(f"{load.label}: SLO missed ({'; '.join(misses)})")
             break
-        verdicts[level.label] = "ok"
+        verdicts[level.label] = LevelVerdict.OK
         say(f"{load.label}: {level.output_throughput:.0f} output tok/s, "
             f"p99 TTFT {level.ttft_ms.p99 or 0:.0f} ms, p99 TPOT {level.tpot_ms.p99 or 0:.1f} ms")
     return levels, verdicts, cause, detail, crashed
