@@ -1,24 +1,27 @@
 """Workloads: what the prompts look like. A small registry keyed by the name users write.
 
-A workload is a frozen pydantic model with a ``kind`` field (``random``, ``sharegpt``,
-``shared-prefix``) plus a generator registered under that kind that turns it into
-:class:`Prompt` objects. On the command line a workload is written ``KIND:key=value,...``
-(``random:input_len=1024,output_len=256,range_ratio=0.1``); in YAML as a mapping with ``kind``.
+A workload is a frozen pydantic model, a subclass of :class:`Workload` with a ``kind`` field
+(``random``, ``sharegpt``, ``shared-prefix``), plus a generator registered under that kind that
+turns it into :class:`Prompt` objects. On the command line a workload is written
+``KIND:key=value,...`` (``random:input_len=1024,output_len=256,range_ratio=0.1``); in YAML as a
+mapping with ``kind``.
 
-Adding a workload: a model class added to :data:`WorkloadSpec` and a generator decorated with
-:func:`register_workload`.
+Adding a workload: a :class:`Workload` subclass whose ``kind`` is a ``Literal`` with a default,
+and a generator decorated with ``@register_workload(ThatClass)``. Every model that holds a
+:data:`WorkloadSpec` (``BenchConfig``, ``BenchResult``, a study's ``workload:``) then accepts
+the new kind; registering a kind twice is an error.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationError
 
 from cleanslate.bench._limits import MAX_LEN, MAX_PREFIXES
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
@@ -36,11 +39,24 @@ class Prompt:
     output_len: int
 
 
-class _Spec(BaseModel):
+class Workload(BaseModel):
+    """The base of workload specs: frozen, unknown keys refused. A subclass narrows ``kind`` to
+    its ``Literal`` name (with that default) and says how long its prompts can get."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    kind: str
 
-class RandomWorkload(_Spec):
+    def max_input_tokens(self) -> int:
+        """The longest prompt this workload generates, in (approximate) tokens."""
+        raise NotImplementedError
+
+    def max_output_tokens(self) -> int:
+        """The most output tokens one of its requests asks for."""
+        raise NotImplementedError
+
+
+class RandomWorkload(Workload):
     """Random prompts. Lengths are uniform in ``[len * (1 - range_ratio), len * (1 + range_ratio)]``
     (vLLM's convention); ``prefix_len`` tokens of one fixed random prefix start every prompt."""
 
@@ -58,7 +74,7 @@ class RandomWorkload(_Spec):
         return int(self.output_len * (1 + self.range_ratio)) + 1
 
 
-class ShareGPTWorkload(_Spec):
+class ShareGPTWorkload(Workload):
     """First human turn of each conversation of a ShareGPT-format JSON file as the prompt; the
     reply's length as the output length unless ``output_len`` is set. Conversations whose prompt
     or reply is shorter than 4 tokens, or longer than the limits, are skipped."""
@@ -76,7 +92,7 @@ class ShareGPTWorkload(_Spec):
         return self.output_len or self.max_output_len
 
 
-class SharedPrefixWorkload(_Spec):
+class SharedPrefixWorkload(Workload):
     """``num_prefixes`` random system prefixes of ``prefix_len`` tokens, each request one prefix
     (round robin) plus a random suffix of ``suffix_len`` tokens: exercises prefix caching."""
 
@@ -93,28 +109,65 @@ class SharedPrefixWorkload(_Spec):
         return self.output_len
 
 
-WorkloadSpec = Annotated[
-    RandomWorkload | ShareGPTWorkload | SharedPrefixWorkload, Field(discriminator="kind")
-]
-_ADAPTER: TypeAdapter[RandomWorkload | ShareGPTWorkload | SharedPrefixWorkload] = TypeAdapter(
-    WorkloadSpec
-)
-
 Generator = Callable[[Any, int, random.Random, "Tokenizer | None"], list[Prompt]]
+#: The prompt generator of each registered kind.
 WORKLOADS: dict[str, Generator] = {}
+#: The spec model of each registered kind, in registration order.
+_MODELS: dict[str, type[Workload]] = {}
+G = TypeVar("G", bound=Generator)
 
 
-def register_workload(kind: str) -> Callable[[Generator], Generator]:
-    """Register the prompt generator of a workload kind."""
+def register_workload(model: type[Workload]) -> Callable[[G], G]:
+    """Decorator of the prompt generator of the workload ``model`` (a :class:`Workload`
+    subclass whose ``kind`` has a default: the name users write). Raises :class:`ValueError`
+    when the kind is already registered."""
+    kind = model.model_fields["kind"].default
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{model.__qualname__}: `kind` needs a default, the workload's name")
+    if kind in _MODELS:
+        raise ValueError(f"workload {kind!r} is already registered by "
+                         f"{_MODELS[kind].__module__}.{_MODELS[kind].__qualname__}")
 
-    def deco(fn: Generator) -> Generator:
+    def deco(fn: G) -> G:
+        if kind in _MODELS:
+            raise ValueError(f"workload {kind!r} is already registered")
+        _MODELS[kind] = model
         WORKLOADS[kind] = fn
         return fn
 
     return deco
 
 
-def parse_workload(text: str, *, where: str = "--workload") -> WorkloadSpec:
+def _kind_error(data: object) -> str | None:
+    """Why ``data`` names no registered kind (pydantic's words for a tagged union), or None."""
+    if not isinstance(data, Mapping):
+        return "Input should be a valid dictionary or object to extract fields from"
+    if "kind" not in data:
+        return "Unable to extract tag using discriminator 'kind'"
+    kind = data["kind"]
+    if not isinstance(kind, str) or kind not in _MODELS:
+        expected = ", ".join(f"'{k}'" for k in _MODELS)
+        return (f"Input tag '{kind}' found using 'kind' does not match any of the expected "
+                f"tags: {expected}")
+    return None
+
+
+def _as_workload(value: Any) -> Any:
+    """The spec of the registered kind that ``value`` (a mapping) names; instances pass."""
+    if isinstance(value, Workload):
+        return value
+    problem = _kind_error(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return _MODELS[value["kind"]].model_validate(value)
+
+
+#: A workload spec of any registered kind: validated from a mapping by its ``kind``, serialized
+#: with all of its kind's fields.
+WorkloadSpec = Annotated[SerializeAsAny[Workload], BeforeValidator(_as_workload)]
+
+
+def parse_workload(text: str, *, where: str = "--workload") -> Workload:
     """Parse ``KIND:key=value,...`` (or a bare ``KIND``) into a validated workload spec."""
     kind, _, rest = text.strip().partition(":")
     kind = kind.strip()
@@ -137,20 +190,24 @@ def parse_workload(text: str, *, where: str = "--workload") -> WorkloadSpec:
     return workload_from_dict(fields, where=where)
 
 
-def workload_from_dict(data: dict[str, Any], *, where: str = "workload") -> WorkloadSpec:
-    """Validate a mapping (from YAML or JSON) into a workload spec; errors are InputErrors."""
+def workload_from_dict(data: dict[str, Any], *, where: str = "workload") -> Workload:
+    """Validate a mapping (from YAML or JSON) into the spec of the kind it names; errors are
+    InputErrors."""
+    problem = _kind_error(data)
+    if problem is not None:
+        raise InputError(f"bad workload: kind: {problem}", where=where)
     try:
-        return _ADAPTER.validate_python(data)
+        return _MODELS[data["kind"]].model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc'][1:]) or 'kind'}: {err['msg']}"
+            f"{'.'.join(str(x) for x in err['loc']) or 'kind'}: {err['msg']}"
             for err in exc.errors()
         )
         raise InputError(f"bad workload: {problems}", where=where) from None
 
 
 def generate(
-    spec: WorkloadSpec, n: int, *, seed: int, tokenizer: Tokenizer | None = None
+    spec: Workload, n: int, *, seed: int, tokenizer: Tokenizer | None = None
 ) -> list[Prompt]:
     """``n`` prompts of the workload, deterministic for a given seed (and tokenizer)."""
     rng = random.Random(f"{seed}:{spec.kind}")
@@ -163,7 +220,7 @@ def _vary(rng: random.Random, length: int, ratio: float) -> int:
     return rng.randint(lo, hi)
 
 
-@register_workload("random")
+@register_workload(RandomWorkload)
 def _random(
     spec: RandomWorkload, n: int, rng: random.Random, tok: Tokenizer | None
 ) -> list[Prompt]:
@@ -178,22 +235,6 @@ def _random(
             if tok is not None:
                 count = tok.count(text)
         out.append(Prompt(text, count, source, _vary(rng, spec.output_len, spec.range_ratio)))
-    return out
-
-
-@register_workload("shared-prefix")
-def _shared_prefix(
-    spec: SharedPrefixWorkload, n: int, rng: random.Random, tok: Tokenizer | None
-) -> list[Prompt]:
-    source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
-    prefixes = [random_text(rng, spec.prefix_len, tok) for _ in range(spec.num_prefixes)]
-    out: list[Prompt] = []
-    for i in range(n):
-        prefix, prefix_n = prefixes[i % spec.num_prefixes]
-        suffix, suffix_n = random_text(rng, spec.suffix_len, tok)
-        text = prefix + "\n" + suffix
-        count = tok.count(text) if tok is not None else prefix_n + suffix_n
-        out.append(Prompt(text, count, source, spec.output_len))
     return out
 
 
@@ -224,7 +265,7 @@ def read_dataset(path: Path) -> Any:
                          hint="a ShareGPT-format list") from None
 
 
-@register_workload("sharegpt")
+@register_workload(ShareGPTWorkload)
 def _sharegpt(
     spec: ShareGPTWorkload, n: int, rng: random.Random, tok: Tokenizer | None
 ) -> list[Prompt]:
@@ -269,4 +310,20 @@ def _sharegpt(
     base = list(out)
     while len(out) < n:  # fewer usable conversations than requests: reuse them in order
         out.append(base[len(out) % len(base)])
+    return out
+
+
+@register_workload(SharedPrefixWorkload)
+def _shared_prefix(
+    spec: SharedPrefixWorkload, n: int, rng: random.Random, tok: Tokenizer | None
+) -> list[Prompt]:
+    source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
+    prefixes = [random_text(rng, spec.prefix_len, tok) for _ in range(spec.num_prefixes)]
+    out: list[Prompt] = []
+    for i in range(n):
+        prefix, prefix_n = prefixes[i % spec.num_prefixes]
+        suffix, suffix_n = random_text(rng, spec.suffix_len, tok)
+        text = prefix + "\n" + suffix
+        count = tok.count(text) if tok is not None else prefix_n + suffix_n
+        out.append(Prompt(text, count, source, spec.output_len))
     return out
