@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from cleanslate.errors import InputError
 from cleanslate.hosts import LocalExecutor, executor_for
-from cleanslate.hosts.ssh import SSHExecutor, parse_target
+from cleanslate.hosts.ssh import RELAY, SSHExecutor, parse_target
 from tests.hosts.conftest import pid_alive
 from tests.hosts.sshd import Sshd
 
@@ -44,7 +45,10 @@ def test_executor_for() -> None:
 def test_command_line_is_wrapped_in_a_remote_timeout() -> None:
     ex = SSHExecutor("ssh://h")
     line = ex.command_line(["python3", "-c", "print('a b')"], 7.5, env={"X": "1 2"})
-    assert line == "timeout -k 2 7.500 env 'X=1 2' python3 -c 'print('\"'\"'a b'\"'\"')'"
+    words = shlex.split(line)
+    assert words[:4] == ["timeout", "-s", "KILL", "7.500"]
+    assert words[4:8] == ["sh", "-c", RELAY, "sh"]
+    assert words[8:] == ["env", "--", "X=1 2", "python3", "-c", "print('a b')"]
 
 
 def test_run_stdin_env_exit_codes(sshd: Sshd, ssh_home: Path) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cleanslate.hosts.base import CommandResult
+from cleanslate.hosts.base import CommandResult, bad_command, refused
 
 
 class LocalExecutor:
@@ -35,6 +36,9 @@ class LocalExecutor:
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
+        problem = bad_command(argv, env)
+        if problem is not None:
+            return refused(argv, problem)
         start = time.monotonic()
         full_env = None if env is None else {**os.environ, **env}
         try:
@@ -46,7 +50,7 @@ class LocalExecutor:
                 env=full_env,
                 start_new_session=True,
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             return CommandResult(
                 tuple(argv), None, b"", b"", time.monotonic() - start, error=str(exc)
             )
@@ -70,10 +74,17 @@ class LocalExecutor:
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(mode)
-        tmp.replace(target)
+        # A temporary file of this writer only, readable by no one else until it has ``mode``.
+        tmp = target.with_name(f"{target.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with open(fd, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), mode)
+            tmp.replace(target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False
                         ) -> bytes:

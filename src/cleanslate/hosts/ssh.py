@@ -20,11 +20,17 @@ Contract, in addition to :mod:`cleanslate.hosts.base`:
   ``returncode=None`` and ``error`` saying why (``host unreachable: ...``, or ``host refused:
   ...`` for a host key), so a probe turns it into an UNKNOWN source like any command that could
   not run.
-- every command runs on the host as ``timeout -k 2 SECS ARGV`` (GNU coreutils ``timeout``): the
-  host itself ends the command and its process group at the deadline even when the connection
-  is gone; locally the wait is bounded by ``SECS`` plus :data:`LOCAL_GRACE_S`. A command ended
-  by the remote ``timeout`` has ``timed_out=True``.
-- ``env`` is passed as ``env K=V ... ARGV`` on the remote command line (sshd's ``AcceptEnv``
+- every command runs on the host as ``timeout -s KILL SECS sh -c RELAY sh env -- [K=V ...] ARGV``
+  (:meth:`SSHExecutor.command_line`; GNU coreutils ``timeout`` and ``env``, ``cat``): the host
+  itself kills the command's process group at the deadline even when the connection is gone,
+  as the local executor does. :data:`RELAY` passes the command's stdout and stderr through a
+  ``cat`` each, so the command counts as running until its output is closed: a child that
+  keeps it open after the command exits is killed at the deadline too, instead of holding the
+  session (and surviving) as it would with ``timeout ARGV`` alone. Locally the wait is bounded
+  by ``SECS`` plus :data:`LOCAL_GRACE_S`. A command killed at the deadline has
+  ``timed_out=True``; one killed by signal N (status 128+N, as the shell reports it) has
+  ``returncode=-N``; a program ``env`` cannot run has its message as ``error``.
+- ``env`` is passed as ``K=V`` words of ``env`` on the remote command line (sshd's ``AcceptEnv``
   usually refuses environment requests).
 """
 
@@ -46,14 +52,23 @@ from urllib.parse import parse_qs, urlsplit
 import asyncssh
 
 from cleanslate.errors import InputError
-from cleanslate.hosts.base import CommandResult
+from cleanslate.hosts.base import CommandResult, bad_command, refused
 
 #: Seconds to open a connection (TCP, handshake, authentication) before the host is unreachable.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
-#: Seconds between the remote ``timeout``'s SIGTERM and its SIGKILL.
-REMOTE_KILL_AFTER_S = 2.0
-#: Seconds the local side waits beyond a command's timeout (the remote kill plus the round trip).
-LOCAL_GRACE_S = REMOTE_KILL_AFTER_S + 3.0
+#: Seconds the local side waits beyond a command's timeout (the remote kill and the round trip).
+LOCAL_GRACE_S = 5.0
+#: The ``sh -c`` script every remote command runs under (its arguments: the command's argv).
+#: The command's stdout and stderr go through a ``cat`` each and its exit status through fd 4,
+#: so the script ends only once the command has exited and every copy of its output is closed.
+#: The command runs in a subshell that ``exec``s it, so the shell that waits for it (and would
+#: print "Killed") keeps its own stderr on /dev/null; the command gets none of the other fds.
+RELAY = (
+    "exec 3>&1 5>&2; "
+    'rc=$( { { { (exec "$@" 2>&1 1>&6 3>&- 4>&- 5>&- 6>&-); echo "$?" >&4; } 2>/dev/null '
+    "| cat >&5 6>&-; } 6>&1 | cat >&3; } 4>&1 ); "
+    'exit "$rc"'
+)
 #: Sessions open at once on one connection (sshd's ``MaxSessions`` defaults to 10).
 MAX_SESSIONS = 8
 
@@ -390,9 +405,8 @@ class SSHExecutor:
     def command_line(self, argv: Sequence[str], timeout: float,
                      env: Mapping[str, str] | None = None) -> str:
         """The shell command line sent to the host for ``argv`` (see the module docstring)."""
-        words = ["timeout", "-k", f"{REMOTE_KILL_AFTER_S:g}", f"{max(timeout, 0.1):.3f}"]
-        if env:
-            words += ["env", *(f"{k}={v}" for k, v in env.items())]
+        words = ["timeout", "-s", "KILL", f"{max(timeout, 0.1):.3f}", "sh", "-c", RELAY, "sh",
+                 "env", "--", *(f"{k}={v}" for k, v in (env or {}).items())]
         return shlex.join([*words, *argv])
 
     async def run(
@@ -403,6 +417,9 @@ class SSHExecutor:
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
+        problem = bad_command(argv, env)
+        if problem is not None:
+            return refused(argv, problem)
         start = time.monotonic()
         args = tuple(argv)
 
@@ -422,9 +439,9 @@ class SSHExecutor:
         try:
             async with asyncio.timeout(local_deadline):
                 async with link.sessions:
-                    done = await conn.run(command, input=stdin, encoding=None, check=False,
-                                          stdin=asyncssh.DEVNULL if stdin is None else
-                                          asyncssh.PIPE)
+                    done = await conn.run(command, input=stdin or None, encoding=None,
+                                          check=False,
+                                          stdin=asyncssh.PIPE if stdin else asyncssh.DEVNULL)
         except TimeoutError:
             # The connection did not answer in time: it may be dead; the next command reopens it.
             if link.connecting is not None and link.connecting.done():
@@ -444,15 +461,21 @@ class SSHExecutor:
         code = done.exit_status
         if done.exit_signal is not None:
             code = -_signal_number(done.exit_signal[0])
-        # 124: ``timeout`` sent SIGTERM; 137: it had to SIGKILL. A command exiting 124 by itself
-        # before the deadline is not a timeout.
-        if code in (124, 137) and elapsed >= timeout - 0.05:
+        elif code is not None and 128 < code <= 128 + 64:
+            code = 128 - code  # the shell's 128+N for a command killed by signal N
+        # ``timeout -s KILL`` kills its own process group, itself included. A command killed by
+        # SIGKILL before the deadline is not a timeout.
+        if code == -9 and elapsed >= timeout - 0.05:
             return CommandResult(args, None, stdout, stderr, elapsed, timed_out=True)
+        if code in (126, 127) and stderr.startswith(b"env: "):
+            message = stderr.decode(errors="replace").strip().splitlines()[-1]
+            return CommandResult(args, code, stdout, stderr, elapsed, error=message)
         return CommandResult(args, code, stdout, stderr, elapsed)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        # The temporary file is readable by no one else until it has ``mode``.
         script = ('set -e; d=$(dirname -- "$1"); mkdir -p -- "$d"; t="$1.tmp.$$"; '
-                  'cat > "$t"; chmod "$2" "$t"; mv -f -- "$t" "$1"')
+                  'umask 077; cat > "$t"; chmod "$2" "$t"; mv -f -- "$t" "$1"')
         result = await self.run(["sh", "-c", script, "sh", path, f"{mode:o}"],
                                 timeout=30.0 + len(data) / 1e6, stdin=data)
         if not result.ok:
