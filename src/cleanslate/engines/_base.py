@@ -16,7 +16,7 @@ An adapter knows, for one inference server:
 - what its runs need besides the argv: the environment (:meth:`prepare_env`), the interpreter on
   another host (:attr:`local_python`), the GPU backend that sees its memory
   (:attr:`gpu_backend`), and whether it starts from the user's argv template
-  (:attr:`argv_template`).
+  (:attr:`argv_template`); whether it is a simulation (:attr:`simulated`).
 
 The rest of cleanslate asks the registry instead of knowing engines by name: ``check`` and
 teardown match processes with :func:`match_engine`, the probe reports the ``/dev/shm`` files of
@@ -141,6 +141,8 @@ class EngineAdapter:
     #: simulated engine's ledger: ``sim``); ``--gpu-backend auto`` uses it for the engine's runs,
     #: configured from the run's environment (:meth:`prepare_env`)
     gpu_backend: ClassVar[str | None] = None
+    #: a simulation: its numbers come from a model, not from a GPU (reports say so)
+    simulated: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -46,6 +46,7 @@ class SimEngine(EngineAdapter):
     )
     local_python = True
     gpu_backend = "sim"
+    simulated = True
 
     def default_launch(self) -> tuple[str, ...]:
         # `-m cleanslate.sim` loads only the simulated engine, not the whole CLI: faster start.

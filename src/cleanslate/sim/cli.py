@@ -21,7 +21,8 @@ import typer
 from rich.console import Console
 
 from cleanslate.errors import InputError
-from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV, sim_gpu_dir
+from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
+from cleanslate.sim.ledger import ledger_dir as sim_gpu_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 console = Console(highlight=False)

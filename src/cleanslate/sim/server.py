@@ -56,10 +56,10 @@ from typing import IO, Any
 from aiohttp import web
 
 from cleanslate import wire
-from cleanslate.probe.gpu.base import SIM_GPU_DIR_ENV
 from cleanslate.sim import ledger
 from cleanslate.sim.engine import NAN_TOKEN_ID, Engine, SimRequest
 from cleanslate.sim.faults import Faults
+from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 from cleanslate.sim.model import CONTEXT_MIB, SimModel, SimSettings
 from cleanslate.sim.text import NAN_BYTES, VOCAB_BYTES, count_words, text_seed
 

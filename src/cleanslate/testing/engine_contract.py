@@ -50,7 +50,8 @@ def check_registered(cls: type[EngineAdapter]) -> None:
 
 def check_class_attributes(cls: type[EngineAdapter]) -> None:
     """A default port in 1-65535, a readiness path starting with ``/``, a description, reserved
-    flags spelled with their dashes, a GPU backend hint that names a registered backend."""
+    flags spelled with their dashes, a GPU backend hint that names a registered backend,
+    boolean capabilities."""
     assert 0 < cls.default_port < 65536, f"{cls.name}: default port {cls.default_port}"
     assert cls.default_readiness_path.startswith("/"), f"{cls.name}: readiness path"
     assert isinstance(cls.description, str) and cls.description, f"{cls.name}: no description"
@@ -58,6 +59,8 @@ def check_class_attributes(cls: type[EngineAdapter]) -> None:
         assert flag.startswith("-"), f"{cls.name}: reserved flag {flag!r} without its dashes"
     assert cls.gpu_backend is None or cls.gpu_backend in backend_names(), (
         f"{cls.name}: GPU backend {cls.gpu_backend!r} is not registered")
+    for flag in ("local_python", "argv_template", "simulated"):
+        assert isinstance(getattr(cls, flag), bool), f"{cls.name}: {flag} is not a bool"
 
 
 def check_argv(adapter: EngineAdapter) -> None:

@@ -24,13 +24,6 @@ from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.snapshot import GpuReading
 
-# Kept importable from here until ``sim.server`` and ``sim.cli`` import them from their home,
-# :mod:`cleanslate.sim.ledger` (importing the probe from the sim makes a package cycle).
-from cleanslate.sim.ledger import SIM_GPU_DIR_ENV as SIM_GPU_DIR_ENV
-from cleanslate.sim.ledger import ledger_dir
-
-sim_gpu_dir = ledger_dir
-
 _REGISTRY: dict[str, type[GpuBackend]] = {}
 
 #: The order in which ``--gpu-backend auto`` tries backends. ``sim`` comes first because it is
