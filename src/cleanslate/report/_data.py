@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleanslate.bench import ClosedLoop, LevelResult
+from cleanslate.engines import engine_class, engine_names
 from cleanslate.errors import InputError
 from cleanslate.store import RunRecord, Store
 from cleanslate.store._trials import (
@@ -182,9 +183,9 @@ class StudyReport:
 
     @property
     def simulated(self) -> bool:
-        """True when the engine is cleanslate's simulated one (numbers from a model, not a
-        GPU)."""
-        return self.engine == "sim"
+        """True when the engine is a simulation (numbers from a model, not a GPU: the adapter's
+        ``simulated``); an engine this cleanslate does not know is taken as real."""
+        return self.engine in engine_names() and engine_class(self.engine).simulated
 
     @property
     def model(self) -> str:
