@@ -180,7 +180,7 @@ def launch_command(spec: StudySpec, record: TrialRecord) -> str:
 
 def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | None, new: int,
              stopped_by: str, message: str, report: Any = None) -> None:
-    results = [t for t in trials if t.status in ("feasible", "infeasible")]
+    results = [t for t in trials if t.status.finished]
     table = Table(title=escape(f"study {spec.name}: {len(results)} trials ({new} new)"),
                   title_justify="left")
     factors = list(spec.space)

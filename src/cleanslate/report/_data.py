@@ -104,7 +104,7 @@ class TrialView:
     @property
     def cause_text(self) -> str:
         """``cause: detail`` for a trial that was not feasible (empty for a feasible one)."""
-        if self.status == "feasible":
+        if self.status == TrialStatus.FEASIBLE:
             return ""
         parts = [p for p in (self.record.cause, self.record.detail) if p]
         return ": ".join(parts)

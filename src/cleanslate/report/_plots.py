@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from cleanslate.bench import LevelResult
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
-from cleanslate.store._trials import level_metric
+from cleanslate.store._trials import TrialStatus, level_metric
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -115,7 +115,7 @@ def _named(reports: list[StudyReport]) -> set[tuple[str, int]]:
 
 def _label(report: StudyReport, trial: TrialView, multi: bool, width: int = 48) -> str:
     text = f"#{trial.number} {report.short_params(trial)}"
-    if trial.status != "feasible":
+    if trial.status != TrialStatus.FEASIBLE:
         text += f" ({trial.record.cause or trial.status})"
     if len(text) > width:
         text = text[: width - 1] + "…"

@@ -198,7 +198,7 @@ async def run_trial(
         store.save_trial(record.model_copy(update={
             "status": TrialStatus.INFRA_FAILED, "cause": "teardown_failed",
             "detail": _describe(exc) + (f" (after {detail})" if failure is not None else ""),
-            "phases": phases, "verdict_after": "unknown", "finished_at": time.time()}))
+            "phases": phases, "verdict_after": Verdict.UNKNOWN, "finished_at": time.time()}))
         raise
     phases["teardown_s"] = round(time.monotonic() - t0, 3)
     phases["total_s"] = round(time.monotonic() - started, 3)
