@@ -10,6 +10,9 @@
   repetition, hanging, malformed events, no usage, short or endless streams, rejected fields),
   healthy on ``/health`` throughout. Standard library only; it writes what
   :mod:`cleanslate.wire` describes, as the simulated engine does.
+- :mod:`cleanslate.testing.executor_contract`: the executor contract of
+  :mod:`cleanslate.hosts.base` as pytest tests, for any executor (``tests/hosts`` runs it on the
+  local and the SSH executor).
 """
 
 from __future__ import annotations

@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import json
 import multiprocessing
 import os
 import signal
@@ -56,10 +55,23 @@ import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, fields
-from time import perf_counter
 from typing import Any
 
-from cleanslate import wire
+from cleanslate.testing._fake_http import ENGINE_DEAD_MESSAGE, Conn, ServerState
+
+__all__ = [
+    "DEFAULT_TOKENS",
+    "ENGINE_DEAD_MESSAGE",
+    "FAULT_NAMES",
+    "FakeOptions",
+    "FakeServer",
+    "FakeStats",
+    "Faults",
+    "fake_openai_server",
+    "main",
+    "parse_faults",
+    "start_fake_server",
+]
 
 FAULT_NAMES = (
     "ok",
@@ -78,13 +90,8 @@ FAULT_NAMES = (
 #: Faults that take a count, and the count when none is written (``None``: one is required).
 _INT_ARG: dict[str, int | None] = {"http-500": 1, "malformed-every": None, "short-by": None}
 
-#: What ``http-500`` answers (vLLM's words once its engine core is dead).
-ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 MODEL = "fake"
 DEFAULT_TOKENS = 16
-
-_SENTENCE = "the river runs past a quiet city where seven blue lights shine over old roads"
-_WORDS = tuple(_SENTENCE.split(" "))
 
 
 @dataclass(frozen=True)
@@ -215,299 +222,13 @@ class FakeStats:
         }
 
 
-# --- bytes on the wire ----------------------------------------------------------------------
-
-
-def _chunk(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk (``Transfer-Encoding: chunked``)."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-_LAST_CHUNK = b"0\r\n\r\n"
-_MALFORMED = _chunk(b"this is not an sse line\n\n")
-_STREAM_HEADERS = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-    b"Transfer-Encoding: chunked\r\n\r\n"
-)
-
-
-def _plain(status: str, body: Any) -> bytes:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-        status.encode(),
-        len(data),
-        data,
-    )
-
-
-class _Shapes:
-    """The pre-built events of one endpoint (completions or chat) under the faults."""
-
-    def __init__(self, opts: FakeOptions, chat: bool) -> None:
-        faults = opts.faults
-        if faults.empty:
-            words: tuple[str, ...] = ("",)
-        elif faults.nan:
-            words = ("NaN",)
-        elif faults.degenerate:
-            words = ("!",)
-        else:
-            words = _WORDS
-        self.pieces = tuple(w if faults.degenerate or not w else " " + w for w in words)
-        self.rid = "chatcmpl-fake" if chat else "cmpl-fake"
-        self.template = wire.ChunkTemplate(self.rid, opts.model, chat=chat, created=0)
-        self.texts = tuple(wire.json_string_body(p) for p in self.pieces)
-        self.events = tuple(_chunk(self.template.content(t)) for t in self.texts)
-        self.role = _chunk(self.template.role()) if chat else b""
-        self.chat = chat
-
-    def last(self, index: int, prompt_tokens: int, n: int, *, usage: bool,
-             malformed: bool) -> bytes:
-        """The last token's event (with its finish reason), a malformed line if asked for, the
-        usage chunk if asked for, ``[DONE]`` and the last HTTP chunk."""
-        data = _chunk(self.template.content(self.texts[index % len(self.texts)], "length"))
-        if malformed:
-            data += _MALFORMED
-        tail = self.template.usage(prompt_tokens, n) if usage else b""
-        return data + _chunk(tail + wire.DONE_EVENT) + _LAST_CHUNK
-
-
-class _Server:
-    """Shared state of one listening socket: options, stats, the open connections."""
-
-    def __init__(self, opts: FakeOptions, stats: FakeStats) -> None:
-        self.opts = opts
-        self.stats = stats
-        self.shapes = {False: _Shapes(opts, False), True: _Shapes(opts, True)}
-        self.conns: set[_Conn] = set()
-
-
-class _Conn(asyncio.Protocol):
-    def __init__(self, server: _Server) -> None:
-        self.server = server
-        self.opts = server.opts
-        self.stats = server.stats
-        self.buf = b""
-        self.transport: asyncio.Transport | None = None
-        self.loop = asyncio.get_running_loop()
-        self.paused = False
-        self.parked: list[_Stream] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.server.conns.add(self)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # as engines' servers do: no Nagle delay on small event writes
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server.conns.discard(self)
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        parked = list(self.parked)
-        self.parked.clear()
-        for stream in parked:
-            stream.resume()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = self.buf[:head_end].decode("latin-1")
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip() or 0)
-            if len(self.buf) < head_end + 4 + length:
-                return
-            body = self.buf[head_end + 4 : head_end + 4 + length]
-            self.buf = self.buf[head_end + 4 + length :]
-            parts = head.split("\r\n", 1)[0].split(" ")
-            if len(parts) < 2:
-                self._write(_plain("400 Bad Request", wire.http_error_body(400, "bad request")))
-                continue
-            self.handle(parts[0], parts[1].split("?", 1)[0], body)
-
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def handle(self, method: str, path: str, body: bytes) -> None:
-        opts = self.opts
-        faults = opts.faults
-        if method == "GET":
-            if path == "/health":
-                self._write(_plain("200 OK", b"{}"))
-            elif path == "/stats":
-                self._write(_plain("200 OK", self.stats.as_dict()))
-            elif path == "/v1/models":
-                models = wire.models_body([{"id": opts.model, "owned_by": "cleanslate-fake"}])
-                self._write(_plain("200 OK", models))
-            else:
-                self._write(_plain("404 Not Found", wire.http_error_body(404, f"no {path}")))
-            return
-        if method != "POST":
-            self._write(_plain("405 Method Not Allowed", wire.http_error_body(405, method)))
-            return
-        if path not in ("/v1/completions", "/v1/chat/completions"):
-            self._write(_plain("404 Not Found", wire.http_error_body(404, f"no {path}")))
-            return
-        self.stats.requests += 1
-        if faults.hang:
-            return
-        if faults.http_500 and self.stats.requests % faults.http_500 == 0:
-            error = wire.http_error_body(500, ENGINE_DEAD_MESSAGE, "InternalServerError")
-            self._write(_plain("500 Internal Server Error", error))
-            return
-        try:
-            req = json.loads(body)
-            if not isinstance(req, dict):
-                raise ValueError("not an object")
-            n = int(req.get("max_tokens") or req.get("max_completion_tokens")
-                    or opts.default_tokens)
-        except (ValueError, TypeError):
-            self._write(_plain("400 Bad Request", wire.http_error_body(400, "bad JSON body")))
-            return
-        unexpected = [f for f in faults.reject_fields if f in req]
-        if unexpected:
-            detail = {"detail": f"Unexpected fields: {', '.join(unexpected)}"}
-            self._write(_plain("422 Unprocessable Entity", detail))
-            return
-        chat = path.endswith("/chat/completions")
-        stream = bool(req.get("stream"))
-        if faults.error_body:
-            error = wire.error_event_body("model crashed")
-            if stream:
-                self._write(_STREAM_HEADERS + _chunk(wire.json_event(error) + wire.DONE_EVENT)
-                            + _LAST_CHUNK)
-            else:
-                self._write(_plain("200 OK", error))
-            return
-        n = max(1, n - faults.short_by)
-        prompt_tokens = _prompt_tokens(req, chat)
-        if not stream:
-            self._whole(chat, n, prompt_tokens)
-            return
-        options = req.get("stream_options")
-        usage = (
-            not faults.no_usage
-            and isinstance(options, dict)
-            and bool(options.get("include_usage"))
-        )
-        shapes = self.server.shapes[chat]
-        self._write(_STREAM_HEADERS + shapes.role)
-        stream_ = _Stream(self, shapes, n, prompt_tokens, usage)
-        if opts.ttft_s > 0:
-            self.loop.call_later(opts.ttft_s, stream_.start)
-        else:
-            stream_.start()
-
-    def _whole(self, chat: bool, n: int, prompt_tokens: int) -> None:
-        shapes = self.server.shapes[chat]
-        pieces = shapes.pieces
-        text = "".join(pieces[i % len(pieces)] for i in range(n))
-        body = wire.whole_response(
-            shapes.rid, self.opts.model, chat=chat, created=0, text=text,
-            finish_reason="length", prompt_tokens=prompt_tokens, completion_tokens=n,
-        )
-        self.stats.tokens += n
-        data = _plain("200 OK", body)
-        delay = self.opts.ttft_s + self.opts.itl_s * (n - 1)
-        if delay > 0:
-            self.loop.call_later(delay, self._write, data)
-        else:
-            self._write(data)
-
-
-def _prompt_tokens(req: dict[str, Any], chat: bool) -> int:
-    """Words of the prompt (of the last message for chat); a token-id list's length."""
-    if chat:
-        messages = req.get("messages")
-        last = messages[-1] if isinstance(messages, list) and messages else {}
-        text = last.get("content") if isinstance(last, dict) else None
-    else:
-        text = req.get("prompt")
-        if isinstance(text, list):
-            return len(text)
-    return len(str(text or "").split())
-
-
-class _Stream:
-    def __init__(self, conn: _Conn, shapes: _Shapes, n: int, prompt_tokens: int,
-                 usage: bool) -> None:
-        self.conn = conn
-        self.shapes = shapes
-        self.events = shapes.events
-        self.n = n
-        self.sent = 0
-        self.prompt_tokens = prompt_tokens
-        self.usage = usage
-        self.last = 0.0
-
-    def start(self) -> None:
-        """Begin streaming: on a timer per token (``itl_s > 0``) or one per loop turn."""
-        if self.conn.opts.itl_s > 0:
-            self.step()
-        else:
-            self.conn.loop.call_soon(self.spin)
-
-    def spin(self) -> None:
-        if self.conn.paused:  # the client is not reading: wait for resume_writing
-            self.conn.parked.append(self)
-        elif self.step():
-            self.conn.loop.call_soon(self.spin)
-
-    def resume(self) -> None:
-        self.conn.loop.call_soon(self.spin if self.conn.opts.itl_s <= 0 else self.step)
-
-    def step(self) -> bool:
-        """Write the next event; False once the stream is finished or its client is gone."""
-        conn = self.conn
-        transport = conn.transport
-        if transport is None or transport.is_closing():
-            return False
-        if conn.paused:  # the client is not reading: wait for resume_writing
-            if conn.opts.itl_s > 0:
-                conn.parked.append(self)
-            return False
-        now = perf_counter()
-        stats = conn.stats
-        if self.sent:
-            stats.gap_sum += now - self.last
-            stats.gap_count += 1
-        self.last = now
-        index = self.sent
-        self.sent += 1
-        stats.tokens += 1
-        faults = conn.opts.faults
-        every = faults.malformed_every
-        malformed = bool(every) and self.sent % every == 0
-        if self.sent >= self.n and not faults.endless:
-            transport.write(self.shapes.last(index, self.prompt_tokens, self.n,
-                                             usage=self.usage, malformed=malformed))
-            return False
-        data = self.events[index % len(self.events)]
-        transport.write(data + _MALFORMED if malformed else data)
-        if conn.opts.itl_s > 0:
-            conn.loop.call_later(conn.opts.itl_s, self.step)
-        return True
-
-
 # --- running it -------------------------------------------------------------------------------
 
 
 class FakeServer:
     """A listening fake server in the running event loop (see :func:`start_fake_server`)."""
 
-    def __init__(self, server: asyncio.Server, state: _Server, host: str) -> None:
+    def __init__(self, server: asyncio.Server, state: ServerState, host: str) -> None:
         self._server = server
         self._state = state
         self.stats = state.stats
@@ -539,12 +260,12 @@ async def start_fake_server(
 ) -> FakeServer:
     """Listen on ``host:port`` (0: a free port) or on ``sock``; the caller keeps the loop
     running and calls :meth:`FakeServer.close`."""
-    state = _Server(opts or FakeOptions(), stats or FakeStats())
+    state = ServerState(opts or FakeOptions(), stats or FakeStats())
     loop = asyncio.get_running_loop()
     if sock is not None:
-        server = await loop.create_server(lambda: _Conn(state), sock=sock, backlog=1024)
+        server = await loop.create_server(lambda: Conn(state), sock=sock, backlog=1024)
     else:
-        server = await loop.create_server(lambda: _Conn(state), host, port, backlog=1024)
+        server = await loop.create_server(lambda: Conn(state), host, port, backlog=1024)
     return FakeServer(server, state, host)
 
 
