@@ -17,7 +17,8 @@ Endpoints: ``GET /health`` (200 while the process serves, even when the schedule
 ``GET /health_generate`` (one token through the scheduler: 200, or 503 after 20 s),
 ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream``, ``stream_options.include_usage``, ``max_tokens`` /
-``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``seed``).
+``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``seed``). What they write (SSE
+framing, chunks, usage, error bodies) is :mod:`cleanslate.wire`'s, as the fake server's is.
 
 **Ground truth** (``--ground-truth FILE``): one JSON line per finished request, appended when it
 ends (line-buffered)::
