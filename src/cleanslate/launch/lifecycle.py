@@ -219,7 +219,7 @@ async def start_server(
     phases["launch_s"] = round(time.monotonic() - t0, 3)
     snapshot_shm = tuple(e for e in before.hosts[0].findings if e.kind == "shm_leftover")
     run = run.model_copy(update={
-        "verdict_before": before.model_dump(mode="json"),
+        "verdict_before": before,
         "shm_before": tuple(str(f.evidence.get("name")) for f in snapshot_shm),
     })
     try:
@@ -389,8 +389,8 @@ async def stop_server(
         "detail": scrub(detail) or run.detail,
         "log_tail": scrub(log_tail_text) if log_tail_text is not None else run.log_tail,
         "stopped_at": time.time(),
-        "teardown": report.model_dump(mode="json", exclude={"verify"}),
-        "verdict_after": report.verify.model_dump(mode="json") if report.verify else None,
+        "teardown": report,
+        "verdict_after": report.verify,
     })
     store.save_run(updated)
     return report
