@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from cleanslate.bench import _keepalive as keepalive
 from cleanslate.bench._limits import request_deadline_s, response_byte_cap
 from cleanslate.bench._sse import extract_text, parse_stream
 from cleanslate.bench._tokens import Tokenizer
@@ -61,6 +62,8 @@ class RequestRecord:
     error_detail: str | None = None
     malformed: int = 0
     bytes_received: int = 0
+    #: sent again on a new connection: the server had closed the kept-alive one silently
+    retried: bool = False
 
     @property
     def ok(self) -> bool:
@@ -169,33 +172,24 @@ async def send_request(
     deadline = request_deadline_s(prompt.output_len, builder.deadline_s)
     cap = response_byte_cap(prompt.output_len)
     bound = asyncio.timeout(deadline)
+    ctx = keepalive.request_context()
     try:
-        async with bound, session.post(builder.url, data=body, headers=builder.headers) as resp:
-            if resp.status != 200:
-                text = await resp.content.read(2048)
-                rec.t_end = perf_counter()
-                rec.error = f"http_{resp.status}"
-                rec.error_detail = printable(text.decode(errors="replace"))
-                return rec
-            read = resp.content.readany
-            t_append = times.append
-            c_append = chunks.append
-            size = 0
-            while True:
-                data = await read()
-                if not data:
-                    break
-                t_append(perf_counter())
-                c_append(data)
-                if on_chunk is not None:
-                    on_chunk[0] += 1
-                size += len(data)
-                if size > cap:
-                    rec.error = "response_too_large"
-                    rec.error_detail = (
-                        f"more than {cap:,} bytes for {prompt.output_len} output tokens"
-                    )
-                    break
+        async with bound:
+            try:
+                await _exchange(session, builder, body, ctx, rec, times, chunks, cap, prompt,
+                                on_chunk)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if not keepalive.is_stale(exc, ctx):
+                    raise
+                # The server closed a kept-alive connection without saying so: once more, on
+                # a new connection (see cleanslate.bench._keepalive).
+                keepalive.note_retry(session)
+                rec.retried = True
+                times.clear()
+                chunks.clear()
+                async with keepalive.fresh_session(session) as fresh:
+                    await _exchange(fresh, builder, body, keepalive.request_context(), rec,
+                                    times, chunks, cap, prompt, on_chunk)
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # classified, counted, never fatal
@@ -211,6 +205,59 @@ async def send_request(
     await asyncio.sleep(0)
     _finish(rec, times, chunks, tokenizer)
     return rec
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    builder: RequestBuilder,
+    body: bytes,
+    ctx: dict[str, bool],
+    rec: RequestRecord,
+    times: list[float],
+    chunks: list[bytes],
+    cap: int,
+    prompt: Prompt,
+    on_chunk: list[int] | None,
+) -> None:
+    """One POST and its stream, read into ``times`` / ``chunks`` (errors go to ``rec`` or
+    propagate for :func:`send_request` to classify)."""
+    async with session.post(builder.url, data=body, headers=builder.headers,
+                            trace_request_ctx=ctx) as resp:
+        ctx["responded"] = True
+        await _read_response(resp, rec, times, chunks, cap, prompt, on_chunk)
+
+
+async def _read_response(
+    resp: aiohttp.ClientResponse,
+    rec: RequestRecord,
+    times: list[float],
+    chunks: list[bytes],
+    cap: int,
+    prompt: Prompt,
+    on_chunk: list[int] | None,
+) -> None:
+    if resp.status != 200:
+        text = await resp.content.read(2048)
+        rec.error = f"http_{resp.status}"
+        rec.error_detail = printable(text.decode(errors="replace"))
+        return
+    read = resp.content.readany
+    t_append = times.append
+    c_append = chunks.append
+    size = 0
+    while True:
+        data = await read()
+        if not data:
+            break
+        t_append(perf_counter())
+        c_append(data)
+        if on_chunk is not None:
+            on_chunk[0] += 1
+        size += len(data)
+        if size > cap:
+            rec.error = "response_too_large"
+            rec.error_detail = f"more than {cap:,} bytes for {prompt.output_len} output tokens"
+            break
 
 
 def _finish(

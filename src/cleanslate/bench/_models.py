@@ -295,6 +295,9 @@ class LevelResult(_Frozen):
         description="the first detail (an HTTP error body, an exception) of each error kind",
     )
     malformed_sse_events: int = 0
+    connection_retries: int = Field(
+        default=0, description="requests sent again on a new connection because the server "
+        "had closed a kept-alive one without saying so (llama.cpp)")
     output_tokens_source: TokenSource
     input_tokens_source: TokenSource
     requested_output_tokens: int = 0

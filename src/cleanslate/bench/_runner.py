@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from cleanslate import __version__
+from cleanslate.bench import _keepalive as keepalive
 from cleanslate.bench import _metrics as m
 from cleanslate.bench._arrivals import iter_offsets
 from cleanslate.bench._client import (
@@ -335,6 +336,12 @@ def _result(
     malformed = sum(r.malformed for r in records)
     if malformed:
         warnings.append(f"{malformed} malformed SSE events/lines were skipped")
+    retried = sum(r.retried for r in records)
+    if retried:
+        warnings.append(
+            f"the server closed kept-alive connections without saying so: {retried} requests "
+            "were sent again on a new connection, and later ones did not reuse connections"
+        )
     cpu_util = cpu_s / wall_s if wall_s > 0 else 0.0
     if cpu_util > CPU_SATURATION:
         warnings.append(
@@ -377,6 +384,7 @@ def _result(
         errors=dict(sorted(errors.items())),
         error_details=dict(sorted(details.items())),
         malformed_sse_events=malformed,
+        connection_retries=retried,
         output_tokens_source=m.source_of(out_sources),
         input_tokens_source=m.source_of(in_sources),
         requested_output_tokens=sum(r.requested_output for r in ok),
@@ -398,7 +406,8 @@ def make_session(config: BenchConfig) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(
         total=None, sock_read=config.read_timeout_s, sock_connect=10.0
     )
-    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                 trace_configs=[keepalive.trace_config()])
 
 
 def load_tokenizer(path: str | None) -> Tokenizer | None:

@@ -95,6 +95,21 @@ class Leftovers:
 RUNTIME_SHM_GLOBS: tuple[str, ...] = ("nccl-*", "psm_*", "sem.mp-*", "torch_*", "cuda.shm.*")
 
 
+@dataclass(frozen=True)
+class FlagChange:
+    """What a version of the engine did to a flag: ``removed`` in ``version`` (the engine
+    rejects it), or only deprecated (still accepted, with a warning); ``use`` says what to write
+    instead."""
+
+    version: str
+    use: str
+    removed: bool = False
+
+    def describe(self, flag: str, engine: str) -> str:
+        what = "removed" if self.removed else "deprecated"
+        return f"{flag} was {what} in {engine} {self.version}: use {self.use}"
+
+
 _NO_OVERRIDE: Any = object()
 
 
@@ -128,6 +143,14 @@ class EngineAdapter:
     crash_patterns: ClassVar[tuple[CrashPattern, ...]] = ()
     #: flags the adapter places itself; a user flag with one of these names is an input error
     reserved_flags: ClassVar[tuple[str, ...]] = ("--port", "--host")
+    #: multi-letter options the engine spells with one dash (llama.cpp's ``-np``, ``-ngl``):
+    #: the YAML key ``np`` becomes ``-np``, not ``--np``
+    short_options: ClassVar[frozenset[str]] = frozenset()
+    #: whether the engine's parser takes a unique prefix of a long option (argparse's
+    #: ``allow_abbrev``: SGLang takes ``--tp 2`` for ``--tp-size 2``)
+    allows_abbrev: ClassVar[bool] = False
+    #: flags that versions of the engine renamed, deprecated or removed (see :class:`FlagChange`)
+    flag_changes: ClassVar[Mapping[str, FlagChange]] = {}
     #: how to recognise the engine's processes; ``None``: they cannot be recognised by name
     #: (teardown then relies on the run's PIDs, cgroup and marker)
     signature: ClassVar[ProcessSignature | None] = None
@@ -204,7 +227,16 @@ class EngineAdapter:
         argv = [*self.launch_prefix, *self._model_args(model), self.port_flag, str(int(port))]
         if host is not None:
             argv += [self.host_flag, host]
-        return argv + flag_args(flags)
+        return argv + flag_args(flags, self.short_options)
+
+    def option_name(self, key: str) -> str:
+        """How this engine spells the flag key ``key`` on its command line."""
+        return option_name(key, self.short_options)
+
+    def help_command(self) -> str:
+        """The engine's help command as a user would type it (for messages)."""
+        argv = self.help_argv()
+        return " ".join(argv) if argv else f"{self.name} (no help command)"
 
     def _reserved(self) -> set[str]:
         reserved = set(self.reserved_flags)
@@ -215,7 +247,7 @@ class EngineAdapter:
     def _check_reserved(self, flags: Flags | None) -> None:
         reserved = self._reserved()
         for key in flags or {}:
-            name = option_name(key)
+            name = option_name(key, self.short_options)
             if name in reserved:
                 raise InputError(
                     f"engine flag {key!r} is set by cleanslate for engine {self.name}",

@@ -1,7 +1,8 @@
 """Crash classification: regexes over an engine's log -> a cause and its root-cause line.
 
 Causes (the ``CrashCause`` literal): ``oom``, ``nan``, ``python_exception``, ``cuda_error``,
-``nccl_error``, ``port_in_use``, ``killed``, ``hang``.
+``nccl_error``, ``port_in_use``, ``killed``, ``hang``, ``model_load`` (the model file is missing
+or unreadable), ``bad_argument`` (the engine rejected its command line).
 
 How the root-cause line is chosen: every line is matched against the patterns (the generic ones
 below plus the engine's own); each pattern has a *weight*, and the line with the highest weight
@@ -28,7 +29,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 CrashCause = Literal[
-    "oom", "nan", "python_exception", "cuda_error", "nccl_error", "port_in_use", "killed", "hang"
+    "oom", "nan", "python_exception", "cuda_error", "nccl_error", "port_in_use", "killed", "hang",
+    "model_load", "bad_argument",
 ]
 CRASH_CAUSES: tuple[CrashCause, ...] = (
     "oom",
@@ -39,6 +41,8 @@ CRASH_CAUSES: tuple[CrashCause, ...] = (
     "port_in_use",
     "killed",
     "hang",
+    "model_load",
+    "bad_argument",
 )
 
 
@@ -89,7 +93,7 @@ def crash_pattern(
 
 
 # Weights: see the module docstring. Higher is more specific.
-W_PORT, W_OOM, W_NAN, W_NCCL, W_CUDA, W_HANG = 90, 88, 85, 82, 80, 75
+W_PORT, W_OOM, W_CONFIG, W_NAN, W_NCCL, W_CUDA, W_HANG = 90, 88, 86, 85, 82, 80, 75
 W_EXCEPTION, W_KILLED, W_DIED, W_WRAPPER, W_TRACEBACK = 50, 40, 25, 20, 12
 
 GENERIC_PATTERNS: tuple[CrashPattern, ...] = (

@@ -98,21 +98,57 @@ def closest(name: str, valid: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(normalized, pool, n=n, cutoff=0.6)
 
 
-def check_flags(flags: Flags | None, valid: set[str], *, engine: str, where: str = "flags") -> None:
-    """Raise :class:`InputError` naming every flag not in ``valid``, with suggestions."""
-    unknown = [name for name in flag_names(flags) if name not in valid]
-    if not unknown:
-        return
-    lines = []
-    for name in unknown:
+def check_flags(flags: Flags | None, valid: set[str], *, engine: str,
+                where: str = "flags", adapter: EngineAdapter | None = None) -> list[str]:
+    """Raise :class:`InputError` naming every flag the engine would reject, with suggestions;
+    return warnings for flags it accepts but that need a word (deprecated ones, abbreviations).
+
+    With an ``adapter``, flags are spelled as that engine spells them (its multi-letter short
+    options), a unique prefix of a long option is accepted where the engine's parser allows it
+    (and an ambiguous one refused with both candidates, as argparse does), and flags the engine
+    renamed or removed get version-aware messages ("removed in 0.5.20: use ...").
+    """
+    short = adapter.short_options if adapter is not None else frozenset()
+    changes = adapter.flag_changes if adapter is not None else {}
+    abbrev = adapter.allows_abbrev if adapter is not None else False
+    lines: list[str] = []
+    warnings: list[str] = []
+    for name in flag_names(flags, short):
+        change = changes.get(name)
+        if name in valid:
+            if change is not None and not change.removed:
+                warnings.append(change.describe(name, engine))
+            continue
+        if change is not None:
+            lines.append(change.describe(name, engine) + ("" if change.removed else
+                         " (and this build does not list it)"))
+            continue
+        if abbrev and name.startswith("--"):
+            matches = sorted(v for v in valid if v.startswith(name))
+            if len(matches) == 1:
+                warnings.append(f"{name} is taken by {engine} as {matches[0]} (a unique "
+                                "prefix); write it in full to be safe across versions")
+                continue
+            if len(matches) > 1:
+                lines.append(f"{name} is ambiguous: it could be {' or '.join(matches[:4])}"
+                             + (f" (and {len(matches) - 4} more)" if len(matches) > 4 else ""))
+                continue
+        single = name.lstrip("-")
+        if name.startswith("--") and f"-{single}" in valid:
+            lines.append(f"{name} (did you mean -{single}? write the key with its dash, "
+                         f"`-{single}:`)")
+            continue
         near = closest(name, valid)
         lines.append(f"{name}" + (f" (did you mean {' or '.join(near)}?)" if near else ""))
-    raise InputError(
-        f"unknown {engine} flag{'s' if len(unknown) > 1 else ''}: " + "; ".join(lines),
-        where=where,
-        hint=f"the names come from `{engine} --help` on the host; spell flags as the engine "
-        "does, without leading dashes (mem-fraction-static: 0.9)",
-    )
+    if lines:
+        command = adapter.help_command() if adapter is not None else f"{engine} --help"
+        raise InputError(
+            f"unknown {engine} flag{'s' if len(lines) > 1 else ''}: " + "; ".join(lines),
+            where=where,
+            hint=f"the names come from `{command}` on the host; spell flags as the engine "
+            "does, without leading dashes (mem-fraction-static: 0.9)",
+        )
+    return warnings
 
 
 @dataclass(frozen=True)
@@ -126,6 +162,7 @@ class FlagValidation:
     checked: bool
     options: frozenset[str] = frozenset()
     note: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 async def engine_help_options(
@@ -168,5 +205,5 @@ async def validate_flags(
     options, note = await engine_help_options(adapter, executor, timeout=timeout)
     if options is None:
         return FlagValidation(checked=False, note=note)
-    check_flags(flags, options, engine=adapter.name, where=where)
-    return FlagValidation(checked=True, options=frozenset(options))
+    warnings = check_flags(flags, options, engine=adapter.name, where=where, adapter=adapter)
+    return FlagValidation(checked=True, options=frozenset(options), warnings=tuple(warnings))

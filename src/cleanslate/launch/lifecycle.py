@@ -182,7 +182,10 @@ async def start_server(
     t0 = time.monotonic()
     if validate:
         say("validating flags against the engine's --help")
-        note = (await validate_flags(adapter, config.flags, executor)).note
+        validation = await validate_flags(adapter, config.flags, executor)
+        note = validation.note
+        for warning in validation.warnings:
+            say(f"warning: {warning}")
     phases["validate_s"] = round(time.monotonic() - t0, 3)
 
     t0 = time.monotonic()

@@ -102,6 +102,7 @@ class Conn(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.paused = False
         self.parked: list[Stream] = []
+        self.closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -125,6 +126,8 @@ class Conn(asyncio.Protocol):
             stream.resume()
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # closes after its response and answers nothing more (close-after)
         self.buf += data
         while True:
             head_end = self.buf.find(b"\r\n\r\n")
@@ -145,6 +148,14 @@ class Conn(asyncio.Protocol):
                 self._write(_plain("400 Bad Request", wire.http_error_body(400, "bad request")))
                 continue
             self.handle(parts[0], parts[1].split("?", 1)[0], body)
+
+    def response_done(self) -> None:
+        """A completion response ended: with ``close-after``, close this connection a moment
+        later without having said so, and answer nothing more on it."""
+        delay_ms = self.opts.faults.close_after
+        if delay_ms and self.transport is not None:
+            self.closing = True
+            self.loop.call_later(delay_ms / 1000, self.transport.close)
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -232,9 +243,13 @@ class Conn(asyncio.Protocol):
         data = _plain("200 OK", body)
         delay = self.opts.ttft_s + self.opts.itl_s * (n - 1)
         if delay > 0:
-            self.loop.call_later(delay, self._write, data)
+            self.loop.call_later(delay, self._write_done, data)
         else:
-            self._write(data)
+            self._write_done(data)
+
+    def _write_done(self, data: bytes) -> None:
+        self._write(data)
+        self.response_done()
 
 
 def _prompt_tokens(req: dict[str, Any], chat: bool) -> int:
@@ -305,6 +320,7 @@ class Stream:
         if self.sent >= self.n and not faults.endless:
             transport.write(self.shapes.last(index, self.prompt_tokens, self.n,
                                              usage=self.usage, malformed=malformed))
+            conn.response_done()
             return False
         data = self.events[index % len(self.events)]
         transport.write(data + _MALFORMED if malformed else data)

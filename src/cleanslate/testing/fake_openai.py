@@ -33,6 +33,9 @@ as the simulated engine's ``--fault``):
 ``endless``            streams never end
 ``reject-fields=A,B``  HTTP 422 ``{"detail": "Unexpected fields: A, B"}`` to a request with any of
                        these body fields (as ``transformers serve`` answers ``ignore_eos``)
+``close-after=MS``     MS milliseconds (default 20) after each completion response, the connection
+                       is closed without a ``Connection: close`` header, and a request written
+                       into it meanwhile is never answered (as ``llama-server`` does)
 =====================  ============================================================================
 
 In a test: ``async with fake_openai_server("http_500") as url: ...`` (yields the base URL), or
@@ -86,9 +89,11 @@ FAULT_NAMES = (
     "short-by",
     "endless",
     "reject-fields",
+    "close-after",
 )
 #: Faults that take a count, and the count when none is written (``None``: one is required).
-_INT_ARG: dict[str, int | None] = {"http-500": 1, "malformed-every": None, "short-by": None}
+_INT_ARG: dict[str, int | None] = {"http-500": 1, "malformed-every": None, "short-by": None,
+                                   "close-after": 20}
 
 MODEL = "fake"
 DEFAULT_TOKENS = 16
@@ -109,6 +114,7 @@ class Faults:
     short_by: int = 0
     endless: bool = False
     reject_fields: tuple[str, ...] = ()
+    close_after: int = 0
 
     def active(self) -> list[str]:
         """The faults that are on, spelled as :func:`parse_faults` reads them."""

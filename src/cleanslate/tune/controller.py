@@ -54,8 +54,9 @@ class StudyOutcome:
 async def validate_study_flags(spec: StudySpec, root: yaml.Node | None, path: Path,
                                executor: Executor) -> str | None:
     """Check every flag the study names against the engine's ``--help`` on the host, before any
-    GPU time is spent. Unknown flags are input errors at file:line; returns a note when the
-    engine's help is not available (not installed there)."""
+    GPU time is spent. Unknown (or removed, or ambiguous) flags are input errors at file:line;
+    returns a note when the engine's help is not available (not installed there), or the
+    warnings about flags the engine accepts but that need a word (deprecated, abbreviated)."""
     from cleanslate.launch.config import ServeConfig
 
     config = ServeConfig(engine=spec.engine, model=spec.model, launch=spec.launch,
@@ -64,13 +65,18 @@ async def validate_study_flags(spec: StudySpec, root: yaml.Node | None, path: Pa
     options, note = await engine_help_options(adapter, executor)
     if options is None:
         return note
+    warnings: list[str] = []
     for section, names in (("fixed", spec.fixed), ("space", spec.space),
                            ("baseline", spec.baseline)):
         for key in names:
             line = line_of(root, (section, key))
-            check_flags({key: True}, options, engine=spec.engine,
-                        where=f"{path}:{line}" if line else str(path))
-    return None
+            for warning in check_flags({key: True}, options, engine=spec.engine,
+                                       where=f"{path}:{line}" if line else str(path),
+                                       adapter=adapter):
+                warnings.append(f"{path}:{line}: {warning}" if line else warning)
+    # Accepted flags that need a word (deprecated, abbreviated) are said with the plan, not
+    # as a failure: the study runs.
+    return "; ".join(warnings) if warnings else None
 
 
 def _defaults() -> dict[str, Any]:
