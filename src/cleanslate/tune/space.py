@@ -15,14 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution
 
-from cleanslate.tune.study import Range, StudySpec
+from cleanslate.tune.factors import SAMPLED_STRATEGIES
+from cleanslate.tune.factors import distribution as factor_distribution
+from cleanslate.tune.study import StudySpec
 
 #: User attribute holding a trial's constraint value (<= 0: feasible), read by TPE.
 CONSTRAINT_ATTR = "constraint"
@@ -31,17 +28,8 @@ CONSTRAINT_ATTR = "constraint"
 def distribution(spec: StudySpec, name: str) -> BaseDistribution:
     """The Optuna distribution of one factor: categorical for grid/ablation and for lists.
     Raises ``ValueError`` where Optuna refuses the range (checked when the study loads)."""
-    factor = spec.space[name]
-    if isinstance(factor, Range) and spec.strategy in ("tpe", "random"):
-        low, high = factor.bounds
-        if factor.is_int:
-            if factor.step is not None and factor.step != int(factor.step):
-                raise ValueError(f"the step of an integer range is an integer, not "
-                                 f"{factor.step:g}")
-            return IntDistribution(int(low), int(high), log=factor.log,
-                                   step=int(factor.step) if factor.step else 1)
-        return FloatDistribution(low, high, log=factor.log, step=factor.step)
-    return CategoricalDistribution(spec.factor_values(name))
+    return factor_distribution(spec.space[name], spec.factor_values(name),
+                               sampled=spec.strategy in SAMPLED_STRATEGIES)
 
 
 def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:

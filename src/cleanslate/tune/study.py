@@ -67,14 +67,18 @@ from cleanslate.engines._flags import flag_args
 from cleanslate.errors import InputError
 from cleanslate.launch.config import ServerFields
 from cleanslate.store._trials import level_metric
-
-Scalar = bool | int | float | str | None
+from cleanslate.tune.factors import (
+    MAX_POINTS,
+    SAMPLED_STRATEGIES,
+    Factor,
+    Range,
+    Scalar,
+    distribution,
+)
 
 #: SLO keys: ``<metric>_<stat>_ms`` with metric ttft/tpot/itl/e2e and a vLLM statistic.
 _SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el?)_(mean|median|p50|p90|p95|p99|p99\.9|max)_ms$")
 
-#: Values of one factor: the ``points`` of a range, or the items of a list.
-MAX_POINTS = 1_000
 #: Factors (flags) in the search space.
 MAX_FACTORS = 100
 #: Configurations a grid or ablation study plans (each one is a whole verified cycle, minutes
@@ -84,57 +88,6 @@ MAX_PLANNED = 10_000
 MAX_VERIFY_DEADLINE_S = 86_400.0
 
 
-class Range(BaseModel):
-    """A numeric factor: ``{int: [low, high], log: true}`` or ``{float: [low, high], step: .05}``.
-
-    Grid and ablation studies need discrete values: ``values`` if given, else ``points``
-    values spread from low to high (geometrically with ``log``).
-    """
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    int_: tuple[int, int] | None = Field(default=None, alias="int")
-    float_: tuple[float, float] | None = Field(default=None, alias="float")
-    log: bool = False
-    step: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    points: int = Field(default=3, ge=2, le=MAX_POINTS)
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> Range:
-        if (self.int_ is None) == (self.float_ is None):
-            raise ValueError("a range is {int: [low, high]} or {float: [low, high]}")
-        low, high = self.bounds
-        if not (math.isfinite(low) and math.isfinite(high)):
-            raise ValueError("range bounds must be finite numbers")
-        if low >= high:
-            raise ValueError(f"range low {low} must be below high {high}")
-        if self.log and low <= 0:
-            raise ValueError("a log range needs low > 0")
-        return self
-
-    @property
-    def is_int(self) -> bool:
-        return self.int_ is not None
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        pair = self.int_ if self.int_ is not None else self.float_
-        assert pair is not None
-        return float(pair[0]), float(pair[1])
-
-    def discrete(self) -> list[Scalar]:
-        low, high = self.bounds
-        n = self.points
-        if self.log:
-            raw = [low * (high / low) ** (i / (n - 1)) for i in range(n)]
-        else:
-            raw = [low + (high - low) * i / (n - 1) for i in range(n)]
-        if self.is_int:
-            return list(dict.fromkeys(round(v) for v in raw))
-        return [round(v, 6) for v in raw]
-
-
-Factor = list[Scalar] | Range
 
 
 class Objective(BaseModel):
@@ -351,11 +304,10 @@ def _check_flags(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
 def _check_distributions(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
     """The sampler's distribution of each factor can be built (Optuna refuses, e.g., a
     ``step`` with ``log: true``, or a step below 1 on an integer range)."""
-    from cleanslate.tune.space import distribution
-
     for name in spec.space:
         try:
-            distribution(spec, name)
+            distribution(spec.space[name], spec.factor_values(name),
+                         sampled=spec.strategy in SAMPLED_STRATEGIES)
         except (ValueError, TypeError) as exc:
             raise InputError(f"space {name}: {exc}", where=_at(path, root, ("space", name)),
                              hint="see docs/study.md for ranges") from None
