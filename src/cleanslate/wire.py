@@ -73,13 +73,18 @@ def json_string_body(text: str) -> bytes:
     return json.dumps(text, ensure_ascii=False)[1:-1].encode()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """The ``usage`` object: token counts of one request."""
-    return {
+def usage(prompt_tokens: int, completion_tokens: int,
+          cached_tokens: int | None = None) -> dict[str, Any]:
+    """The ``usage`` object: token counts of one request; ``cached_tokens`` (prompt tokens
+    served from a prefix cache) goes in ``prompt_tokens_details`` as OpenAI and vLLM put it."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 class ChunkTemplate:
@@ -121,9 +126,11 @@ class ChunkTemplate:
         end = b"null}]}\n\n" if finish_reason is None else f'"{finish_reason}"}}]}}\n\n'.encode()
         return self._open + text + self._close + end
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int,
+              cached_tokens: int | None = None) -> bytes:
         """The usage chunk (``"choices": []``) sent after the last content chunk."""
-        counts = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        counts = json.dumps(usage(prompt_tokens, completion_tokens, cached_tokens),
+                            separators=(",", ":"))
         return self._head + b'"choices":[],"usage":' + counts.encode() + b"}\n\n"
 
 
@@ -137,6 +144,7 @@ def whole_response(
     finish_reason: str | None,
     prompt_tokens: int,
     completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a non-streamed completion or chat completion."""
     choice: dict[str, Any] = {"index": 0}
@@ -152,7 +160,7 @@ def whole_response(
         "created": int(created),
         "model": model,
         "choices": [choice],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 

@@ -73,7 +73,8 @@ def test_completions_lengths_and_determinism(sims: SimServers) -> None:
     assert status == 200
     text = first["choices"][0]["text"]
     assert len(text.split()) == 12 and first["choices"][0]["finish_reason"] == "length"
-    assert first["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+    assert first["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     assert post(url, body)[1]["choices"][0]["text"] == text  # same seed, same prompt
     assert post(url, {**body, "seed": 1})[1]["choices"][0]["text"] != text
     # Without ignore_eos the request stops at its natural end (16..256 tokens) or max_tokens.

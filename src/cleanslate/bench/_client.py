@@ -64,6 +64,8 @@ class RequestRecord:
     bytes_received: int = 0
     #: sent again on a new connection: the server had closed the kept-alive one silently
     retried: bool = False
+    #: prompt tokens the server says it served from its prefix cache (``None``: not reported)
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -285,6 +287,10 @@ def _finish(
         prompt_tokens = usage.get("prompt_tokens") if usage else None
         if isinstance(prompt_tokens, int):
             rec.input_tokens, rec.input_source = prompt_tokens, "server"
+        details = usage.get("prompt_tokens_details") if usage else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and not isinstance(cached, bool):
+            rec.cached_tokens = cached
     elif tokenizer is not None and parsed.payloads is not None:
         rec.output_tokens = tokenizer.count(extract_text(parsed.payloads))
         rec.output_source = "tokenizer"

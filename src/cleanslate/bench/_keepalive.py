@@ -6,17 +6,18 @@ next request into a dead socket and fails with ``ServerDisconnectedError`` or ``
 Can not write request body``, although the server is fine.
 
 The rule here: a request that fails on a **reused** connection **before any response byte** is
-retried once on a new connection (a one-shot session whose connector never reuses), and from
-then on the session's connector closes every connection after its response instead of pooling
-it, so the session stops reusing connections to that server. aiohttp has no public switch for
-that on a live connector (a request's ``Connection: close`` header is not honoured, and a
-response releases its connection by itself at the end of the body): :func:`note_retry` sets the
-connector's force-close flag (``BaseConnector._force_close``, aiohttp 3.9 to 3.14), and
-``tests/bench/test_keepalive.py`` fails if a new aiohttp stops honouring it. Whether a connection was reused comes from aiohttp's own trace
-signal (:func:`trace_config`, attached by every session the bench and the smoke test make). A
-failure on a *new* connection, or after the response began, is the server's and is never
-retried. Retries are counted (``RequestRecord.retried``, ``LevelResult.connection_retries``)
-and reported.
+retried once on a new connection (a one-shot session whose connector never reuses). From then on
+the session's connector closes every connection after its response instead of pooling it, so
+the session stops reusing connections to that server. aiohttp has no public switch for that on
+a live connector (a request's ``Connection: close`` header is not honoured, and a response puts
+its connection back by itself at the end of the body): :func:`note_retry` sets the connector's
+force-close flag (``BaseConnector._force_close``, aiohttp 3.9 to 3.14), and
+``tests/bench/test_keepalive.py`` fails if a new aiohttp stops honouring it.
+
+Whether a connection was reused comes from aiohttp's own trace signal (:func:`trace_config`,
+attached by every session the bench and the smoke test make). A failure on a *new* connection,
+or after the response began, is the server's and is never retried. Retries are counted
+(``RequestRecord.retried``, ``LevelResult.connection_retries``) and reported.
 """
 
 from __future__ import annotations

@@ -298,6 +298,10 @@ class LevelResult(_Frozen):
     connection_retries: int = Field(
         default=0, description="requests sent again on a new connection because the server "
         "had closed a kept-alive one without saying so (llama.cpp)")
+    cached_prompt_tokens: int | None = Field(
+        default=None, description="prompt tokens the server served from its prefix cache, summed "
+        "over the requests whose usage says so (usage.prompt_tokens_details.cached_tokens); "
+        "None when the server reports no such figure")
     output_tokens_source: TokenSource
     input_tokens_source: TokenSource
     requested_output_tokens: int = 0

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import math
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -337,6 +338,7 @@ def _result(
     if malformed:
         warnings.append(f"{malformed} malformed SSE events/lines were skipped")
     retried = sum(r.retried for r in records)
+    reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     if retried:
         warnings.append(
             f"the server closed kept-alive connections without saying so: {retried} requests "
@@ -385,6 +387,7 @@ def _result(
         error_details=dict(sorted(details.items())),
         malformed_sse_events=malformed,
         connection_retries=retried,
+        cached_prompt_tokens=sum(reported) if reported else None,
         output_tokens_source=m.source_of(out_sources),
         input_tokens_source=m.source_of(in_sources),
         requested_output_tokens=sum(r.requested_output for r in ok),
@@ -428,7 +431,8 @@ async def run_level(
     """Run one level of ``config`` at ``load`` and measure it.
 
     ``session``: the shared pool (one is made and closed here when not given). ``prompts``: the
-    level's prompts (generated from ``config.workload`` and ``config.seed`` when not given).
+    level's prompts (generated from ``config.workload`` and the level's own seed,
+    :func:`level_seed`, when not given).
     ``warmup``: requests sent and discarded before the level. ``on_progress`` receives the live
     counters once, when the level starts.
     """
@@ -436,7 +440,8 @@ async def run_level(
         tokenizer = load_tokenizer(config.tokenizer)
     num_prompts = config.prompts_for(load)
     if prompts is None:
-        prompts = generate(config.workload, num_prompts, seed=config.seed, tokenizer=tokenizer)
+        prompts = generate(config.workload, num_prompts,
+                           seed=level_seed(config.seed, load.label), tokenizer=tokenizer)
     if session is None:
         async with make_session(config) as own:
             return await run_level(
@@ -476,6 +481,14 @@ async def run_level(
     return _result(level, load, cpu_s, wall_s, len(prompts) if config.duration_s is None else 0)
 
 
+def level_seed(seed: int, label: str) -> int:
+    """The seed of one level's prompts: each level (and the warmup, ``label="warmup"``) gets
+    prompts of its own, so a server's prefix cache (SGLang's radix cache, vLLM's prefix caching,
+    llama.cpp's prompt cache, all on by default) cannot serve a level from the previous one.
+    The same ``seed`` and level give the same prompts in every trial of a study."""
+    return zlib.crc32(f"{seed}/{label}".encode())
+
+
 async def _warmup(
     session: aiohttp.ClientSession,
     builder: RequestBuilder,
@@ -487,6 +500,9 @@ async def _warmup(
 ) -> None:
     slots = load.concurrency if isinstance(load, ClosedLoop) else (load.max_concurrency or n)
     sem = asyncio.Semaphore(max(1, min(slots, n)))
+    # Prompts of its own: warming up on the level's prompts would put them in the cache.
+    prompts = generate(config.workload, min(n, len(prompts)) or 1,
+                       seed=level_seed(config.seed, "warmup"), tokenizer=tokenizer)
 
     async def one(i: int) -> None:
         async with sem:  # send_request never raises and ends within its deadline
@@ -514,7 +530,8 @@ async def run_benchmark(
     async with make_session(config) as session:
         for i, load in enumerate(config.loads):
             prompts = generate(
-                config.workload, config.prompts_for(load), seed=config.seed, tokenizer=tokenizer
+                config.workload, config.prompts_for(load),
+                seed=level_seed(config.seed, load.label), tokenizer=tokenizer,
             )
             level = await run_level(
                 config,

@@ -73,6 +73,10 @@ def serve_command(
     context_length: Annotated[
         int, typer.Option("--context-length", min=16, help="Longest prompt + output (tokens).")
     ] = 32768,
+    disable_radix_cache: Annotated[
+        bool, typer.Option("--disable-radix-cache",
+                           help="No prefix cache: every prompt is prefilled whole.")
+    ] = False,
     seed: Annotated[
         int, typer.Option("--seed", "--random-seed", help="Seeds token text and timing noise.")
     ] = 0,
@@ -122,6 +126,7 @@ def serve_command(
         max_running_requests=max_running_requests,
         chunked_prefill_size=chunked_prefill_size,
         context_length=context_length,
+        disable_radix_cache=disable_radix_cache,
         time_scale=time_scale,
         seed=seed,
     )

@@ -13,6 +13,14 @@ One asyncio task runs the loop; each iteration is one *step* whose duration come
 
 Requests that do not fit wait in a FIFO queue (TTFT grows with the queue). KV reservation is
 exact (prompt + the tokens the request will write): the sim never retracts.
+
+**Prefix cache** (SGLang's radix cache, on by default; ``--disable-radix-cache`` turns it off):
+a prompt whose leading words were seen before skips their prefill. :class:`PrefixCache` keeps
+chained hashes of 16-word blocks of recent prompts (least recently used out first, as many
+blocks as the KV cache holds tokens); a request's ``cached`` tokens are its longest run of
+known leading blocks (at least one token is always prefilled), and the server reports them as
+``usage.prompt_tokens_details.cached_tokens``. A benchmark that sends the same prompts at every
+level would measure this cache, not the server.
 """
 
 from __future__ import annotations
@@ -28,11 +36,50 @@ from cleanslate.sim.text import natural_length, next_state, token_of
 
 NAN_TOKEN_ID = -1
 
+#: Words per block of the prefix cache (SGLang's radix cache matches at page granularity).
+PREFIX_BLOCK_WORDS = 16
+
+
+class PrefixCache:
+    """Chained hashes of the 16-word blocks of recent prompts (see the module docstring)."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity_blocks = max(1, capacity_tokens // PREFIX_BLOCK_WORDS)
+        self._blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.hits = 0
+        self.hit_tokens = 0
+
+    def lookup_and_insert(self, text: str, prompt_tokens: int) -> int:
+        """Tokens of ``text``'s prompt already cached (a multiple of the block size, below
+        ``prompt_tokens``); the prompt's blocks are then cached (most recent)."""
+        words = text.split()
+        chain = 0
+        matched = 0
+        hashes: list[int] = []
+        for start in range(0, len(words) - len(words) % PREFIX_BLOCK_WORDS, PREFIX_BLOCK_WORDS):
+            chain = hash((chain, *words[start:start + PREFIX_BLOCK_WORDS]))
+            hashes.append(chain)
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            matched += 1
+        for h in hashes:
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+        cached = min(matched * PREFIX_BLOCK_WORDS, max(0, prompt_tokens - 1))
+        if cached:
+            self.hits += 1
+            self.hit_tokens += cached
+        return cached
+
 
 class SimRequest:
     """One request inside the scheduler. Token ids are vocabulary indices; ``-1`` is NaN."""
 
     __slots__ = (
+        "cached",
         "finish_reason",
         "finished",
         "generated",
@@ -71,6 +118,7 @@ class SimRequest:
         self.state = state
         self.kv_tokens = prompt_tokens + self.stop_at
         self.prefilled = 0
+        self.cached = 0
         self.generated = 0
         self.pending: list[int] = []
         self.waiter: asyncio.Future[None] | None = None
@@ -115,6 +163,8 @@ class Engine:
         self.kv_free = plan.kv_capacity_tokens
         self.max_running = max(1, model.s.max_running_requests)
         self.chunk = model.chunk_tokens()
+        self.prefix_cache: PrefixCache | None = (
+            None if model.s.disable_radix_cache else PrefixCache(plan.kv_capacity_tokens))
         self.waiting: collections.deque[SimRequest] = collections.deque()
         self.running: list[SimRequest] = []
         self.partial: SimRequest | None = None
@@ -284,11 +334,12 @@ class Engine:
                 break
             self.waiting.popleft()
             self.kv_free -= req.kv_tokens
-            take = min(budget, req.prompt_tokens)
-            req.prefilled = take
+            # A cached prefix is not computed again: only the rest of the prompt is prefilled.
+            take = min(budget, req.prompt_tokens - req.cached)
+            req.prefilled = req.cached + take
             tokens += take
             budget -= take
-            if take >= req.prompt_tokens:
+            if req.prefilled >= req.prompt_tokens:
                 done.append(req)
             else:
                 self.partial = req

@@ -78,6 +78,7 @@ class SimSettings:
     max_running_requests: int = 256
     chunked_prefill_size: int = 8192
     context_length: int = 32768
+    disable_radix_cache: bool = False
     gpu_memory_mib: int = DEFAULT_GPU_MIB
     time_scale: float = 1.0
     seed: int = 0

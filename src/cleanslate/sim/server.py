@@ -523,6 +523,8 @@ class Launcher:
             state,
             self.opts.stream_interval,
         )
+        if engine.prefix_cache is not None:
+            req.cached = engine.prefix_cache.lookup_and_insert(key, prompt_tokens)
         if not engine.fits_ever(prompt_tokens, req.stop_at):
             return _error(
                 400,
@@ -541,6 +543,7 @@ class Launcher:
             "last_token": None,
             "last_token_mono": None,
             "prompt_tokens": prompt_tokens,
+            "cached_tokens": req.cached,
             "completion_tokens": 0,
             "chunks": 0,
             "finish_reason": None,
@@ -604,11 +607,16 @@ class Launcher:
         record["completion_tokens"] = req.generated
         record["chunks"] = chunks
         record["finish_reason"] = req.finish_reason
-        out = chunks_of.usage(req.prompt_tokens, req.generated) if usage else b""
+        out = chunks_of.usage(req.prompt_tokens, req.generated, self._cached(req)) if usage \
+            else b""
         await resp.write(out + wire.DONE_EVENT)
         record["status"] = "ok"
         await resp.write_eof()
         return resp
+
+    def _cached(self, req: SimRequest) -> int | None:
+        """The request's cached prompt tokens for its usage (``None`` with the cache off)."""
+        return None if self.engine is None or self.engine.prefix_cache is None else req.cached
 
     async def _whole(self, req: SimRequest, chat: bool, record: dict[str, Any]) -> web.Response:
         tokens: list[int] = []
@@ -627,6 +635,7 @@ class Launcher:
             finish_reason=req.finish_reason,
             prompt_tokens=req.prompt_tokens,
             completion_tokens=req.generated,
+            cached_tokens=self._cached(req),
         )
         now, mono = time.time(), time.monotonic()
         record.update(
