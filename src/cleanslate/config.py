@@ -127,18 +127,10 @@ def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
 
 def validation_error(path: Path, root: yaml.Node | None, exc: ValidationError,
                      hint: str | None = None) -> InputError:
-    """The first error of a pydantic validation as an :class:`InputError` at file:line."""
-    lines = []
-    first_line: int | None = None
-    for err in exc.errors()[:5]:
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        line = line_of(root, loc)
-        first_line = first_line or line
-        where = ".".join(str(p) for p in loc) or "(top level)"
-        message = str(err["msg"]).removeprefix("Value error, ")
-        lines.append(f"{where}: {message}" + (f" (line {line})" if line else ""))
-    text = lines[0] if len(lines) == 1 else "\n  ".join(["invalid file:", *lines])
-    return InputError(text, where=f"{path}:{first_line}" if first_line else str(path), hint=hint)
+    """A pydantic validation of a YAML file as an :class:`InputError` at file:line (up to five
+    of its errors, each with its line)."""
+    return InputError.from_validation(exc, where=str(path), hint=hint, limit=5,
+                                      line_of=lambda loc: line_of(root, loc))
 
 
 def load_yaml_model(path: Path, model: type[M], *, hint: str | None = None) -> tuple[M, Any]:

@@ -199,11 +199,8 @@ def workload_from_dict(data: dict[str, Any], *, where: str = "workload") -> Work
     try:
         return _MODELS[data["kind"]].model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or 'kind'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise InputError(f"bad workload: {problems}", where=where) from None
+        raise InputError.from_validation(exc, what="bad workload", where=where,
+                                         limit=len(exc.errors())) from None
 
 
 def generate(

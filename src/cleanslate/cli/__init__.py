@@ -1,7 +1,14 @@
 """The ``cleanslate`` command line (typer + rich).
 
-Exit codes everywhere: 0 clean / success, 1 dirty / failed, 2 usage or input error, 3 unknown.
-Each command lives in its own module of this package and registers itself on :data:`app`.
+Each command is a function in its own module of this package (``check``, ``serve``, ``stop``,
+``clean``, ``bench``, ``tune``, ``report``; ``sim`` mounts :mod:`cleanslate.sim.cli`) that turns
+its options into one call of the library and renders the result; they are registered on
+:data:`app` here, so that no command module imports this one. Exit codes everywhere are
+:class:`cleanslate.errors.ExitCode`: 0 clean / success, 1 dirty / failed, 2 usage or input
+error, 3 unknown.
+
+A command module imports only what ``cleanslate --help`` needs at its top; the library's heavy
+stacks (the store, the benchmark client, Optuna) are imported when a command runs.
 """
 
 from __future__ import annotations
@@ -13,8 +20,16 @@ import sys
 import typer
 from rich.markup import escape
 
-from cleanslate.cli._common import EXIT_FAILED, EXIT_INPUT, console_err
-from cleanslate.errors import InputError
+from cleanslate.cli._common import console_err
+from cleanslate.cli.bench import bench
+from cleanslate.cli.check import check
+from cleanslate.cli.clean import clean
+from cleanslate.cli.report import report
+from cleanslate.cli.serve import serve
+from cleanslate.cli.stop import stop
+from cleanslate.cli.tune import tune
+from cleanslate.errors import ExitCode, InputError
+from cleanslate.sim.cli import sim_app
 
 app = typer.Typer(
     name="cleanslate",
@@ -24,8 +39,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Command modules register themselves on ``app`` when imported.
-from cleanslate.cli import bench, check, clean, report, serve, sim, tune  # noqa: E402, F401
+# In the order `cleanslate --help` lists them.
+app.command()(bench)
+app.command()(check)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
+app.command()(stop)
+app.command()(clean)
+app.command()(report)
+app.command()(tune)
+app.add_typer(sim_app, name="sim")
 
 
 def _error(text: str) -> None:
@@ -46,20 +68,23 @@ def main() -> None:
         app()
     except InputError as exc:
         _error(exc.render())
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)
     except MemoryError:
         _error("out of memory: the sizes asked for (levels, prompts, lengths, files) do not "
                "fit in this machine's memory\n  hint: ask for less; docs/bench.md and "
                "docs/study.md list the caps")
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)
     except BrokenPipeError:
         # Python would complain again when it flushes stdout at exit: point it at /dev/null.
         with contextlib.suppress(OSError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(EXIT_FAILED)
+        sys.exit(ExitCode.FAILED)
     except OSError as exc:
         name = exc.filename if exc.filename is not None else ""
         reason = exc.strerror or str(exc)
         _error(f"{name}: {reason}" if name else reason)
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)
+
+
+__all__ = ["app", "main"]

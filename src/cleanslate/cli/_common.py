@@ -1,20 +1,21 @@
-"""Helpers shared by the command modules: consoles, exit codes, option parsing."""
+"""Helpers shared by the command modules: consoles, option parsing, progress lines.
+
+Exit codes are :class:`cleanslate.errors.ExitCode`; what several commands print is in
+:mod:`cleanslate.cli._render`, their JSON documents in :mod:`cleanslate.cli._documents`.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
+from rich.text import Text
 
 from cleanslate.errors import InputError
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INPUT = 2
-EXIT_UNKNOWN = 3
 
 #: The width of a console whose output is not a terminal (a file or a pipe): tables are printed
 #: at their natural width (rich never widens a table to the console), not folded or cut at
@@ -66,3 +67,13 @@ def check_writable(path: Path, *, option: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK) or (
             path.exists() and not os.access(path, os.W_OK)):
         raise InputError(f"cannot write {path}: permission denied", where=option)
+
+
+def progress_printer(quiet: bool = False) -> Callable[[str], None]:
+    """A progress callback that prints dim lines on stderr, as text (``quiet``: prints
+    nothing, for ``--json``)."""
+    def say(message: str) -> None:
+        if not quiet:
+            console_err.print(Text(message, style="dim"))
+
+    return say

@@ -1,4 +1,4 @@
-"""``cleanslate check``: is this host a clean slate?"""
+"""``cleanslate check``: is this host a clean slate? (``docs/check.md``)"""
 
 from __future__ import annotations
 
@@ -9,18 +9,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
-from cleanslate.cli import app
-from cleanslate.cli._common import (
-    EXIT_INPUT,
-    check_writable,
-    console,
-    console_err,
-    parse_int_list,
-)
+from cleanslate.cli._common import check_writable, console_err, parse_int_list
+from cleanslate.cli._render import render_report
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
@@ -30,24 +22,17 @@ from cleanslate.verdict.baseline import Baseline
 from cleanslate.verdict.check import (
     DEFAULT_SETTLE_S,
     CheckOptions,
-    CheckReport,
     check_host,
     check_hosts,
 )
 from cleanslate.verdict.check import check_until_clean as _until_clean
-from cleanslate.verdict.findings import HostVerdict, Severity, Verdict
+from cleanslate.verdict.findings import Verdict
 from cleanslate.verdict.rules import DEFAULT_IDLE_TOLERANCE_MIB, Scope
 
-_MAX_ROWS_PER_KIND = 5
 #: Recorded runs whose ports a check looks at, per host (the most recent ones).
 _MAX_RECORDED_RUNS = 500
-_VERDICT_STYLE = {Verdict.CLEAN: "bold green", Verdict.DIRTY: "bold red",
-                  Verdict.UNKNOWN: "bold yellow"}
-_SEVERITY_STYLE = {Severity.ERROR: "red", Severity.UNKNOWN: "yellow", Severity.WARNING: "magenta",
-                   Severity.INFO: "dim"}
 
 
-@app.command()
 def check(
     host: Annotated[list[str] | None, typer.Option(
         "--host", help="Host to check (repeatable); default: this machine.")] = None,
@@ -213,67 +198,4 @@ def _recorded_runs(store_url: str | None, hosts: list[str],
     return out[-_MAX_RECORDED_RUNS:]
 
 
-def render_report(report: CheckReport) -> None:
-    """Print GPU and finding tables per host, ending with one explicit verdict line."""
-    for host in report.hosts:
-        _render_host(host, show_name=len(report.hosts) > 1)
-    line = report.verdict.value.upper()
-    if report.until_clean is not None:
-        uc = report.until_clean
-        if uc.respawned:
-            line += (f": an engine process reappeared after the host had read clean "
-                     f"({uc.attempts} probes)")
-        elif uc.clean_after_s is not None:
-            line += (f" after {uc.clean_after_s:.2f} s ({uc.attempts} probes; held "
-                     f"{uc.clean_for_s:.2f} s over {uc.clean_readings} readings)")
-        else:
-            line += f" at the {uc.deadline_s:g} s deadline ({uc.attempts} probes)"
-    console.print(Text(line, style=_VERDICT_STYLE[report.verdict]))
-
-
-def _render_host(host: HostVerdict, *, show_name: bool) -> None:
-    title = f"{escape(host.host)}: " if show_name else ""
-    if host.gpus:
-        table = Table(title=f"{title}GPUs ({escape(host.gpu_backend)})", title_justify="left")
-        for column in ("GPU", "name", "used MiB", "total MiB", "processes (PID: MiB)"):
-            table.add_column(column)
-        for gpu in host.gpus:
-            procs = ", ".join(
-                f"{p.pid}: {p.used_mib if p.used_mib is not None else '?'}"
-                for p in gpu.processes
-            )
-            table.add_row(str(gpu.index), Text(gpu.name or "?"),
-                          _num(gpu.memory_used_mib), _num(gpu.memory_total_mib), procs or "-")
-        console.print(table)
-    elif show_name or host.gpu_backend != "none":
-        console.print(Text(f"{host.host + ': ' if show_name else ''}no GPUs read "
-                           f"(backend {host.gpu_backend})"))
-    problems = host.problems
-    if problems:
-        table = Table(title=f"{title}findings", title_justify="left")
-        table.add_column("severity")
-        table.add_column("kind")
-        table.add_column("detail", overflow="fold")
-        shown: dict[tuple[str, str], int] = {}
-        for finding in problems:
-            key = (finding.kind.value, finding.severity.value)
-            shown[key] = shown.get(key, 0) + 1
-            if shown[key] > _MAX_ROWS_PER_KIND:
-                continue
-            table.add_row(f"[{_SEVERITY_STYLE[finding.severity]}]{finding.severity.value}[/]",
-                          finding.kind.value, Text(finding.message))
-        for (kind, severity), count in shown.items():
-            if count > _MAX_ROWS_PER_KIND:
-                table.add_row(f"[{_SEVERITY_STYLE[Severity(severity)]}]{severity}[/]", kind,
-                              f"... and {count - _MAX_ROWS_PER_KIND} more (all in --json)")
-        console.print(table)
-    if show_name:
-        console.print(Text(f"{host.host}: {host.verdict.value.upper()}",
-                           style=_VERDICT_STYLE[host.verdict]))
-
-
-def _num(value: int | None) -> Text:
-    return Text("[N/A]" if value is None else str(value))
-
-
-__all__ = ["EXIT_INPUT", "check", "render_report"]
+__all__ = ["check"]

@@ -8,26 +8,24 @@ targets table shows each process's owner; process names and command lines are pr
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
 
-from cleanslate.cli import app
-from cleanslate.cli._common import EXIT_INPUT, console, console_err
-from cleanslate.cli.serve import _print_teardown, progress_printer, stop_run, targets_table
+from cleanslate.cli._common import console, console_err, progress_printer
+from cleanslate.cli._render import print_teardown, targets_table
+from cleanslate.cli.stop import stop_run
 from cleanslate.engines.signatures import get_signature
-from cleanslate.errors import InputError
+from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
-from cleanslate.teardown.teardown import ScopeSpec, Target, scan_scope, teardown
-from cleanslate.verdict.check import CheckOptions
-from cleanslate.verdict.rules import Scope
+
+if TYPE_CHECKING:
+    from cleanslate.teardown.teardown import Target
 
 
-@app.command()
 def clean(
     run: Annotated[str | None, typer.Option("--run", help="A recorded run id.")] = None,
     engine: Annotated[str | None, typer.Option(
@@ -61,6 +59,10 @@ def clean(
     if bad:
         raise InputError(f"{bad[0]} is not a process id", where="--pid",
                          hint="a PID is a positive number (see `ps -e`)")
+    from cleanslate.teardown.teardown import ScopeSpec, scan_scope, teardown
+    from cleanslate.verdict.check import CheckOptions
+    from cleanslate.verdict.rules import Scope
+
     executor = executor_for(host)
     spec = ScopeSpec(engine=engine, pids=tuple(pid or ()),
                      exclude_roots=frozenset({os.getpid()}))
@@ -82,29 +84,29 @@ def clean(
             if protected:
                 console.print(targets_table("left alone (protected)", protected))
         else:
-            typer.echo(json.dumps({"targets": [],
-                                   "left_alone": [t.as_dict() for t in protected],
-                                   "verify": None}))
-        raise typer.Exit(0)
+            from cleanslate.cli._documents import CleanNothing, emit
+
+            emit(CleanNothing(left_alone=tuple(t.record() for t in protected)))
+        raise typer.Exit(ExitCode.OK)
     _list_targets(targets, protected, json_out)
     if not yes:
         if not sys.stdin.isatty():
             console_err.print("[bold red]refusing:[/] these processes were not started by "
                               "cleanslate; pass --yes to end them")
-            raise typer.Exit(EXIT_INPUT)
+            raise typer.Exit(ExitCode.INPUT)
         if not typer.confirm(f"end these {len(targets)} processes?", err=True):
-            raise typer.Exit(EXIT_INPUT)
+            raise typer.Exit(ExitCode.INPUT)
     verify = CheckOptions(
         scope=Scope(engines=(engine,) if engine else (), markers=frozenset(),
                     exclude_roots=frozenset({os.getpid()})),
         gpu_backend=gpu_backend)
-    say = (lambda _m: None) if json_out else progress_printer()
     report = asyncio.run(teardown(executor, spec, grace_s=grace, verify=verify,
-                                  verify_deadline_s=deadline, progress=say))
+                                  verify_deadline_s=deadline,
+                                  progress=progress_printer(quiet=json_out)))
     if json_out:
         typer.echo(report.model_dump_json())
     else:
-        _print_teardown(report)
+        print_teardown(report)
     raise typer.Exit(report.exit_code)
 
 
@@ -113,3 +115,6 @@ def _list_targets(targets: list[Target], protected: list[Target], json_out: bool
     out.print(targets_table("targets", targets))
     if protected:
         out.print(targets_table("left alone (protected)", protected))
+
+
+__all__ = ["clean"]

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from cleanslate.cli import app
 from cleanslate.cli._common import console, console_err
 from cleanslate.errors import InputError
 
@@ -85,7 +84,6 @@ def _format(fmt: str | None, out: Path | None) -> str | None:
                      hint="add --format csv or --format json")
 
 
-@app.command()
 def report(
     study: Annotated[str, typer.Argument(metavar="STUDY",
                                          help="The study's name (the `name:` of its file).")],
@@ -107,8 +105,6 @@ def report(
 ) -> None:
     """Report on a study: its trials sorted by the objective, the best configuration and its
     launch command; plots, an HTML page, CSV/JSON exports on request."""
-
-
     from cleanslate.report import (
         comparison_table,
         load_report,
@@ -162,3 +158,6 @@ def report(
         else:
             _write("--out", out, text)
             wrote(out)
+
+
+__all__ = ["report"]

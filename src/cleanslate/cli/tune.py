@@ -1,4 +1,8 @@
-"""``cleanslate tune``: run a study over a search space, with every state verified."""
+"""``cleanslate tune``: run a study over a search space, with every state verified.
+
+Options -> the study file (:func:`~cleanslate.tune.study.load_study`) -> one library call,
+:func:`~cleanslate.tune.controller.run_study` (or, with ``--check``, the plan) -> rendering.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +17,16 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from cleanslate.cli import app
-from cleanslate.cli._common import EXIT_FAILED, console, console_err
-from cleanslate.cli.check import render_report
+from cleanslate.cli._common import console, console_err
+from cleanslate.cli._render import render_report
+from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
 from cleanslate.tune.view import TuneView
 
 if TYPE_CHECKING:  # Optuna and SQLAlchemy are imported when the command runs
+    from cleanslate.cli._documents import TunePlan
     from cleanslate.store import TrialRecord
+    from cleanslate.tune.controller import StudyOutcome
     from cleanslate.tune.study import StudySpec
 
 
@@ -53,9 +59,11 @@ class ConsoleView(TuneView):
             console.print(f"  [dim]{escape(message)}[/]")
 
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        from cleanslate.store import TrialStatus
+
         if self.quiet:
             return
-        if record.status == "feasible":
+        if record.status is TrialStatus.FEASIBLE:
             line = f"  [green]feasible[/] {record.value:,.1f} at {record.best_level}"
         else:
             line = (f"  [red]{escape(record.status)}[/] ({escape(str(record.cause))}): "
@@ -65,7 +73,6 @@ class ConsoleView(TuneView):
         console.print(line, highlight=False)
 
 
-@app.command()
 def tune(
     study_file: Annotated[Path, typer.Argument(help="The study file (YAML).")],
     store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
@@ -87,15 +94,19 @@ def tune(
     if host is not None:
         spec = spec.model_copy(update={"host": host})
     if check:
+        from cleanslate.cli._documents import TunePlan, emit
+
         note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
-        _print_plan(spec, note, json_out)
-        raise typer.Exit(0)
-    from cleanslate.store import Store
+        plan = TunePlan.of(spec, note)
+        if json_out:
+            emit(plan)
+        else:
+            _print_plan(spec, plan)
+        raise typer.Exit(ExitCode.OK)
+    from cleanslate.store import Store, StudyStatus
 
     store = Store(store_url)
     if not resume and store.study(spec.name) is not None:
-        from cleanslate.errors import InputError
-
         raise InputError(f"study {spec.name!r} already exists in {store.display_url}",
                          where="--no-resume", hint="rename the study to start a new one")
     executor = executor_for(spec.host)
@@ -105,100 +116,70 @@ def tune(
     outcome = asyncio.run(run_study(executor, store, spec, view=ConsoleView(quiet=json_out),
                                     gpu_backend=gpu_backend))
     if json_out:
-        typer.echo(json.dumps({
-            "study": spec.name, "stopped_by": outcome.stopped_by, "message": outcome.message,
-            "new_trials": outcome.new_trials,
-            "best": outcome.best.model_dump(mode="json") if outcome.best else None,
-            "trials": [t.model_dump(mode="json", exclude={"log_tail"}) for t in outcome.trials],
-        }))
+        from cleanslate.cli._documents import TuneDone, emit
+
+        emit(TuneDone.of(spec, outcome))
     else:
-        _summary(spec, outcome.trials, outcome.best, outcome.new_trials, outcome.stopped_by,
-                 outcome.message, outcome.report)
-    failed = outcome.best is None or outcome.stopped_by in ("quarantine", "interrupted")
-    raise typer.Exit(EXIT_FAILED if failed else 0)
+        _summary(spec, outcome)
+    stopped = outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED)
+    raise typer.Exit(ExitCode.FAILED if outcome.best is None or stopped else ExitCode.OK)
 
 
-def plan_of(spec: StudySpec, note: str | None) -> dict[str, Any]:
-    """What ``tune`` would run: the trials, their configurations (grid and ablation) or the
-    sampler's distributions, the levels, the workload, the objective and the SLOs."""
-    from cleanslate.tune.space import distributions, planned_configs, trial_budget
-
-    plan = planned_configs(spec)
-    return {
-        "study": spec.name, "engine": spec.engine, "model": spec.model,
-        "host": spec.host or "local", "strategy": spec.strategy,
-        "trials": trial_budget(spec),
-        "configurations": plan,
-        "distributions": None if plan is not None else {
-            name: repr(d) for name, d in distributions(spec).items()},
-        "fixed": spec.fixed,
-        "levels": [f"c={c}" for c in spec.concurrency],
-        "requests_per_level": spec.requests_per_level,
-        "duration_s_per_level": spec.duration_s_per_level,
-        "workload": spec.bench_config("http://127.0.0.1:1", ignore_eos=True).workload.model_dump(
-            mode="json"),
-        "objective": {"direction": spec.objective.direction, "metric": spec.objective.metric},
-        "slo": spec.slo,
-        "flags_note": note,
-    }
-
-
-def _print_plan(spec: StudySpec, note: str | None, json_out: bool) -> None:
-    plan = plan_of(spec, note)
-    if json_out:
-        typer.echo(json.dumps(plan, default=str))
-        return
-    console.print(Text(f"study {spec.name}: valid; {spec.strategy}, {plan['trials']} trials, "
-                       f"engine {spec.engine}, model {spec.model}, host {plan['host']}"))
-    if note:
-        console_err.print(f"[yellow]note:[/] {escape(note)}")
-    if plan["configurations"] is not None:
+def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
+    console.print(Text(f"study {spec.name}: valid; {spec.strategy}, {plan.trials} trials, "
+                       f"engine {spec.engine}, model {spec.model}, host {plan.host}"))
+    if plan.flags_note:
+        console_err.print(f"[yellow]note:[/] {escape(plan.flags_note)}")
+    if plan.configurations is not None:
         table = Table(title="planned configurations", title_justify="left")
         table.add_column("#", justify="right")
         for name in spec.space:
             table.add_column(Text(name), overflow="fold")
-        for i, config in enumerate(plan["configurations"]):
+        for i, config in enumerate(plan.configurations):
             table.add_row(str(i), *(Text(str(config.get(n))) for n in spec.space))
         console.print(table)
     else:
-        for name, dist in plan["distributions"].items():
+        for name, dist in (plan.distributions or {}).items():
             console.print(Text(f"  {name}: {dist}"), soft_wrap=True)
     per_level = (f"{spec.requests_per_level} requests" if spec.requests_per_level else
                  f"{spec.duration_s_per_level:g} s" if spec.duration_s_per_level else
                  "5 requests per slot (at least 50)")
-    console.print(Text(f"levels {', '.join(plan['levels'])}, {per_level} each; workload "
-                       f"{json.dumps(plan['workload'])}; {spec.objective.direction} "
+    console.print(Text(f"levels {', '.join(plan.levels)}, {per_level} each; workload "
+                       f"{json.dumps(plan.workload)}; {spec.objective.direction} "
                        f"{spec.objective.metric}"
                        + (f"; SLOs {json.dumps(spec.slo)}" if spec.slo else "")), soft_wrap=True)
     console.print("nothing was launched (--check)")
 
 
-def launch_command(spec: StudySpec, record: TrialRecord) -> str:
+def launch_command(record: TrialRecord) -> str:
     """The exact engine command of a trial, shell-quoted."""
     return shlex.join(record.argv) if record.argv else "(not launched)"
 
 
-def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | None, new: int,
-             stopped_by: str, message: str, report: Any = None) -> None:
-    results = [t for t in trials if t.status.finished]
-    table = Table(title=escape(f"study {spec.name}: {len(results)} trials ({new} new)"),
-                  title_justify="left")
+def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
+    from cleanslate.store import StudyStatus, TrialStatus
+
+    results = [t for t in outcome.trials if t.status.finished]
+    table = Table(title=escape(f"study {spec.name}: {len(results)} trials "
+                               f"({outcome.new_trials} new)"), title_justify="left")
     factors = list(spec.space)
     for column in ("#", *factors, "status", "best level", spec.objective.metric):
         table.add_column(Text(column), overflow="fold")
-    ordered = sorted(results, key=lambda t: (t.status != "feasible",
-                                             -(t.value or 0) if spec.objective.direction
-                                             == "maximize" else (t.value or 0)))
+    maximize = spec.objective.direction == "maximize"
+    ordered = sorted(results, key=lambda t: (t.status is not TrialStatus.FEASIBLE,
+                                             -(t.value or 0) if maximize else (t.value or 0)))
     for t in ordered:
-        status = "feasible" if t.status == "feasible" else f"{t.status}: {t.cause}"
+        feasible = t.status is TrialStatus.FEASIBLE
+        status = "feasible" if feasible else f"{t.status}: {t.cause}"
         table.add_row(str(t.number), *(Text(str(t.params.get(f))) for f in factors),
                       Text(status), t.best_level or "-",
-                      f"{t.value:,.1f}" if t.status == "feasible" and t.value else "-")
+                      f"{t.value:,.1f}" if feasible and t.value else "-")
     console.print(table)
-    if stopped_by in ("quarantine", "interrupted"):
-        console.print(f"[bold red]stopped: {stopped_by}[/] {escape(message)}")
-        if report is not None:
-            render_report(report)
+    if outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED):
+        console.print(f"[bold red]stopped: {outcome.stopped_by}[/] {escape(outcome.message)}")
+        if outcome.report is not None:
+            render_report(outcome.report)
+    best = outcome.best
     if best is None:
         console.print("[bold red]no feasible configuration[/]")
         return
@@ -211,5 +192,8 @@ def _summary(spec: StudySpec, trials: list[TrialRecord], best: TrialRecord | Non
                       f"{level.total_token_throughput:,.0f} tok/s, p99 TTFT "
                       f"{level.ttft_ms.p99 or 0:,.0f} ms, p99 TPOT "
                       f"{level.tpot_ms.p99 or 0:,.1f} ms")
-    console.print(Text(f"  launch: {launch_command(spec, best)}"), highlight=False,
+    console.print(Text(f"  launch: {launch_command(best)}"), highlight=False,
                   soft_wrap=True)
+
+
+__all__ = ["ConsoleView", "launch_command", "tune"]

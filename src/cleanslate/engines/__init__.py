@@ -18,7 +18,9 @@ environment and GPU backend (:mod:`cleanslate.engines._base`). Other packages as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cleanslate._lazy import lazy_exports
 
 # The engine modules register their adapters when imported.
 from cleanslate.engines import command as command
@@ -72,17 +74,10 @@ if TYPE_CHECKING:
         smoke_test,
     )
 
-_LAZY = {"PromptOutput", "SmokeCause", "SmokeResult", "has_nan_marker", "is_degenerate",
-         "smoke_test"}
-
-
-def __getattr__(name: str) -> Any:
-    # The smoke test needs aiohttp; importing it only when used keeps `cleanslate check` quick.
-    if name in _LAZY:
-        from cleanslate.engines import _smoke
-
-        return getattr(_smoke, name)
-    raise AttributeError(f"module 'cleanslate.engines' has no attribute {name!r}")
+# The smoke test needs aiohttp: it loads when used, which keeps `cleanslate check` quick.
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(
+    ("PromptOutput", "SmokeCause", "SmokeResult", "has_nan_marker", "is_degenerate",
+     "smoke_test"), "cleanslate.engines._smoke"))
 
 
 def classify_log(engine: str, text: str, *, returncode: int | None = None) -> Crash | None:

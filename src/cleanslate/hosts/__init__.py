@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cleanslate._lazy import lazy_exports
 from cleanslate.hosts.base import CommandResult, Executor
 from cleanslate.hosts.local import LocalExecutor
 
 if TYPE_CHECKING:
     from cleanslate.hosts.ssh import SSHExecutor
+
+# asyncssh is not needed to work on this machine: SSHExecutor loads when used.
+__getattr__, __dir__ = lazy_exports(__name__, {"SSHExecutor": "cleanslate.hosts.ssh"})
 
 __all__ = [
     "CommandResult",
@@ -56,12 +60,3 @@ def set_accept_new_host_keys(enabled: bool = True) -> None:
     from cleanslate.hosts.ssh import set_accept_new_host_keys as _set
 
     _set(enabled)
-
-
-def __getattr__(name: str) -> object:
-    # ``SSHExecutor`` is imported lazily: asyncssh is not needed to work on this machine.
-    if name == "SSHExecutor":
-        from cleanslate.hosts.ssh import SSHExecutor
-
-        return SSHExecutor
-    raise AttributeError(name)

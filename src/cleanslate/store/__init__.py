@@ -15,8 +15,9 @@ The store never holds a secret: every record is redacted on the way in and again
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cleanslate._lazy import lazy_exports
 from cleanslate.store._records import (
     SCHEMA_VERSION,
     NewerSchemaError,
@@ -43,18 +44,11 @@ if TYPE_CHECKING:
         level_metric,
     )
 
-#: Names of ``_trials``, imported when first used: a trial's levels need the benchmark client,
-#: which the commands that read only runs (``check``, ``stop``) never load.
-_TRIALS = frozenset({"LevelVerdict", "StudyRecord", "StudyStatus", "TrialRecord", "TrialStatus",
-                     "level_metric"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TRIALS:
-        from cleanslate.store import _trials
-
-        return getattr(_trials, name)
-    raise AttributeError(f"module 'cleanslate.store' has no attribute {name!r}")
+# A trial's levels need the benchmark client, which the commands that read only runs
+# (``check``, ``stop``) never load: the names of ``_trials`` load when first used.
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(
+    ("LevelVerdict", "StudyRecord", "StudyStatus", "TrialRecord", "TrialStatus", "level_metric"),
+    "cleanslate.store._trials"))
 
 
 __all__ = [

@@ -111,12 +111,10 @@ def _guarded(what: str) -> Callable[[Callable[Concatenate[Store, _P], _R]],
                 raise self._error(f"the store failed while {what}: {self._scrub(str(reason))}"
                                   ) from None
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(map(str, first.get("loc", ())))
-                raise self._error(f"a record in the store is not valid ({what}): "
-                                  f"{exc.error_count()} error(s), first: "
-                                  + (f"{self._scrub(where)}: " if where else "")
-                                  + self._scrub(str(first.get("msg", ""))),
+                invalid = InputError.from_validation(
+                    exc, what=f"a record in the store is not valid ({what})",
+                    scrub=self._scrub)
+                raise self._error(invalid.message,
                                   hint="was it written by another version of cleanslate?"
                                   ) from None
             except NewerSchemaError as exc:

@@ -1,38 +1,42 @@
 """Studies: ``cleanslate tune`` runs the whole cycle over a search space and resumes.
 
-:mod:`~cleanslate.tune.study` (the study file), :mod:`~cleanslate.tune.space` (strategies as
-Optuna samplers), :mod:`~cleanslate.tune.trial` (one verified cycle),
-:mod:`~cleanslate.tune.controller` (ask/tell, budget, resume).
+:mod:`~cleanslate.tune.study` (the study file), :mod:`~cleanslate.tune.factors` (a factor of
+the space and its distribution), :mod:`~cleanslate.tune.space` (strategies as Optuna samplers),
+:mod:`~cleanslate.tune.trial` (one verified cycle), :mod:`~cleanslate.tune.controller`
+(ask/tell, budget, resume), :mod:`~cleanslate.tune.view` (what a study shows as it runs).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cleanslate._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cleanslate.tune.controller import StudyOutcome, run_study, validate_study_flags
-    from cleanslate.tune.study import StudySpec, load_study
+    from cleanslate.tune.factors import Range
+    from cleanslate.tune.study import Objective, StudySpec, load_study
     from cleanslate.tune.trial import HostQuarantined, run_trial
     from cleanslate.tune.view import TuneView
 
-_WHERE = {
-    "StudyOutcome": "controller", "TuneView": "view", "run_study": "controller",
-    "validate_study_flags": "controller", "StudySpec": "study", "load_study": "study",
-    "HostQuarantined": "trial", "run_trial": "trial",
-}
-
-
-def __getattr__(name: str) -> Any:
-    # Optuna is a heavy import: load the parts of this package when they are used.
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f"cleanslate.tune.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'cleanslate.tune' has no attribute {name!r}")
-
+# Optuna is a heavy import: the parts of this package load when they are used.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "StudyOutcome": "cleanslate.tune.controller",
+    "run_study": "cleanslate.tune.controller",
+    "validate_study_flags": "cleanslate.tune.controller",
+    "Objective": "cleanslate.tune.study",
+    "StudySpec": "cleanslate.tune.study",
+    "load_study": "cleanslate.tune.study",
+    "Range": "cleanslate.tune.factors",
+    "HostQuarantined": "cleanslate.tune.trial",
+    "run_trial": "cleanslate.tune.trial",
+    "TuneView": "cleanslate.tune.view",
+})
 
 __all__ = [
     "HostQuarantined",
+    "Objective",
+    "Range",
     "StudyOutcome",
     "StudySpec",
     "TuneView",

@@ -167,10 +167,8 @@ class Baseline(BaseModel):
         try:
             baseline = cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"]) or "the document"
-            raise InputError(f"not a cleanslate baseline: {loc}: {first['msg']}",
-                             where=str(path), hint=_HINT) from None
+            raise InputError.from_validation(exc, what="not a cleanslate baseline",
+                                             where=str(path), hint=_HINT) from None
         if baseline.version > VERSION:
             raise InputError(f"baseline format {baseline.version} is newer than this "
                              f"cleanslate reads ({VERSION})", where=str(path),

@@ -1,0 +1,207 @@
+"""The ``--json`` documents of the commands, as models built from the library's records.
+
+The command line is a contract: a document's fields may be added, never renamed or dropped
+(``tests/cli/test_json_keys.py`` holds their keys). ``check --json`` is the
+:class:`~cleanslate.verdict.check.CheckReport` itself and ``clean --json`` (with targets) the
+:class:`~cleanslate.teardown.teardown.TeardownReport`; the others are here. Each is printed with
+:func:`emit`: one JSON document on stdout, nothing else there.
+
+This module imports the records the documents hold (the store's, the smoke test's): the
+commands import it when they print a document, not before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Literal
+
+import typer
+from pydantic import BaseModel, ConfigDict, field_serializer
+
+from cleanslate.engines._smoke import SmokeResult
+from cleanslate.store import RunRecord, RunStatus, TrialRecord
+from cleanslate.teardown.teardown import TargetRecord, TeardownReport
+from cleanslate.verdict.check import CheckReport
+
+if TYPE_CHECKING:  # the builders' arguments (Optuna is not loaded for serve or stop)
+    from cleanslate.launch.lifecycle import StartOutcome
+    from cleanslate.tune.controller import StudyOutcome
+    from cleanslate.tune.study import StudySpec
+
+
+class Document(BaseModel):
+    """A ``--json`` document: frozen, its fields in the order they are printed."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+def emit(document: Document | dict[str, Any]) -> None:
+    """Print ``document`` as one line of JSON on stdout."""
+    data = document.model_dump(mode="json") if isinstance(document, Document) else document
+    typer.echo(json.dumps(data, default=str))
+
+
+class ServeStarted(Document):
+    """``serve --json`` once the server is ready and smoke-tested (the record's argv is
+    redacted already)."""
+
+    run_id: str
+    url: str
+    argv: list[str]
+    pid: int | None
+    pgid: int | None
+    supervisor_pid: int | None
+    host: str
+    engine: str
+    port: int
+    log: str
+    status: RunStatus
+    user: str | None
+    cgroup: str | None
+    cgroup_note: str | None
+    boot_id: str | None
+    machine_id: str | None
+    verdict_before: CheckReport | None
+    phases: dict[str, float]
+    smoke: SmokeResult | None
+    flag_validation: str
+
+    @classmethod
+    def of(cls, run: RunRecord, outcome: StartOutcome) -> ServeStarted:
+        return cls(
+            run_id=run.id, url=run.url, argv=list(run.argv), pid=run.pid, pgid=run.pgid,
+            supervisor_pid=run.supervisor_pid, host=run.host, engine=run.engine, port=run.port,
+            log=run.log_path, status=run.status, user=run.user, cgroup=run.cgroup,
+            cgroup_note=outcome.cgroup_note, boot_id=run.boot_id, machine_id=run.machine_id,
+            verdict_before=run.verdict_before, phases=outcome.phases, smoke=outcome.smoke,
+            flag_validation=outcome.validation_note or "checked",
+        )
+
+
+class ServeRefused(Document):
+    """``serve --json`` when the preflight found the host not clean (nothing launched)."""
+
+    ok: Literal[False] = False
+    cause: Literal["host_not_clean"] = "host_not_clean"
+    verdict_before: CheckReport
+
+
+class ServeFailed(Document):
+    """``serve --json`` when the server did not start (it was torn down and verified)."""
+
+    ok: Literal[False] = False
+    run_id: str | None
+    cause: str | None
+    detail: str | None
+    log_tail: str
+    argv: list[str] | None
+    verdict_after: CheckReport | None
+
+    @classmethod
+    def of(cls, outcome: StartOutcome) -> ServeFailed:
+        run = outcome.run
+        return cls(run_id=run.id if run else None, cause=outcome.cause, detail=outcome.detail,
+                   log_tail=outcome.log_tail, argv=list(run.argv) if run else None,
+                   verdict_after=outcome.teardown.verify if outcome.teardown else None)
+
+
+def serve_failure(outcome: StartOutcome) -> ServeRefused | ServeFailed:
+    """The document of a start that did not end ready."""
+    if outcome.refused is not None:
+        return ServeRefused(verdict_before=outcome.refused)
+    return ServeFailed.of(outcome)
+
+
+class ServeEnded(Document):
+    """``serve --json`` (foreground) after the server was torn down."""
+
+    run_id: str
+    status: RunStatus
+    cause: str | None
+    teardown: TeardownReport
+
+
+def stopped(run_id: str, report: TeardownReport) -> dict[str, Any]:
+    """``stop --json`` and ``clean --run --json``: the teardown report with the run's id
+    first."""
+    return {"run_id": run_id, **report.model_dump(mode="json")}
+
+
+class CleanNothing(Document):
+    """``clean --json`` when nothing is in scope: what was left alone, no verification."""
+
+    targets: tuple[TargetRecord, ...] = ()
+    left_alone: tuple[TargetRecord, ...]
+    verify: None = None
+
+
+class TuneDone(Document):
+    """``tune --json``: how the run of the study ended, the best trial and every trial (their
+    log tails left out; ``cleanslate report`` shows them)."""
+
+    study: str
+    stopped_by: str
+    message: str
+    new_trials: int
+    best: TrialRecord | None
+    trials: list[TrialRecord]
+
+    @field_serializer("trials")
+    def _without_log_tails(self, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+        return [t.model_dump(mode="json", exclude={"log_tail"}) for t in trials]
+
+    @classmethod
+    def of(cls, spec: StudySpec, outcome: StudyOutcome) -> TuneDone:
+        return cls(study=spec.name, stopped_by=outcome.stopped_by, message=outcome.message,
+                   new_trials=outcome.new_trials, best=outcome.best, trials=outcome.trials)
+
+
+class PlanObjective(Document):
+    direction: Literal["maximize", "minimize"]
+    metric: str
+
+
+class TunePlan(Document):
+    """``tune --check --json``: what the study would run. ``configurations`` for grid and
+    ablation, else the sampler's ``distributions`` (as Optuna writes them)."""
+
+    study: str
+    engine: str
+    model: str
+    host: str
+    strategy: str
+    trials: int
+    configurations: list[dict[str, Any]] | None
+    distributions: dict[str, str] | None
+    fixed: dict[str, Any]
+    levels: list[str]
+    requests_per_level: int | None
+    duration_s_per_level: float | None
+    workload: dict[str, Any]
+    objective: PlanObjective
+    slo: dict[str, float]
+    flags_note: str | None
+
+    @classmethod
+    def of(cls, spec: StudySpec, note: str | None) -> TunePlan:
+        from cleanslate.tune.space import distributions, planned_configs, trial_budget
+
+        plan = planned_configs(spec)
+        workload = spec.bench_config("http://127.0.0.1:1", ignore_eos=True).workload
+        return cls(
+            study=spec.name, engine=spec.engine, model=spec.model, host=spec.host or "local",
+            strategy=spec.strategy, trials=trial_budget(spec), configurations=plan,
+            distributions=None if plan is not None else {
+                name: repr(d) for name, d in distributions(spec).items()},
+            fixed=spec.fixed, levels=[f"c={c}" for c in spec.concurrency],
+            requests_per_level=spec.requests_per_level,
+            duration_s_per_level=spec.duration_s_per_level,
+            workload=workload.model_dump(mode="json"),
+            objective=PlanObjective(direction=spec.objective.direction,
+                                    metric=spec.objective.metric),
+            slo=spec.slo, flags_note=note,
+        )
+
+
+__all__ = ["CleanNothing", "Document", "ServeEnded", "ServeFailed", "ServeRefused",
+           "ServeStarted", "TuneDone", "TunePlan", "emit", "serve_failure", "stopped"]

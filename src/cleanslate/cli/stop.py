@@ -1,0 +1,65 @@
+"""``cleanslate stop RUN_ID``: teardown of a recorded run, then verification
+(:func:`~cleanslate.launch.lifecycle.stop_server`; ``docs/teardown.md``).
+
+A record of another boot of the host is closed without signalling anything; a record of another
+machine is refused (exit 2). Errors never show a store URL's password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from cleanslate.cli._common import console_err, progress_printer
+from cleanslate.cli._render import print_teardown
+from cleanslate.errors import ExitCode, InputError
+from cleanslate.hosts import executor_for
+from cleanslate.redact import redact_text
+
+
+def stop(
+    run_id: Annotated[str, typer.Argument(help="The run id printed by `serve`.")],
+    store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 30.0,
+    deadline: Annotated[float, typer.Option(help="Seconds to wait for a clean verdict.")
+                        ] = 60.0,
+    gpu_backend: Annotated[str, typer.Option(help="GPU backend for verification.")] = "auto",
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
+                        ] = False,
+) -> None:
+    """Tear down a recorded run and verify the host is clean (same as `clean --run ID`)."""
+    raise typer.Exit(stop_run(run_id, store_url, grace, deadline, gpu_backend, json_out))
+
+
+def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
+             gpu_backend: str, json_out: bool) -> int:
+    """``cleanslate stop`` / ``clean --run``: the exit code. Errors never show a store URL's
+    password."""
+    from cleanslate.launch.lifecycle import stop_server
+    from cleanslate.store import Store
+
+    try:
+        store = Store(store_url, create=False)
+        run = store.get_run(run_id)
+    except InputError as exc:
+        raise InputError(redact_text(exc.message), where=exc.where,
+                         hint=redact_text(exc.hint) if exc.hint else None) from None
+    executor = executor_for(None if run.host == "local" else run.host)
+    report = asyncio.run(stop_server(executor, store, run, grace_s=grace, gpu_backend=gpu_backend,
+                                     verify_deadline_s=deadline,
+                                     progress=progress_printer(quiet=json_out)))
+    if json_out:
+        from cleanslate.cli._documents import emit, stopped
+
+        emit(stopped(run.id, report))
+    else:
+        print_teardown(report)
+    if report.refused_code == ExitCode.INPUT and not json_out:
+        console_err.print(Text.assemble(("refused: ", "bold red"), report.refused or ""))
+    return report.exit_code
+
+
+__all__ = ["stop", "stop_run"]
