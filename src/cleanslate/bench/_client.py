@@ -29,12 +29,15 @@ from cleanslate.bench._limits import request_deadline_s, response_byte_cap
 from cleanslate.bench._sse import extract_text, parse_stream
 from cleanslate.bench._tokens import Tokenizer
 from cleanslate.bench._workloads import Prompt
+from cleanslate.outputs import has_error_finish
 
 #: Errors that say the server may be gone (they trigger a liveness probe).
 CONNECTION_ERRORS = frozenset({"connection_refused", "connection_reset", "connection_error"})
 
 #: Characters of an error detail kept (a server's error body, an exception's text).
 DETAIL_CHARS = 300
+#: Characters of a sampled request's text kept for the level's output checks.
+TEXT_CHARS = 2000
 
 
 def printable(text: str, limit: int = DETAIL_CHARS) -> str:
@@ -66,6 +69,10 @@ class RequestRecord:
     retried: bool = False
     #: prompt tokens the server says it served from its prefix cache (``None``: not reported)
     cached_tokens: int | None = None
+    #: the generated text, kept for the requests a level samples (``None`` for the others)
+    text: str | None = None
+    #: whether the response ended with ``finish_reason: error`` (sampled requests only)
+    error_finish: bool = False
 
     @property
     def ok(self) -> bool:
@@ -162,8 +169,12 @@ async def send_request(
     *,
     tokenizer: Tokenizer | None,
     on_chunk: list[int] | None = None,
+    keep_text: bool = False,
 ) -> RequestRecord:
     """Send one streaming request and measure it. Never raises (except on cancellation).
+
+    ``keep_text``: keep the generated text (and whether it ended with ``finish_reason: error``)
+    in the record, for the level's output checks (:mod:`cleanslate.outputs`).
 
     ``on_chunk``, when given, is a one-element list incremented per network read; the live view
     reads it (cheaper than a callback).
@@ -205,7 +216,7 @@ async def send_request(
     # parsing and the caller's next send: under a closed loop many streams end together, and
     # their last reads would otherwise wait behind each other's work (inflating ITL and E2E).
     await asyncio.sleep(0)
-    _finish(rec, times, chunks, tokenizer)
+    _finish(rec, times, chunks, tokenizer, keep_text)
     return rec
 
 
@@ -263,10 +274,14 @@ async def _read_response(
 
 
 def _finish(
-    rec: RequestRecord, times: list[float], chunks: list[bytes], tokenizer: Tokenizer | None
+    rec: RequestRecord, times: list[float], chunks: list[bytes], tokenizer: Tokenizer | None,
+    keep_text: bool = False,
 ) -> None:
     rec.bytes_received = sum(len(c) for c in chunks)
-    parsed = parse_stream(times, chunks, keep_payloads=tokenizer is not None)
+    parsed = parse_stream(times, chunks, keep_payloads=tokenizer is not None or keep_text)
+    if keep_text:
+        rec.text = extract_text(parsed.payloads or [])[:TEXT_CHARS]
+        rec.error_finish = has_error_finish(b"".join(chunks))
     rec.malformed = parsed.malformed
     rec.content_times = parsed.content_times
     if parsed.content_times:

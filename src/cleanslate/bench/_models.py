@@ -298,6 +298,17 @@ class LevelResult(_Frozen):
     connection_retries: int = Field(
         default=0, description="requests sent again on a new connection because the server "
         "had closed a kept-alive one without saying so (llama.cpp)")
+    output_samples: int = Field(
+        default=0, description="responses of the level whose text was checked "
+        "(cleanslate.outputs)")
+    output_issues: dict[str, int] = Field(
+        default_factory=dict, description="sampled responses per issue: nan, empty, "
+        "degenerate, error_finish, short")
+    output_evidence: tuple[str, ...] = Field(
+        default=(), description="up to 3 of the bad sampled outputs, as printable text")
+    bad_output: str | None = Field(
+        default=None, description="the issue that breaks this level's output (a failed level), "
+        "or None")
     cached_prompt_tokens: int | None = Field(
         default=None, description="prompt tokens the server served from its prefix cache, summed "
         "over the requests whose usage says so (usage.prompt_tokens_details.cached_tokens); "
@@ -385,8 +396,8 @@ class BenchResult(_Frozen):
 
     @property
     def failed(self) -> bool:
-        """True when any level ended early or had a failed request."""
-        return self.partial or any(lv.failed > 0 for lv in self.levels)
+        """True when any level ended early, had a failed request, or broke its output."""
+        return self.partial or any(lv.failed > 0 or lv.bad_output for lv in self.levels)
 
 
 def _level_metrics() -> frozenset[str]:

@@ -42,6 +42,7 @@ from cleanslate.bench._client import (
     RequestBuilder,
     RequestRecord,
     aborted_record,
+    printable,
     send_request,
 )
 from cleanslate.bench._limits import MAX_NUM_PROMPTS
@@ -54,6 +55,7 @@ from cleanslate.bench._models import (
 )
 from cleanslate.bench._tokens import HFTokenizer, Tokenizer
 from cleanslate.bench._workloads import Prompt, generate
+from cleanslate.outputs import has_nan_marker, judge_text, level_verdict
 
 #: Client CPU use (CPU seconds / wall seconds) above which a level warns that the client may
 #: itself be the bottleneck. The event loop runs on one core.
@@ -90,6 +92,51 @@ class LevelProgress:
 ProgressHook = Callable[[LevelProgress], None]
 
 
+#: Requests of a level whose text is kept and checked (:mod:`cleanslate.outputs`): the first
+#: :data:`SAMPLE_FIRST`, then every :data:`SAMPLE_EVERY`-th, at most :data:`SAMPLE_MAX`.
+SAMPLE_FIRST, SAMPLE_EVERY, SAMPLE_MAX = 4, 16, 32
+
+
+def sampled(index: int) -> bool:
+    """Whether the ``index``-th request sent in a level (from 0) is one of its output samples."""
+    if index < SAMPLE_FIRST:
+        return True
+    return index % SAMPLE_EVERY == 0 and SAMPLE_FIRST + index // SAMPLE_EVERY <= SAMPLE_MAX
+
+
+def output_checks(records: list[RequestRecord], ignore_eos: bool
+                  ) -> tuple[int, dict[str, int], list[str]]:
+    """(samples, issue counts, evidence) of a level's sampled requests: their text judged by
+    :func:`cleanslate.outputs.judge_text`, error finishes, short outputs under ``ignore_eos``,
+    and error payloads (HTTP 200 streams whose ``error`` names NaN)."""
+    issues: dict[str, int] = {}
+    evidence: list[str] = []
+    samples = 0
+
+    def note(issue: str, text: str) -> None:
+        issues[issue] = issues.get(issue, 0) + 1
+        if len(evidence) < 3:
+            evidence.append(f"{issue}: {printable(text, 200)}")
+
+    for r in records:
+        if r.text is None:
+            continue
+        samples += 1
+        if r.error == "server_error" and has_nan_marker(r.error_detail or ""):
+            note("nan", f"error event: {r.error_detail}")
+            continue
+        if r.error is not None:
+            continue  # counted as a failed request already
+        judged = judge_text(r.text)
+        if judged is not None:
+            note(judged[0], judged[1])
+        elif r.error_finish:
+            note("error_finish", f"finish_reason error after {r.text[:120]!r}")
+        elif ignore_eos and r.output_source != "approx" and r.output_tokens < r.requested_output:
+            note("short", f"{r.output_tokens} of {r.requested_output} tokens: {r.text[:120]!r}")
+    return samples, dict(sorted(issues.items())), evidence
+
+
 class _Level:
     """State of one running level."""
 
@@ -118,6 +165,7 @@ class _Level:
         self.tasks: set[asyncio.Task[None]] = set()
         self._probing = False
         self.capped = False
+        self.reference: LevelResult | None = None
         split = urlsplit(builder.url)
         self.host = split.hostname or "127.0.0.1"
         self.port = split.port or (443 if split.scheme == "https" else 80)
@@ -147,6 +195,7 @@ class _Level:
         prompt = self.prompts[idx]
         prog = self.progress
         now = perf_counter()
+        sample = sampled(prog.sent)
         prog.sent += 1
         prog.in_flight += 1
         if prog.first_send is None:
@@ -160,6 +209,7 @@ class _Level:
                 self.bodies[idx],
                 tokenizer=self.tokenizer,
                 on_chunk=prog.chunks,
+                keep_text=sample,
             )
         except asyncio.CancelledError:
             self.records.append(aborted_record(prompt, now))
@@ -337,6 +387,14 @@ def _result(
     malformed = sum(r.malformed for r in records)
     if malformed:
         warnings.append(f"{malformed} malformed SSE events/lines were skipped")
+    samples, issues, evidence = output_checks(records, config.ignore_eos)
+    reference = level.reference
+    bad = level_verdict(samples, issues,
+                        dict(reference.output_issues) if reference is not None else None,
+                        reference.output_samples if reference is not None else 0)
+    if bad is not None:
+        warnings.append(f"bad output: {issues[bad]} of {samples} sampled responses show "
+                        f"{bad} (e.g. {evidence[0] if evidence else '-'})")
     retried = sum(r.retried for r in records)
     reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     if retried:
@@ -388,6 +446,10 @@ def _result(
         malformed_sse_events=malformed,
         connection_retries=retried,
         cached_prompt_tokens=sum(reported) if reported else None,
+        output_samples=samples,
+        output_issues=issues,
+        output_evidence=tuple(evidence),
+        bad_output=bad,
         output_tokens_source=m.source_of(out_sources),
         input_tokens_source=m.source_of(in_sources),
         requested_output_tokens=sum(r.requested_output for r in ok),
@@ -427,8 +489,12 @@ async def run_level(
     warmup: int = 0,
     on_progress: ProgressHook | None = None,
     stop: asyncio.Event | None = None,
+    reference: LevelResult | None = None,
 ) -> LevelResult:
     """Run one level of ``config`` at ``load`` and measure it.
+
+    ``reference``: the run's first level, whose sampled outputs tell whether this level's went
+    bad under load (:func:`cleanslate.outputs.level_verdict`); ``None`` for the first level.
 
     ``session``: the shared pool (one is made and closed here when not given). ``prompts``: the
     level's prompts (generated from ``config.workload`` and the level's own seed,
@@ -453,6 +519,7 @@ async def run_level(
                 warmup=warmup,
                 on_progress=on_progress,
                 stop=stop,
+                reference=reference,
             )
     builder = RequestBuilder(
         config.url,
@@ -474,6 +541,7 @@ async def run_level(
     if on_progress is not None:
         on_progress(progress)
     level = _Level(config, load, session, builder, tokenizer, prompts, progress, stop)
+    level.reference = reference
     cpu0, wall0 = time.process_time(), perf_counter()
     await level.run()
     cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
@@ -542,6 +610,7 @@ async def run_benchmark(
                 warmup=config.warmup if i == 0 else 0,
                 on_progress=on_progress,
                 stop=stop,
+                reference=levels[0] if levels else None,
             )
             levels.append(level)
             if level.partial:

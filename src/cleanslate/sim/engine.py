@@ -231,8 +231,9 @@ class Engine:
         loop = asyncio.get_running_loop()
         model = self.model
         last_end = loop.time()
-        nan = self.faults.nan
+        nan_above = self.faults.nan  # NaN while more than this many requests are in flight
         while True:
+            nan = nan_above is not None and self.inflight > nan_above
             if self.hung or self.crashed:
                 await asyncio.Event().wait()  # forever: a hang (or a dying server)
             if not self.waiting and not self.running and self.partial is None:

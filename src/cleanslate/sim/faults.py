@@ -5,7 +5,9 @@
                             Python traceback (``AttributeError: 'PrefillMetadata' object has
                             no attribute 'page_table_1_flattened'``) to the log and the server
                             exits with status 1
-``nan``                     decoding produces ``NaN`` tokens (text `` NaN NaN ...``)
+``nan[=K]``                 decoding produces ``NaN`` tokens (text `` NaN NaN ...``); with K,
+                            only while more than K requests are in flight (fine at low load,
+                            garbage at high load, as SGLang has shipped)
 ``hang-after=N``            after N requests were admitted, the scheduler stops: requests never
                             finish while ``/health`` still answers 200
 ``oom-at-start``            worker TP0 logs ``torch.OutOfMemoryError: CUDA out of memory`` while
@@ -48,7 +50,7 @@ class Faults:
     """The parsed ``--fault`` options; ``None`` / ``False`` means the fault is off."""
 
     crash_at_concurrency: int | None = None
-    nan: bool = False
+    nan: int | None = None
     hang_after: int | None = None
     oom_at_start: bool = False
     ignore_sigterm: bool = False
@@ -66,19 +68,21 @@ class Faults:
             if value is None or value is False:
                 continue
             name = f.name.replace("_", "-")
-            out.append(name if value is True else f"{name}={value}")
+            bare = value is True or (f.name == "nan" and value == 0)
+            out.append(name if bare else f"{name}={value}")
         return out
 
 
 _ARG_KIND: dict[str, type] = {
     "crash-at-concurrency": int,
+    "nan": int,
     "hang-after": int,
     "orphan-grandchild": int,
     "slow-release": float,
     "leave-port": int,
     "slow-start": float,
 }
-_OPTIONAL_ARG = {"orphan-grandchild": 2048}
+_OPTIONAL_ARG = {"orphan-grandchild": 2048, "nan": 0}
 
 
 def parse_faults(specs: list[str] | tuple[str, ...]) -> Faults:

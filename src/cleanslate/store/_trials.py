@@ -38,12 +38,14 @@ class TrialStatus(StrEnum):
 
 class LevelVerdict(StrEnum):
     """How one benchmark level of a trial went: ``ok`` (met every SLO), ``slo_miss``,
-    ``errors`` (requests failed), ``crashed`` (the server died under the load) or
-    ``interrupted`` (the controller was asked to stop during it)."""
+    ``errors`` (requests failed), ``bad_output`` (sampled responses were NaN, empty, degenerate
+    or ended in error: :mod:`cleanslate.outputs`), ``crashed`` (the server died under the load)
+    or ``interrupted`` (the controller was asked to stop during it)."""
 
     OK = "ok"
     SLO_MISS = "slo_miss"
     ERRORS = "errors"
+    BAD_OUTPUT = "bad_output"
     CRASHED = "crashed"
     INTERRUPTED = "interrupted"
 

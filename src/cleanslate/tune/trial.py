@@ -284,7 +284,8 @@ async def _levels(
             break
         say(f"level {load.label}")
         t0 = time.monotonic()
-        level = await run_level(bench, load, warmup=spec.warmup if index == 0 else 0, stop=stop)
+        level = await run_level(bench, load, warmup=spec.warmup if index == 0 else 0, stop=stop,
+                                reference=levels[0] if levels else None)
         phases[f"level_{load.label}_s"] = round(time.monotonic() - t0, 3)
         levels.append(level)
         code = await run_exit_code(executor, run)
@@ -309,6 +310,16 @@ async def _levels(
             if first is not None:
                 detail += f"; first {first[0]}: {first[1][:160]}"
             say(f"{load.label}: {detail}")
+            break
+        if level.bad_output:
+            # The server answered, but its output broke under this load: the configuration is
+            # infeasible here (the levels below it stay as measured).
+            verdicts[level.label] = LevelVerdict.BAD_OUTPUT
+            cause = "bad_output"
+            count = level.output_issues.get(level.bad_output, 0)
+            detail = (f"{count} of {level.output_samples} sampled responses at {level.label} "
+                      f"show {level.bad_output}: " + "; ".join(level.output_evidence[:2]))
+            say(f"{load.label}: bad output: {detail}")
             break
         misses = slo_misses(level, limits)
         if misses:
