@@ -33,6 +33,8 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, ConfigDict
 
+from cleanslate.bench import _keepalive as keepalive
+
 SmokeCause = Literal["nan", "empty", "degenerate", "http_error", "timeout"]
 Endpoint = Literal["completions", "chat"]
 
@@ -182,33 +184,50 @@ async def _one(
     start = time.monotonic()
     status: int | None = None
     fields: dict[str, Any] = {"endpoint": endpoint, "stream": stream, "prompt": prompt}
+    body = _body(endpoint, model, prompt, stream, max_tokens, temperature)
+    target = url.rstrip("/") + path
+
+    async def exchange(sess: aiohttp.ClientSession, ctx: dict[str, bool]
+                       ) -> tuple[int, str, str, str | None, str | None]:
+        """(status, text, raw body, error message, HTTP error body) of one POST."""
+        async with sess.post(target, json=body, trace_request_ctx=ctx) as response:
+            ctx["responded"] = True
+            if response.status >= 400:
+                return response.status, "", "", None, await response.text(errors="replace")
+            if stream:
+                text, raw, error = await _read_stream(response, endpoint)
+                return response.status, text, raw, error, None
+            raw = await response.text(errors="replace")
+            error = None
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload, error = None, f"response is not JSON: {_tail(raw, 120)!r}"
+            return (response.status, _text_of(payload, endpoint, stream=False), raw,
+                    error or _error_in(payload), None)
+
     try:
         async with asyncio.timeout(timeout):
-            async with session.post(
-                url.rstrip("/") + path,
-                json=_body(endpoint, model, prompt, stream, max_tokens, temperature),
-            ) as response:
-                status = response.status
-                if status >= 400:
-                    body = await response.text(errors="replace")
-                    return PromptOutput(
-                        **fields,
-                        status=status,
-                        elapsed_s=time.monotonic() - start,
-                        cause="http_error",
-                        detail=f"POST {path} -> HTTP {status}: {_tail(body)}",
-                    )
-                if stream:
-                    text, raw, error = await _read_stream(response, endpoint)
-                else:
-                    raw = await response.text(errors="replace")
-                    error = None
-                    try:
-                        payload = json.loads(raw)
-                    except ValueError:
-                        payload, error = None, f"response is not JSON: {_tail(raw, 120)!r}"
-                    error = error or _error_in(payload)
-                    text = _text_of(payload, endpoint, stream=False)
+            ctx = keepalive.request_context()
+            try:
+                status, text, raw, error, http_body = await exchange(session, ctx)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if not keepalive.is_stale(exc, ctx):
+                    raise
+                # A kept-alive connection the server had closed silently (llama-server): once
+                # more on a new one (cleanslate.bench._keepalive).
+                keepalive.note_retry(session)
+                async with keepalive.fresh_session(session) as fresh:
+                    status, text, raw, error, http_body = await exchange(
+                        fresh, keepalive.request_context())
+            if http_body is not None:
+                return PromptOutput(
+                    **fields,
+                    status=status,
+                    elapsed_s=time.monotonic() - start,
+                    cause="http_error",
+                    detail=f"POST {path} -> HTTP {status}: {_tail(http_body)}",
+                )
     except TimeoutError:
         return PromptOutput(
             **fields,
@@ -321,7 +340,8 @@ async def smoke_test(
     start = time.monotonic()
     outputs: list[PromptOutput] = []
     own = session is None
-    client = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+    client = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                              trace_configs=[keepalive.trace_config()])
     try:
         for endpoint in endpoints:
             for streaming in modes:
