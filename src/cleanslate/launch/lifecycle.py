@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import fnmatch
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -362,6 +363,9 @@ async def stop_server(
                                      verify_deadline_s=verify_deadline_s, progress=say)
         status, cause, detail = "stopped", cause or "host_rebooted", detail or reason
     else:
+        if status == "stopped" and cause is None and run.status in ("starting", "ready"):
+            # Asked to stop a run that was serving: did its server die before we came?
+            status, cause, detail = await _ended_before_stop(executor, run, detail)
         cgroup = valid_cgroup(run.cgroup, run.id)
         if run.cgroup and cgroup is None:
             say(f"ignoring the recorded cgroup {run.cgroup!r}: not this run's")
@@ -384,6 +388,13 @@ async def stop_server(
             verify_deadline_s=verify_deadline_s,
             remove_shm=shm_remover(run, leftovers), progress=say, gpu=backend,
         )
+    if status == "stopped" and cause is None and run.status in ("starting", "ready") \
+            and run.pid and not any(t.pid == run.pid and t.why == "root"
+                                    for t in report.targets):
+        # No exit status was recorded (its supervisor is gone too), but the root was gone.
+        status, cause = "crashed", "exited"
+        detail = detail or (f"the server's root process {run.pid} was gone before `stop`; its "
+                            "exit status was not recorded (the run's supervisor is gone too)")
     if log_tail_text is None and status != "stopped":
         log_tail_text = await log_tail(executor, run)
     updated = run.model_copy(update={
@@ -397,6 +408,36 @@ async def stop_server(
     })
     store.save_run(updated)
     return report
+
+
+def describe_exit(code: int) -> tuple[str, str]:
+    """(cause, detail) of an engine root's exit status as the supervisor recorded it: a
+    negative status is the signal that killed it (``-9``: SIGKILL)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return "killed", f"the server was killed by {name} (exit status {code})"
+    return "exited", f"the server exited with status {code}"
+
+
+async def _ended_before_stop(executor: Executor, run: RunRecord, detail: str | None
+                             ) -> tuple[str, str | None, str | None]:
+    """(status, cause, detail) for a serving run that ``stop`` was asked to end: ``stopped``
+    while its server still runs, else ``crashed`` with the cause from its log or exit status."""
+    code = await run_exit_code(executor, run)
+    if code is None:
+        return "stopped", None, detail
+    found: tuple[str, str] | None = None
+    try:
+        adapter = engine_class(run.engine)()
+    except (InputError, TypeError):
+        adapter = None  # an engine that needs its options (command): the exit status says why
+    if adapter is not None:
+        found = await classify_run_log(executor, adapter, run, returncode=code)
+    cause, why = found if found is not None else describe_exit(code)
+    return "crashed", cause, detail or f"before `stop`: {why}"
 
 
 async def run_exit_code(executor: Executor, run: RunRecord) -> int | None:
