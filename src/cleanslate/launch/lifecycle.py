@@ -33,7 +33,7 @@ from cleanslate.engines import (
     smoke_test,
     validate_flags,
 )
-from cleanslate.errors import InputError
+from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.config import ServeConfig, template_engines
 from cleanslate.launch.launcher import (
@@ -339,7 +339,7 @@ async def stop_server(
     log_tail_text: str | None = None,
     progress: Progress | None = None,
 ) -> TeardownReport:
-    """Teardown of a recorded run (DESIGN section 4), verification, and the record updated.
+    """Teardown of a recorded run (``docs/teardown.md``), verification, and the record updated.
 
     A record from another boot of the host names no live process: nothing is signalled, the
     host is verified, and the record is closed (``host_rebooted``). A record from another
@@ -355,7 +355,7 @@ async def stop_server(
     if run.machine_id and machine_id and run.machine_id != machine_id:
         reason = (f"run {run.id} was launched on machine {run.machine_id}, and {executor.name} "
                   f"is machine {machine_id}: stop it from that machine")
-        return await skip_teardown(executor, reason, 2, progress=say)
+        return await skip_teardown(executor, reason, ExitCode.INPUT, progress=say)
     if run.boot_id and boot_id and run.boot_id != boot_id:
         reason = (f"run {run.id} was launched on boot {run.boot_id} of {executor.name}, which "
                   f"has rebooted since (boot {boot_id}): its processes cannot exist any more")

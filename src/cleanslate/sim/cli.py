@@ -20,11 +20,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cleanslate.errors import InputError
+from cleanslate.errors import ExitCode, InputError
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 from cleanslate.sim.ledger import ledger_dir as sim_gpu_dir
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 console = Console(highlight=False)
 console_err = Console(stderr=True, highlight=False)
 
@@ -188,10 +187,10 @@ def gpus_command(
     result = ledger.read_ledger(_ledger_dir(directory))
     if as_json:
         print(json.dumps(result))
-        raise typer.Exit(EXIT_OK if result.get("ok") else EXIT_FAILED)
+        raise typer.Exit(ExitCode.OK if result.get("ok") else ExitCode.FAILED)
     if not result.get("ok"):
         console_err.print(f"[red]error:[/] {result.get('error')}")
-        raise typer.Exit(EXIT_INPUT)
+        raise typer.Exit(ExitCode.INPUT)
     for gpu in result["gpus"]:
         procs = ", ".join(
             f"{p['pid']} ({p['name']}, {p['used_mib']} MiB)" for p in gpu["processes"]
@@ -210,4 +209,4 @@ def main() -> None:
         sim_app(prog_name="python -m cleanslate.sim")
     except InputError as exc:
         console_err.print(f"[bold red]error:[/] {exc.render()}", highlight=False)
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)

@@ -1,4 +1,4 @@
-"""Teardown: end exactly what a run owns, then verify the host is clean (DESIGN section 4).
+"""Teardown: end exactly what a run owns, then verify the host is clean (``docs/teardown.md``).
 
 **Scope** (:func:`resolve_scope`, pure over a snapshot; the rules are in ``docs/teardown.md``).
 A process is in scope when one of these selects it:
@@ -55,6 +55,7 @@ from pydantic import (
 )
 
 from cleanslate.engines import engine_signature, match_engine
+from cleanslate.errors import ExitCode
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.base import GpuBackend
 from cleanslate.probe.gpu.none import NoGpuBackend
@@ -205,13 +206,16 @@ class TeardownReport(BaseModel):
     verify: CheckReport | None = None
 
     @property
-    def exit_code(self) -> int:
-        if self.refused_code == 2:
-            return 2
+    def exit_code(self) -> ExitCode:
+        """``INPUT`` when refused as another machine's run; else the verification's, and
+        ``FAILED`` when a process survived (or the cgroup still holds one)."""
+        if self.refused_code == ExitCode.INPUT:
+            return ExitCode.INPUT
+        left = bool(self.survivors or self.cgroup_left)
         if self.verify is not None:
             code = self.verify.exit_code
-            return 1 if code == 0 and (self.survivors or self.cgroup_left) else code
-        return 1 if self.survivors or self.cgroup_left else 0
+            return ExitCode.FAILED if code == ExitCode.OK and left else ExitCode(code)
+        return ExitCode.FAILED if left else ExitCode.OK
 
 
 @cache

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cleanslate.errors import ExitCode
 from cleanslate.probe.snapshot import Gpu
 
 
@@ -18,8 +19,10 @@ class Verdict(StrEnum):
     UNKNOWN = "unknown"
 
     @property
-    def exit_code(self) -> int:
-        return {"clean": 0, "dirty": 1, "unknown": 3}[self.value]
+    def exit_code(self) -> ExitCode:
+        """0 clean, 1 dirty, 3 unknown."""
+        return {"clean": ExitCode.OK, "dirty": ExitCode.FAILED,
+                "unknown": ExitCode.UNKNOWN}[self.value]
 
     @staticmethod
     def worst(verdicts: list[Verdict]) -> Verdict:
