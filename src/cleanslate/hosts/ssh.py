@@ -508,23 +508,6 @@ class SSHExecutor:
                     await conn.wait_closed()
 
 
-async def close_all() -> None:
-    """Close every SSH connection opened on the running loop."""
-    links = _LINKS.pop(asyncio.get_running_loop(), {})
-    for link in links.values():
-        task = link.connecting
-        if task is None:
-            continue
-        if not task.done():
-            task.cancel()
-            continue
-        if not task.cancelled() and task.exception() is None:
-            conn = task.result()
-            conn.close()
-            with contextlib.suppress(Exception):
-                await conn.wait_closed()
-
-
 def _closed(conn: asyncssh.SSHClientConnection) -> bool:
     return bool(conn.is_closed())
 

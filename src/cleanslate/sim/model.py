@@ -20,7 +20,6 @@ from typing import Any
 
 #: The default simulated GPU: an H200 (``nvidia-smi`` reports 143771 MiB).
 DEFAULT_GPU_MIB = 143_771
-DEFAULT_GPU_COUNT = 8
 
 # --- memory (MiB) ----------------------------------------------------------------------------
 WEIGHTS_MIB = 80_000.0  # whole model; each TP rank holds WEIGHTS_MIB / tp
@@ -150,13 +149,6 @@ class SimModel:
             not_enough_for_kv=kv <= 0,
             fields={"slots_mib": slots, "activation_mib": act, "reserve_mib": reserve},
         )
-
-    def max_fraction_that_starts(self) -> float:
-        """The largest ``mem-fraction-static`` that does not run out of memory at start."""
-        s = self.s
-        total = float(s.gpu_memory_mib)
-        graph = self.graph_mib()
-        return (total - CONTEXT_MIB - graph - RUNTIME_RESERVE_FRACTION * total) / total
 
     # --- time -----------------------------------------------------------------------------
     def uses_graph(self, batch: int) -> bool:

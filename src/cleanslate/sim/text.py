@@ -65,7 +65,3 @@ def natural_length(state: int) -> int:
 
 def count_words(text: str) -> int:
     return len(text.split())
-
-
-def tokens_text(tokens: list[int]) -> str:
-    return "".join(" " + VOCAB[t] for t in tokens)
