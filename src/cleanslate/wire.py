@@ -197,7 +197,8 @@ def has_content(payload: bytes) -> bool:
 
 
 def extract_text(payloads: Iterable[bytes]) -> str:
-    """The generated text of a stream's content event payloads (completions or chat deltas)."""
+    """The generated text of a stream's content event payloads (completions or chat deltas),
+    or of a whole response (its chat ``message``)."""
     parts: list[str] = []
     for payload in payloads:
         try:
@@ -211,7 +212,7 @@ def extract_text(payloads: Iterable[bytes]) -> str:
                 continue
             text = choice.get("text")
             if text is None:
-                delta = choice.get("delta") or {}
+                delta = choice.get("delta") or choice.get("message") or {}
                 if not isinstance(delta, dict):
                     continue
                 text = (

@@ -1,4 +1,4 @@
-"""The smoke test: a few real requests after ``/health`` says ready (DESIGN section 6).
+"""The smoke test: a few real requests after ``/health`` says ready (``docs/engines.md``).
 
 A server that answers ``/health`` but cannot complete a request is not ready (the real vLLM
 log ``crash_enginedead_first_request.log`` is one: ``/health`` 200, then HTTP 500 on the first
@@ -15,7 +15,9 @@ fails with the first cause it sees:
 - ``degenerate``: the output is one short unit repeated (``!!!!!!!!``, ``by by by by``) or a
   single word makes up most of it (see :func:`is_degenerate`).
 
-Requests are sent one at a time with sampling on (``temperature`` 0.8 by default): greedy
+The output text is read as the benchmark client reads it (:func:`cleanslate.wire.extract_text`:
+completion text, chat content, or a reasoning model's reasoning). Requests are sent one at a
+time with sampling on (``temperature`` 0.8 by default): greedy
 decoding of random weights repeats at once, while a model emitting NaN collapses to one token
 whatever the sampling.
 """
@@ -34,6 +36,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from cleanslate.bench import _keepalive as keepalive
+from cleanslate.wire import DONE_PAYLOAD, extract_text
 
 SmokeCause = Literal["nan", "empty", "degenerate", "http_error", "timeout"]
 Endpoint = Literal["completions", "chat"]
@@ -136,22 +139,6 @@ def _error_in(payload: Any) -> str | None:
     return None
 
 
-def _text_of(payload: Any, endpoint: Endpoint, stream: bool) -> str:
-    if not isinstance(payload, dict):
-        return ""
-    pieces = []
-    for choice in payload.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        if endpoint == "completions":
-            pieces.append(choice.get("text") or "")
-        else:
-            part = choice.get("delta" if stream else "message") or {}
-            if isinstance(part, dict):
-                pieces.append(part.get("content") or "")
-    return "".join(str(piece) for piece in pieces)
-
-
 def _body(
     endpoint: Endpoint, model: str, prompt: str, stream: bool, max_tokens: int, temperature: float
 ) -> dict[str, Any]:
@@ -195,7 +182,7 @@ async def _one(
             if response.status >= 400:
                 return response.status, "", "", None, await response.text(errors="replace")
             if stream:
-                text, raw, error = await _read_stream(response, endpoint)
+                text, raw, error = await _read_stream(response)
                 return response.status, text, raw, error, None
             raw = await response.text(errors="replace")
             error = None
@@ -203,7 +190,7 @@ async def _one(
                 payload = json.loads(raw)
             except ValueError:
                 payload, error = None, f"response is not JSON: {_tail(raw, 120)!r}"
-            return (response.status, _text_of(payload, endpoint, stream=False), raw,
+            return (response.status, extract_text([raw.encode()]), raw,
                     error or _error_in(payload), None)
 
     try:
@@ -269,43 +256,40 @@ async def _one(
     return PromptOutput(**fields, text=text, status=status, elapsed_s=elapsed)
 
 
-async def _read_stream(
-    response: aiohttp.ClientResponse, endpoint: Endpoint
-) -> tuple[str, str, str | None]:
-    """Concatenate the content of an SSE stream: (text, raw events, error message or None)."""
-    pieces: list[str] = []
-    raw: list[str] = []
+async def _read_stream(response: aiohttp.ClientResponse) -> tuple[str, str, str | None]:
+    """Read an SSE stream: (its text, as :func:`cleanslate.wire.extract_text` reads it; the raw
+    events; the first error message or ``None``)."""
+    payloads: list[bytes] = []
     error: str | None = None
+
+    def take(data: bytes) -> None:
+        nonlocal error
+        # Bytes that are not UTF-8 are text with replacement characters, not a broken event.
+        data = data.decode(errors="replace").encode()
+        if not data or data == DONE_PAYLOAD:
+            return
+        payloads.append(data)
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            error = error or f"stream event is not JSON: {data.decode()[:120]!r}"
+            return
+        error = error or _error_in(payload)
+
     buffer = b""
     async for chunk in response.content.iter_any():
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
-        for line_bytes in lines:
-            line = line_bytes.decode(errors="replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                continue
-            raw.append(data)
-            try:
-                payload = json.loads(data)
-            except ValueError:
-                error = error or f"stream event is not JSON: {data[:120]!r}"
-                continue
-            error = error or _error_in(payload)
-            pieces.append(_text_of(payload, endpoint, stream=True))
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                take(line[5:].strip())
     if buffer.strip().startswith(b"data:"):
-        data = buffer.decode(errors="replace").strip()[5:].strip()
-        if data and data != "[DONE]":
-            raw.append(data)
-            try:
-                pieces.append(_text_of(json.loads(data), endpoint, stream=True))
-            except ValueError:
-                error = error or f"stream event is not JSON: {data[:120]!r}"
-    if not raw and error is None:
+        take(buffer.strip()[5:].strip())
+    if not payloads and error is None:
         error = "the stream ended without any event"
-    return "".join(pieces), "\n".join(raw), error
+    raw = "\n".join(p.decode(errors="replace") for p in payloads)
+    return extract_text(payloads), raw, error
 
 
 async def smoke_test(
