@@ -1,4 +1,4 @@
-"""Metric math on hand-computed cases (DESIGN section 7)."""
+"""Metric math on hand-computed cases (the definitions: ``docs/bench.md``)."""
 
 from __future__ import annotations
 

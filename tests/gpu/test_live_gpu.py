@@ -1,7 +1,7 @@
 """``cleanslate check`` and ``clean`` against live GPU states, through both GPU backends.
 
 Marked ``gpu`` and skipped where no NVIDIA GPU is usable (CI). On the accelerator machine it
-reproduces the states of ``../shared/fixtures/nvidia-h200x2/`` live:
+reproduces the states of ``tests/fixtures/nvidia-h200x2/`` live:
 
 1. idle: CLEAN;
 2. a process tree holding memory: a parent on GPU 0 (torch), a child renamed with

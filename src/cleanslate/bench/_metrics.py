@@ -1,4 +1,4 @@
-"""Metric math of a level, computed after the level from the request records (DESIGN section 7).
+"""Metric math of a level, computed after the level from the request records (``docs/bench.md``).
 
 * TTFT: send -> first event with non-empty content. E2E (``e2el``): send -> last content event.
 * TPOT: ``(E2E - TTFT) / (output_tokens - 1)`` per successful request with more than one token.

@@ -1,6 +1,6 @@
 """cleanslate's simulated engine: ``python -m cleanslate sim serve --model-path M --port P``.
 
-A real multi-process OpenAI-compatible server that needs no GPU (DESIGN section 8). Its flags
+A real multi-process OpenAI-compatible server that needs no GPU (``docs/sim-model.md``). Its flags
 are SGLang-style (``tp-size``, ``mem-fraction-static``, ``disable-cuda-graph``,
 ``max-running-requests``, ``chunked-prefill-size``, ``fault: NAME[=ARG]``); its workers rename
 themselves ``sim::scheduler_TP<n>``. ``python`` defaults to the interpreter running cleanslate,

@@ -1,9 +1,11 @@
 """Hugging Face ``transformers serve MODEL --port P``.
 
 A single process (with many threads); SIGTERM frees its GPU memory within a second on an H200
-(``shared/GPU.md``). Readiness is ``GET /health``: ``GET /v1/models`` answered 500 with a
-preloaded model, so it is not a readiness signal for this engine. Its CLI is typer, so ``--help``
-is a rich box table; :mod:`cleanslate.engines._help` reads both that and argparse output.
+(``docs/validation/h200-transformers.md``: it exited 0.44-0.72 s after SIGTERM, and the first
+probe after that read the memory free). Readiness is ``GET /health``: ``GET /v1/models``
+answered 500 with a preloaded model, so it is not a readiness signal for this engine. Its CLI is
+typer, so ``--help`` is a rich box table; :mod:`cleanslate.engines._help` reads both that and
+argparse output.
 Useful flags: ``device``, ``dtype``, ``continuous-batching``, ``cb-use-cuda-graph``,
 ``cb-max-memory-percent``, ``attn-implementation``, ``compile``.
 """

@@ -1,6 +1,6 @@
 """Start a run: the supervisor script on the host, the marker, the log file, the record.
 
-Launch is designed for teardown (DESIGN section 4): the engine runs in a new session under a
+Launch is designed for teardown (``docs/teardown.md``): the engine runs in a new session under a
 supervisor that is its child subreaper, in its own cgroup where the host allows it, every
 process carries ``CLEANSLATE_RUN=<run id>`` in its environment, the log goes to a file per run,
 and the record names every PID with its start time, the host's boot and machine ids and the

@@ -77,7 +77,8 @@ class UntilClean(BaseModel):
 
 
 class CheckReport(BaseModel):
-    """The document ``check --json`` prints (DESIGN section 2)."""
+    """The document ``check --json`` prints (a contract: fields may be added, never renamed;
+    ``docs/check.md``)."""
 
     model_config = ConfigDict(frozen=True)
 
