@@ -8,7 +8,7 @@ with that ``~/.ssh`` would run it. Each port can have a *profile*: a ``ForceComm
 changes the session (a ``PATH`` without ``python3``, an added latency) the way a restricted
 account or a far-away host would.
 
-Used by ``tests/hosts`` (session fixture) and ``bench/remote_check.py``.
+Used by ``tests/hosts`` (session fixture) and ``benchmarks/remote_check.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A short soak in CI: a few randomized fault-and-kill cycles of ``bench/soak.py`` (the full run
-is 100 cycles, outside CI's time budget). Every figure must be 0."""
+"""A short soak in CI: a few randomized fault-and-kill cycles of ``benchmarks/soak.py`` (the full
+run is 100 cycles, outside CI's time budget). Every figure must be 0."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
                     "(root)")
 def test_short_soak_has_no_false_clean_no_leftover_no_stray_signal(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--cycles", "5",
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--cycles", "5",
                            "--seed", "12", "--json", str(out)], capture_output=True, text=True,
                           timeout=900, check=False)
     assert out.exists(), done.stdout + done.stderr

@@ -3,7 +3,7 @@
 One server for every test that needs an OpenAI-compatible endpoint without an engine: the smoke
 test and readiness logic (a server healthy on ``/health`` whose completions fail), the benchmark
 client's tests (HTTP errors, malformed events, a server that streams forever), and the client's
-own capacity measurement (``bench/client_capacity.py``). It writes what :mod:`cleanslate.wire`
+own capacity measurement (``benchmarks/client_capacity.py``). It writes what :mod:`cleanslate.wire`
 describes, like the simulated engine.
 
 Raw asyncio (no framework) so that it costs little CPU per token: every event of a response is

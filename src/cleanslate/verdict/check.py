@@ -23,7 +23,7 @@ from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Sever
 from cleanslate.verdict.rules import Scope, evaluate
 
 #: Seconds the host must keep reading clean before ``--until-clean`` (and the verification after
-#: a teardown) reports CLEAN. Measured with ``bench/settle_window.py`` on a 2-core machine
+#: a teardown) reports CLEAN. Measured with ``benchmarks/settle_window.py`` on a 2-core machine
 #: (docs/check.md): against a stray restarted by its parent (lives 0.05-0.3 s, away 0.1-0.3 s),
 #: the first clean reading gave a false CLEAN in 120 of 120 trials, a 0.25 s window in 5 of
 #: 120, a 0.5 s window in 0 of 120; on a clean host the 0.5 s window takes 0.60 s (p50) where

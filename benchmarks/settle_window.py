@@ -13,7 +13,7 @@ Prints one row per (settle, life/gap) with the false CLEAN count. Not a test: th
 shared and noisy; the test suite asserts the behaviour on one respawner
 (``tests/verdict/test_until_clean.py``).
 
-    python bench/settle_window.py [--settle 0,0.25,0.5,1] [--trials 20] [--runs 10]
+    python benchmarks/settle_window.py [--settle 0,0.25,0.5,1] [--trials 20] [--runs 10]
 """
 
 from __future__ import annotations

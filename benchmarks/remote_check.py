@@ -17,7 +17,7 @@ included), through the same code ``cleanslate check`` runs (``check_hosts``):
 Prints medians over ``--runs`` and the ratio concurrent / sum. Needs ``/usr/sbin/sshd``
 (``apt-get install -y openssh-server``). Not a test: machines here are noisy.
 
-    python bench/remote_check.py [--runs 5] [--delays 0.3,0.6,1.2]
+    python benchmarks/remote_check.py [--runs 5] [--delays 0.3,0.6,1.2]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Starts N extra idle processes (``sleep``), then times, side by side in one run:
 Prints p50 and p95 per method and the ratios against the probe. Target (issue 2): probe p50 under
 300 ms with 1,000 extra processes on a 2-core machine. Not a test: machines here are noisy.
 
-    python bench/check_latency.py [--procs 1000] [--runs 30]
+    python benchmarks/check_latency.py [--procs 1000] [--runs 30]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ client and concurrency: tokens/s, CPU-s per 1,000 tokens, and tokens/s per fully
 server's limit, not the client's; the CPU figures stay valid. Finally, ITL accuracy: the
 ``cleanslate`` client's mean ITL against the server's own mean gap at ``--itl-ms`` (10 ms).
 
-Usage: ``python bench/client_capacity.py [--concurrency 64,256] [--requests 2000]``
+Usage: ``python benchmarks/client_capacity.py [--concurrency 64,256] [--requests 2000]``
 (``--server-cpus 1-7 --client-cpu 0`` on a bigger host: one server process per listed core, so the
 server is never the limit; on a 2-core machine the one server core usually is).
 """

@@ -13,7 +13,7 @@ Peers: ``aiperf`` (``--peers-dir``/aiperf/bin/aiperf) and ``vllm`` (``vllm bench
 ``--vllm`` names its executable), each skipped with a note when absent. Scratch folders only;
 nothing is committed.
 
-Usage: ``python bench/peer_crosscheck.py [--concurrency 16,64] [--requests 300]``
+Usage: ``python benchmarks/peer_crosscheck.py [--concurrency 16,64] [--requests 300]``
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ The census is the soak's own and does not use anything cleanslate records:
 
 All four figures must be 0. Usage::
 
-    python bench/soak.py --cycles 100 --seed 1          # about 20-30 min on 2 cores
-    python bench/soak.py --cycles 4 --seed 7 --json out.json
+    python benchmarks/soak.py --cycles 100 --seed 1          # about 20-30 min on 2 cores
+    python benchmarks/soak.py --cycles 4 --seed 7 --json out.json
 
 Without root (no private namespaces) the census cannot tell the soak's processes from the
 machine's: the script says so and exits 2.

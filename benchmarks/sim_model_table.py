@@ -7,7 +7,7 @@ concurrency 64 and 256 with the quick-start workload (1024 prompt tokens, 128 ou
 Markdown table: output tokens/s and mean / p50 TTFT per level, or how the configuration failed
 (OOM at start, crash). Takes about 6 minutes at ``--time-scale 1``.
 
-    python bench/sim_model_table.py [--time-scale 1.0] [--json results.json]
+    python benchmarks/sim_model_table.py [--time-scale 1.0] [--json results.json]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ token) and times, median and best of ``--runs``:
 Then the worst case: 256 KiB of each adversarial text through ``redact_text`` (every pattern
 starts only at a word's beginning, so this is linear).
 
-    python bench/redact_cost.py [--runs 7]
+    python benchmarks/redact_cost.py [--runs 7]
 """
 
 from __future__ import annotations

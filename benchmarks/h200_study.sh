@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drive the H200 validation (issue 9) on the GPU machine, from the repository root there:
-#   bash bench/h200_study.sh            # env, GPU tests, model, study (until DEADLINE_S)
-#   PHASES="model tune tests" bash bench/h200_study.sh   # phases run in the order given
+#   bash benchmarks/h200_study.sh            # env, GPU tests, model, study (until DEADLINE_S)
+#   PHASES="model tune tests" bash benchmarks/h200_study.sh   # phases run in the order given
 # Needs: wheels in .whl/h200/ (the packages the machine lacks, see docs/validation/
 # h200-transformers.md), cleanslate's source in $CS_SRC (default: src). Writes to $OUT (default
 # ./out): env.txt, gpu_tests.log, gpu_tests.jsonl, tune.log, h200.db, artifacts.tgz, final.txt.

@@ -6,7 +6,7 @@ the limit (``--time-scale``), runs a closed-loop level of the benchmark client
 client share its cores), and prints the output tokens/s the client received plus the CPU
 seconds each side used. Target: >= 5,000 tokens/s.
 
-    python bench/sim_capacity.py [--concurrency 256] [--requests 1024] [--output-len 256]
+    python benchmarks/sim_capacity.py [--concurrency 256] [--requests 1024] [--output-len 256]
 """
 
 from __future__ import annotations
