@@ -76,7 +76,8 @@ class InputError(CleanslateError):
         Each error reads ``location: message`` (``tp-size: Input should be ...``); pydantic's
         ``Value error,`` prefix and its internal ``function-...`` location parts are left out.
         ``what`` goes first (``not a cleanslate baseline: ...``). The first ``limit`` errors
-        are listed (from the second on, one per line), then how many more there were.
+        are listed (one per line when there are several), then how many more there were (not
+        with ``options``: on the command line the first error is the one to fix).
 
         - ``options``: the command-line option of each field (``{"num_prompts":
           "--num-prompts"}``): an error's ``where`` becomes the option of the innermost field
@@ -116,7 +117,10 @@ class InputError(CleanslateError):
                         first_where = f"{where}:{line}"
             shown.append(text)
         if len(shown) == 1:
-            body = shown[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+            # On the command line, the first error is the one to fix (the others follow from
+            # it, e.g. a list left empty by its one bad item).
+            more = len(errors) - 1 if options is None else 0
+            body = shown[0] + (f" (and {more} more)" if more else "")
         else:
             body = f"{len(errors)} problems:" + "".join(f"\n  {text}" for text in shown)
             if len(errors) > len(shown):
@@ -134,11 +138,16 @@ def _for_option(err: Mapping[str, Any], loc: Sequence[int | str], message: str) 
               "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
     if kind in bounds and bounds[kind][0] in ctx:
         key, words = bounds[kind]
-        return f"must be {words} {ctx[key]}, not {value}"
+        return f"must be {words} {_number(ctx[key])}, not {_number(value)}"
     if kind == "literal_error" and "expected" in ctx:
         field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "value")
         return f"unknown {field.replace('_', ' ')} {value!r} (expected {ctx['expected']})"
     return message
+
+
+def _number(value: object) -> str:
+    """``0.0`` -> ``0``, ``0.001`` -> ``0.001``: a bound as a user would write it."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 __all__ = ["CleanslateError", "ExitCode", "InputError", "Loc"]

@@ -29,10 +29,13 @@ Test doubles:
   tokenizer, built in well under a second, that real engines (``transformers serve``, vLLM's CPU
   build) can serve with no download. Needs ``torch``, ``transformers`` and ``tokenizers``
   (imported lazily; they are test extras, not runtime dependencies).
+- :mod:`cleanslate.testing.tiny_gguf`: the same kind of model as one GGUF file, for llama.cpp's
+  ``llama-server`` (``numpy``, ``tokenizers`` and ``gguf``; no torch).
 
 Nothing is imported here: import the module you need (the contracts need pytest).
 """
 
 from __future__ import annotations
 
-__all__ = ["engine_contract", "executor_contract", "fake_openai", "gpu_contract", "tiny_model"]
+__all__ = ["engine_contract", "executor_contract", "fake_openai", "gpu_contract", "tiny_gguf",
+           "tiny_model"]
