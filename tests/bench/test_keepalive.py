@@ -38,7 +38,7 @@ def test_the_fake_reproduces_the_dead_socket_a_plain_pool_writes_into() -> None:
 
 def test_bench_retries_on_a_new_connection_and_fails_nothing() -> None:
     async def go() -> tuple[int, int, int, list[str]]:
-        async with fake_server("close-after=20") as (url, stats):
+        async with fake_server("close-after=20") as (url, _stats):
             config = BenchConfig(url=url, model="m", workload=SMALL, num_prompts=30)
             one = await run_level(config, ClosedLoop(concurrency=1))
             four = await run_level(config, ClosedLoop(concurrency=4))

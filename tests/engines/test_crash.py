@@ -28,7 +28,8 @@ def _load(path: Path) -> tuple[str, str, str]:
     text = path.read_text()
     expect = re.search(r"^# expect: (\w+) \| (.*)$", text, re.M)
     assert expect, f"{path.name} has no '# expect:' line"
-    assert re.search(r"^# .*https://github\.com/\S+", text, re.M) or "Real vLLM log" in text or "# A real run here:" in text
+    cited = re.search(r"^# .*https://github\.com/\S+", text, re.M)
+    assert cited or "Real vLLM log" in text or "# A real run here:" in text
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     return body, expect.group(1), expect.group(2)
 
