@@ -245,19 +245,43 @@ def test_port_taken_refuses_before_launch_naming_the_owner(
     assert lab.runs() == []  # nothing was launched
 
 
-def test_foreground_serve_tears_down_on_sigterm(lab: Lab, procs: Processes) -> None:
+def _foreground(lab: Lab, procs: Processes, port: int) -> tuple[Any, dict[str, Any]]:
+    """A foreground ``serve --json`` of the sim, and what its READY line on stderr says."""
     import subprocess
 
-    port = free_port()
     proc = procs.start([sys.executable, "-m", "cleanslate", "serve", "--engine", "sim",
                         "--model", "sim", "--port", str(port), "--store", lab.store, "--json",
                         "--", "--tp-size", "1"], stdout=subprocess.PIPE,
-                       env={**os.environ, **lab.env})
-    assert proc.stdout is not None
-    first = json.loads(proc.stdout.readline())
-    assert first["status"] == "ready"
+                       stderr=subprocess.PIPE, env={**os.environ, **lab.env})
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        line = raw.decode()
+        if line.startswith("READY run "):
+            words = line.split()
+            return proc, {"run_id": words[2], "pid": int(words[4]), "url": words[6].rstrip(";")}
+    raise AssertionError(f"no READY line; exit {proc.wait(timeout=60)}")
+
+
+def test_foreground_serve_tears_down_on_sigterm(lab: Lab, procs: Processes) -> None:
+    proc, ready = _foreground(lab, procs, free_port())
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
-    last = json.loads(proc.stdout.readline())
-    assert last["teardown"]["verify"]["verdict"] == "clean"
-    assert not alive(first["pid"])
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    doc = json.loads(out)  # one document, printed at the end
+    assert doc["status"] == "stopped" and doc["cause"] is None
+    assert doc["started"]["pid"] == ready["pid"] and doc["started"]["url"] == ready["url"]
+    assert doc["teardown"]["verify"]["verdict"] == "clean"
+    assert not alive(ready["pid"])
+
+
+def test_foreground_serve_records_a_sigkilled_server_killed(lab: Lab, procs: Processes) -> None:
+    proc, ready = _foreground(lab, procs, free_port())
+    os.kill(ready["pid"], signal.SIGKILL)  # the server this test started, by PID
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    doc = json.loads(out)
+    assert (doc["status"], doc["cause"]) == ("crashed", "killed")
+    assert "SIGKILL" in doc["detail"]
+    assert doc["teardown"]["verify"]["verdict"] == "clean"
+    record = next(r for r in lab.runs() if r["id"] == ready["run_id"])
+    assert (record["status"], record["cause"]) == ("crashed", "killed")

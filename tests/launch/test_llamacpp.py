@@ -87,7 +87,7 @@ def lab(tmp_path: Path, gguf: Path) -> Any:
 FLAGS = {"c": 4096, "np": 4, "threads": 2}
 
 
-def test_serve_smoke_bench_stop_clean(lab: Lab) -> None:
+def test_serve_smoke_bench_stop_clean(lab: Lab, figure: Any) -> None:
     port = free_port()
     t0 = time.monotonic()
     served = lab.cli("serve", str(lab.server_file(port, FLAGS)), "--store", lab.store,
@@ -112,7 +112,7 @@ def test_serve_smoke_bench_stop_clean(lab: Lab) -> None:
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert stopped.json()["verify"]["verdict"] == "clean"
     assert not alive(int(doc["pid"]))
-    print(f"llama.cpp: ready+smoke {ready_s:.1f} s (phases {doc['phases']}); bench c=1 "
+    figure(f"llama.cpp: ready+smoke {ready_s:.1f} s (phases {doc['phases']}); bench c=1 "
           f"{one['output_throughput']:.1f} tok/s TTFT p50 {one['median_ttft_ms']:.1f} ms, c=4 "
           f"{four['output_throughput']:.1f} tok/s TTFT p50 {four['median_ttft_ms']:.1f} ms, "
           f"cached prompt tokens {one['cached_prompt_tokens']}/{four['cached_prompt_tokens']}, "
@@ -120,7 +120,7 @@ def test_serve_smoke_bench_stop_clean(lab: Lab) -> None:
           f"stop to CLEAN {stop_s:.2f} s")
 
 
-def test_a_sigkilled_server_is_recorded_killed_and_stop_ends_clean(lab: Lab) -> None:
+def test_a_sigkilled_server_is_recorded_killed_and_stop_ends_clean(lab: Lab, figure: Any) -> None:
     port = free_port()
     served = lab.cli("serve", str(lab.server_file(port, FLAGS)), "--store", lab.store,
                      "--detach", "--json")
@@ -139,7 +139,7 @@ def test_a_sigkilled_server_is_recorded_killed_and_stop_ends_clean(lab: Lab) -> 
     assert (record["status"], record["cause"]) == ("crashed", "killed")
     check = lab.cli("check", "--port", str(port), "--engine", "llamacpp", "--json")
     assert check.json()["verdict"] == "clean", check.stdout
-    print(f"llama.cpp SIGKILL to CLEAN (stop included) {kill_to_clean:.2f} s")
+    figure(f"llama.cpp SIGKILL to CLEAN (stop included) {kill_to_clean:.2f} s")
 
 
 def test_a_missing_model_file_is_classified(lab: Lab) -> None:
@@ -191,7 +191,7 @@ verify_deadline_s: 30
 """
 
 
-def test_a_short_study_through_tune(lab: Lab) -> None:
+def test_a_short_study_through_tune(lab: Lab, figure: Any) -> None:
     study = lab.root / "study.yaml"
     study.write_text(STUDY.format(model=lab.model, binary=lab.binary, port=free_port()))
     t0 = time.monotonic()
@@ -200,5 +200,37 @@ def test_a_short_study_through_tune(lab: Lab) -> None:
     trials = tuned.json()["trials"]
     assert [t["status"] for t in trials] == ["feasible", "feasible"], trials
     assert all(t["verdict_after"] == "clean" for t in trials)
-    print(f"llama.cpp study: 2 trials in {time.monotonic() - t0:.0f} s, best "
+    figure(f"llama.cpp study: 2 trials in {time.monotonic() - t0:.0f} s, best "
           f"{tuned.json()['best']['params']} {tuned.json()['best']['value']:.1f} tok/s")
+
+
+def test_foreground_serve_with_short_options_records_a_sigkill(lab: Lab, figure: Any) -> None:
+    import subprocess
+    import sys
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "cleanslate", "serve", str(lab.server_file(port, FLAGS)),
+           "--store", lab.store, "--json", "--", "-c", "2048", "-np", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        ready = next((line.decode().split() for line in proc.stderr
+                      if line.startswith(b"READY run ")), None)
+        assert ready is not None, f"no READY line; exit {proc.wait(timeout=60)}"
+        t0 = time.monotonic()
+        os.kill(int(ready[4]), signal.SIGKILL)  # the server this test started, by PID
+        out, _ = proc.communicate(timeout=120)
+        kill_to_clean = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out
+    doc = json.loads(out)  # one document
+    argv = doc["started"]["argv"]
+    assert argv[argv.index("-c") + 1] == "2048" and argv.count("-c") == 1
+    assert argv[argv.index("-np") + 1] == "2" and argv.count("-np") == 1
+    assert (doc["status"], doc["cause"]) == ("crashed", "killed"), doc
+    assert doc["teardown"]["verify"]["verdict"] == "clean"
+    figure(f"llama.cpp foreground: SIGKILL to CLEAN {kill_to_clean:.2f} s, recorded "
+          f"{doc['status']}/{doc['cause']}: {doc['detail']}")

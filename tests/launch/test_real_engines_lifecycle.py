@@ -228,8 +228,9 @@ def free_port() -> int:
 class Lab:
     """One test's store and CLI environment; records the timings it prints."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, figure: Any = print) -> None:
         self.root = root
+        self.figure = figure
         self.store = f"sqlite:///{root}/cs.db"
         # `transformers serve` is the console script beside the interpreter running the tests.
         self.env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -262,12 +263,12 @@ class Lab:
 
     def report(self, title: str) -> None:
         figures = ", ".join(f"{k} {v:g}" for k, v in self.timings.items())
-        print(f"\n[timing] {title}: {figures}")
+        self.figure(f"{title}: {figures}")
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(tmp_path)
+def lab(tmp_path: Path, figure: Any) -> Iterator[Lab]:
+    lab = Lab(tmp_path, figure)
     yield lab
     # A test that failed midway: its run is still recorded as starting or ready.
     for run in lab.runs():

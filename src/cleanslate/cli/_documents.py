@@ -113,11 +113,15 @@ def serve_failure(outcome: StartOutcome) -> ServeRefused | ServeFailed:
 
 
 class ServeEnded(Document):
-    """``serve --json`` (foreground) after the server was torn down."""
+    """``serve --json`` in the foreground: one document, printed after the server was torn
+    down: how it ended (``cause`` and ``detail`` when it crashed or was killed), what was
+    started, and the teardown with its verification."""
 
     run_id: str
     status: RunStatus
     cause: str | None
+    detail: str | None
+    started: ServeStarted
     teardown: TeardownReport
 
 

@@ -31,20 +31,26 @@ if TYPE_CHECKING:  # the launch stack (aiohttp, SQLAlchemy) is imported when a c
 
 
 def parse_engine_args(args: list[str]) -> dict[str, Any]:
-    """``--tp-size 2 --disable-cuda-graph --x a b`` -> ``{tp-size: "2", disable-cuda-graph:
-    True, x: ["a", "b"]}``: the flags after ``--`` in the engine's own spelling."""
+    """``--tp-size 2 --disable-cuda-graph --x a b -c 8192`` -> ``{tp-size: "2",
+    disable-cuda-graph: True, x: ["a", "b"], -c: "8192"}``: the flags after ``--`` in the
+    engine's own spelling.
+
+    A long option (``--name``) becomes the key ``name``; a short option (``-c``, llama.cpp's
+    ``-np``) keeps its dash, so it reaches the engine exactly as written. A token that starts
+    with a dash and then a digit or a dot (``-1``, ``-0.5``) is a value, as in argparse.
+    """
     flags: dict[str, Any] = {}
     key: str | None = None
     for token in args:
-        if token.startswith("--") and len(token) > 2:
-            name, eq, value = token[2:].partition("=")
-            key = name
+        if _is_option(token):
+            name, eq, value = token.partition("=")
+            key = name[2:] if name.startswith("--") else name
             flags[key] = value if eq else True
             if eq:
                 key = None
         elif key is None:
             raise InputError(f"unexpected engine argument {token!r}", where="-- ...",
-                             hint="write engine flags as --name value or --name")
+                             hint="write engine flags as --name value, --name or -n value")
         else:
             current = flags[key]
             if current is True:
@@ -54,6 +60,28 @@ def parse_engine_args(args: list[str]) -> dict[str, Any]:
             else:
                 flags[key] = [current, token]
     return flags
+
+
+def _override_flags(base: dict[str, Any], extra: dict[str, Any],
+                    engine: str) -> dict[str, Any]:
+    """The file's flags with those after ``--`` on top; a flag given in both, however each
+    spells it (``c:`` in YAML, ``-c`` on the command line), is the command line's alone."""
+    from cleanslate.engines import engine_class
+    from cleanslate.engines._flags import option_name
+
+    try:
+        short = engine_class(engine).short_options
+    except InputError:
+        short = frozenset()
+    given = {option_name(key, short) for key in extra}
+    kept = {key: value for key, value in base.items() if option_name(key, short) not in given}
+    return {**kept, **extra}
+
+
+def _is_option(token: str) -> bool:
+    """``--name`` or ``-n``/``-np``; not ``-``, ``--``, ``-1`` or ``-.5`` (values)."""
+    body = token[2:] if token.startswith("--") else token[1:] if token.startswith("-") else ""
+    return bool(body) and not (body[0].isdigit() or body[0] in ".-")
 
 
 def _config(config_file: Path | None, engine: str | None, model: str | None, host: str | None,
@@ -79,7 +107,8 @@ def _config(config_file: Path | None, engine: str | None, model: str | None, hos
     if not smoke:
         data["smoke"] = False
     if extra:
-        data["flags"] = {**data.get("flags", {}), **parse_engine_args(extra)}
+        data["flags"] = _override_flags(data.get("flags") or {}, parse_engine_args(extra),
+                                        str(data.get("engine", "")))
     if "engine" not in data or "model" not in data:
         raise InputError("an engine and a model are needed",
                          hint="give a config file, or --engine E --model M")
@@ -147,16 +176,20 @@ def serve(
     from cleanslate.launch.foreground import serve_in_foreground
 
     def ready(run: RunRecord, outcome: StartOutcome) -> None:
+        if json_out:
+            # The one JSON document comes at the end; until then a line on stderr says where.
+            console_err.print(Text(f"READY run {run.id} pid {run.pid} url {run.url}; serving "
+                                   "until Ctrl-C or SIGTERM"), soft_wrap=True)
+            return
         _report_started(run, outcome, json_out)
-        if not json_out:
-            console.print("[dim]serving in the foreground; Ctrl-C tears it down[/]")
+        console.print("[dim]serving in the foreground; Ctrl-C tears it down[/]")
 
     result = serve_in_foreground(executor, store, config, gpu_backend=gpu_backend,
                                  preflight=not no_preflight, progress=say, on_ready=ready)
     if result.end is None:
         _report_failure(result.start, json_out)
     else:
-        _report_ended(result.end, json_out)
+        _report_ended(result.end, result.start, json_out)
     raise typer.Exit(result.exit_code)
 
 
@@ -204,15 +237,17 @@ def _report_failure(outcome: StartOutcome, json_out: bool) -> None:
         print_teardown(outcome.teardown)
 
 
-def _report_ended(end: ForegroundEnd, json_out: bool) -> None:
+def _report_ended(end: ForegroundEnd, start: StartOutcome, json_out: bool) -> None:
     if json_out:
-        from cleanslate.cli._documents import ServeEnded, emit
+        from cleanslate.cli._documents import ServeEnded, ServeStarted, emit
 
         emit(ServeEnded(run_id=end.run.id, status=end.status, cause=end.cause,
+                        detail=end.detail, started=ServeStarted.of(end.run, start),
                         teardown=end.teardown))
         return
     if end.cause:
-        console.print(Text(f"the server {end.cause}", style="bold red"))
+        console.print(Text(f"{end.status.upper()} ({end.cause}): {end.detail or ''}",
+                           style="bold red"))
     print_teardown(end.teardown)
 
 

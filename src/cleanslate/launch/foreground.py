@@ -23,6 +23,7 @@ from cleanslate.launch.config import ServeConfig
 from cleanslate.launch.lifecycle import (
     Progress,
     StartOutcome,
+    ended_before_stop,
     run_exit_code,
     start_server,
     stop_server,
@@ -40,13 +41,15 @@ POLL_S = 1.0
 @dataclass(frozen=True)
 class ForegroundEnd:
     """How serving ended: ``stopped`` (asked to, by a signal), ``crashed`` (the engine exited by
-    itself; ``cause`` says with which status) or ``failed`` (the wait was interrupted by an
-    error), and the teardown that followed, with its verification."""
+    itself; ``cause`` is its log's root cause, else ``killed`` by a signal or ``exited``, and
+    ``detail`` says more) or ``failed`` (the wait was interrupted by an error), and the teardown
+    that followed, with its verification."""
 
     run: RunRecord
     status: RunStatus
     cause: str | None
     teardown: TeardownReport
+    detail: str | None = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -122,12 +125,13 @@ async def _serve(executor: Executor, store: Store, run: RunRecord, *, grace_s: f
             loop.add_signal_handler(sig, stop.set)
     if interrupted.is_set():
         stop.set()
-    status, cause = RunStatus.STOPPED, None
+    status, cause, detail = RunStatus.STOPPED, None, None
     try:
         while not stop.is_set() and not interrupted.is_set():
-            code = await run_exit_code(executor, run)
-            if code is not None:
-                status, cause = RunStatus.CRASHED, f"exited with status {code}"
+            if await run_exit_code(executor, run) is not None:
+                how, cause, detail = await ended_before_stop(executor, run, None,
+                                                           when="while serving")
+                status = RunStatus(how)
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_S)
@@ -138,8 +142,8 @@ async def _serve(executor: Executor, store: Store, run: RunRecord, *, grace_s: f
         # Whatever ended the wait, the server goes down and the host is verified.
         report = await asyncio.shield(stop_server(
             executor, store, run, grace_s=grace_s, gpu_backend=gpu_backend, status=status,
-            cause=cause))
-    return ForegroundEnd(run=run, status=status, cause=cause, teardown=report)
+            cause=cause, detail=detail))
+    return ForegroundEnd(run=run, status=status, cause=cause, teardown=report, detail=detail)
 
 
 async def _stop_if_running(executor: Executor, store: Store, run: RunRecord, grace_s: float,

@@ -365,7 +365,7 @@ async def stop_server(
     else:
         if status == "stopped" and cause is None and run.status in ("starting", "ready"):
             # Asked to stop a run that was serving: did its server die before we came?
-            status, cause, detail = await _ended_before_stop(executor, run, detail)
+            status, cause, detail = await ended_before_stop(executor, run, detail)
         cgroup = valid_cgroup(run.cgroup, run.id)
         if run.cgroup and cgroup is None:
             say(f"ignoring the recorded cgroup {run.cgroup!r}: not this run's")
@@ -422,10 +422,12 @@ def describe_exit(code: int) -> tuple[str, str]:
     return "exited", f"the server exited with status {code}"
 
 
-async def _ended_before_stop(executor: Executor, run: RunRecord, detail: str | None
-                             ) -> tuple[str, str | None, str | None]:
-    """(status, cause, detail) for a serving run that ``stop`` was asked to end: ``stopped``
-    while its server still runs, else ``crashed`` with the cause from its log or exit status."""
+async def ended_before_stop(executor: Executor, run: RunRecord, detail: str | None,
+                            when: str = "before `stop`") -> tuple[str, str | None, str | None]:
+    """(status, cause, detail) for a serving run that ``stop`` was asked to end, or whose
+    foreground wait saw its engine exit: ``stopped`` while its server still runs, else
+    ``crashed`` with the cause from its log (``model_load``, ``oom``...) or from its exit
+    status (``killed`` by a signal, ``exited``)."""
     code = await run_exit_code(executor, run)
     if code is None:
         return "stopped", None, detail
@@ -437,7 +439,7 @@ async def _ended_before_stop(executor: Executor, run: RunRecord, detail: str | N
     if adapter is not None:
         found = await classify_run_log(executor, adapter, run, returncode=code)
     cause, why = found if found is not None else describe_exit(code)
-    return "crashed", cause, detail or f"before `stop`: {why}"
+    return "crashed", cause, detail or f"{when}: {why}"
 
 
 async def run_exit_code(executor: Executor, run: RunRecord) -> int | None:
