@@ -35,7 +35,8 @@ console = Console(highlight=False, width=_width(sys.stdout))
 console_err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
-def parse_int_list(value: str | None, *, option: str) -> list[int] | None:
+def parse_int_list(value: str | None, *, option: str,
+                   example: str = "0,1,2") -> list[int] | None:
     """Parse ``"0,1,3"`` into ``[0, 1, 3]``; ``None`` stays ``None``."""
     if value is None or value.strip() == "":
         return None
@@ -48,7 +49,7 @@ def parse_int_list(value: str | None, *, option: str) -> list[int] | None:
             out.append(int(part))
         except ValueError:
             raise InputError(
-                f"{part!r} is not an integer", where=option, hint="write a list like 0,1,2"
+                f"{part!r} is not an integer", where=option, hint=f"write a list like {example}"
             ) from None
     return out
 

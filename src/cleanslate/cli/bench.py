@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from rich.markup import escape
 from rich.text import Text
 
-from cleanslate.cli._common import check_writable, console, console_err
+from cleanslate.cli._common import check_writable, console, console_err, parse_int_list
 from cleanslate.errors import ExitCode, InputError
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
@@ -82,17 +82,7 @@ def parse_rates(text: str) -> list[float]:
 
 def parse_concurrency(text: str) -> list[int]:
     """``"1,16,64"`` -> requests in flight per level (their bounds are :class:`ClosedLoop`'s)."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            out.append(int(part))
-        except ValueError:
-            raise InputError(
-                f"{part!r} is not an integer", where="--concurrency", hint="e.g. 1,16,64,256"
-            ) from None
+    out = parse_int_list(text, option="--concurrency", example="1,16,64,256")
     if not out:
         raise InputError("no concurrency given", where="--concurrency")
     return out

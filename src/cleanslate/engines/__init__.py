@@ -69,15 +69,15 @@ if TYPE_CHECKING:
         PromptOutput,
         SmokeCause,
         SmokeResult,
-        has_nan_marker,
-        is_degenerate,
         smoke_test,
     )
+    from cleanslate.outputs import has_nan_marker, is_degenerate
 
 # The smoke test needs aiohttp: it loads when used, which keeps `cleanslate check` quick.
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(
-    ("PromptOutput", "SmokeCause", "SmokeResult", "has_nan_marker", "is_degenerate",
-     "smoke_test"), "cleanslate.engines._smoke"))
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **dict.fromkeys(("PromptOutput", "SmokeCause", "SmokeResult", "smoke_test"),
+                    "cleanslate.engines._smoke"),
+    **dict.fromkeys(("has_nan_marker", "is_degenerate"), "cleanslate.outputs")})
 
 
 def classify_log(engine: str, text: str, *, returncode: int | None = None) -> Crash | None:

@@ -13,7 +13,9 @@ fails with the first cause it sees:
   ``Infinity`` word, or a bare ``NaN``/``Infinity`` JSON literal in the response);
 - ``empty``: the output is empty or whitespace;
 - ``degenerate``: the output is one short unit repeated (``!!!!!!!!``, ``by by by by``) or a
-  single word makes up most of it (see :func:`is_degenerate`).
+  single word makes up most of it.
+
+The content checks are :mod:`cleanslate.outputs`', which every benchmark level runs too.
 
 The output text is read as the benchmark client reads it (:func:`cleanslate.wire.extract_text`:
 completion text, chat content, or a reasoning model's reasoning). Requests are sent one at a
@@ -28,7 +30,6 @@ import asyncio
 import json
 import re
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -36,6 +37,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from cleanslate.bench import _keepalive as keepalive
+from cleanslate.outputs import judge_text
 from cleanslate.wire import DONE_PAYLOAD, extract_text
 
 SmokeCause = Literal["nan", "empty", "degenerate", "http_error", "timeout"]
@@ -46,10 +48,6 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
     "Write one sentence about the ocean.",
 )
 
-_NAN_WORD = re.compile(
-    r"(?<![\w.])(?:nan|NaN|NAN|[+-]?inf|[+-]?Inf|[+-]?INF|[+-]?Infinity|[+-]?infinity)(?![\w.])"
-)
-_REPEAT = re.compile(r"(.{1,16}?)\1{3,}(.{0,16})", re.S)
 _NAN_JSON = re.compile(r"[:\[,]\s*-?(?:NaN|Infinity)\s*[,}\]]")
 
 
@@ -84,45 +82,6 @@ class SmokeResult(BaseModel):
     model: str
     outputs: tuple[PromptOutput, ...] = ()
     elapsed_s: float = 0.0
-
-
-def has_nan_marker(text: str) -> bool:
-    """True when ``text`` contains a standalone NaN/inf word."""
-    return bool(_NAN_WORD.search(text))
-
-
-def is_degenerate(text: str, *, min_chars: int = 12) -> bool:
-    """True when ``text`` is degenerate repetition.
-
-    Degenerate: at least ``min_chars`` non-space characters, and either one unit of up to 16
-    characters repeated to make the whole text (``!!!!!!!!``, ``ababab``, `` by by by``), or at
-    least 6 words of which one makes up 75 % or more.
-    """
-    body = text.strip()
-    if len(body.replace(" ", "")) < min_chars:
-        return False
-    if len(set(body)) <= 2:
-        return True
-    unit = _REPEAT.fullmatch(body)
-    if unit and unit.group(1).startswith(unit.group(2)):
-        return True  # the unit repeated, then a prefix of it ("ab ab ab ab a")
-    words = body.split()
-    if len(words) >= 6:
-        _, count = Counter(words).most_common(1)[0]
-        if count / len(words) >= 0.75:
-            return True
-    return False
-
-
-def judge_text(text: str) -> tuple[SmokeCause, str] | None:
-    """The content checks (nan, empty, degenerate) on one output, or ``None`` if it looks fine."""
-    if has_nan_marker(text):
-        return "nan", f"output contains a NaN/inf marker: {text[:120]!r}"
-    if not text.strip():
-        return "empty", "output is empty"
-    if is_degenerate(text):
-        return "degenerate", f"output is degenerate repetition: {text[:120]!r}"
-    return None
 
 
 def _tail(body: str, n: int = 300) -> str:
