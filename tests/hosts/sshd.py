@@ -8,7 +8,8 @@ with that ``~/.ssh`` would run it. Each port can have a *profile*: a ``ForceComm
 changes the session (a ``PATH`` without ``python3``, an added latency) the way a restricted
 account or a far-away host would.
 
-Used by ``tests/hosts`` (session fixture) and ``benchmarks/remote_check.py``.
+Used by ``tests/hosts`` (session fixture), ``benchmarks/remote_check.py`` and ``tests/fleet``
+(one server per host, each in its own PID namespace: :mod:`tests.fleet.hosts`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,12 +51,14 @@ class Profile:
     """How sessions on one port differ from a plain login.
 
     ``path``: the ``PATH`` of the session (``None``: sshd's default). ``delay_s``: seconds each
-    command waits before it starts (a slow link or a loaded host).
+    command waits before it starts (a slow link or a loaded host). ``cwd``: the directory the
+    session starts in (created). ``env``: variables exported to the session, ``(NAME, VALUE)``.
     """
 
     path: str | None = None
     delay_s: float = 0.0
     cwd: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -92,7 +96,8 @@ class Sshd:
                 self.proc.wait(timeout=10)
 
 
-def _keygen(path: Path) -> str:
+def keygen(path: Path) -> str:
+    """A new ed25519 key pair without a passphrase at ``path``; returns the public line."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
                    check=True, capture_output=True)
     return Path(str(path) + ".pub").read_text().strip()
@@ -122,51 +127,22 @@ def start_sshd(root: Path, profiles: Mapping[str, Profile], *, timeout: float = 
     root.mkdir(parents=True, exist_ok=True)
     user = getpass.getuser()
     host_key = root / "ssh_host_ed25519_key"
-    host_pub = _keygen(host_key)
+    host_pub = keygen(host_key)
     home = root / "home"
     (home / ".ssh").mkdir(parents=True, exist_ok=True)
     (home / ".ssh").chmod(0o700)
     client_key = home / ".ssh" / "id_ed25519"
-    client_pub = _keygen(client_key)
+    client_pub = keygen(client_key)
     authorized = root / "authorized_keys"
     authorized.write_text(client_pub + "\n")
     authorized.chmod(0o600)
 
     ports = {alias: free_port() for alias in profiles}
-    lines = [
-        *(f"Port {port}" for port in ports.values()),
-        "ListenAddress 127.0.0.1",
-        f"HostKey {host_key}",
-        f"PidFile {root / 'sshd.pid'}",
-        f"AuthorizedKeysFile {authorized}",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password",
-        "UsePAM no",
-        "StrictModes no",
-        "MaxSessions 64",
-        "MaxStartups 200",
-        "AllowTcpForwarding yes",
-        "LogLevel ERROR",
-        "Subsystem sftp internal-sftp",
-    ]
+    lines = server_config(root, host_key, authorized, ports.values())
     for alias, profile in profiles.items():
-        if profile.path is None and not profile.delay_s and profile.cwd is None:
-            continue
-        wrapper = root / f"session-{alias}.sh"
-        body = ["#!/bin/sh"]
-        if profile.delay_s:
-            body.append(f"/bin/sleep {profile.delay_s}")
-        if profile.path is not None:
-            body.append(f"PATH={profile.path}; export PATH")
-        if profile.cwd is not None:
-            Path(profile.cwd).mkdir(parents=True, exist_ok=True)
-            body.append(f"cd {profile.cwd} || exit 1")
-        body.append('exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"')
-        wrapper.write_text("\n".join(body) + "\n")
-        wrapper.chmod(0o755)
-        lines += [f"Match LocalPort {ports[alias]}", f"    ForceCommand {wrapper}"]
+        wrapper = session_wrapper(root / f"session-{alias}.sh", profile)
+        if wrapper is not None:
+            lines += [f"Match LocalPort {ports[alias]}", f"    ForceCommand {wrapper}"]
     config = root / "sshd_config"
     config.write_text("\n".join(lines) + "\n")
 
@@ -195,20 +171,74 @@ def start_sshd(root: Path, profiles: Mapping[str, Profile], *, timeout: float = 
     log.close()
     server = Sshd(root=root, pid=proc.pid, ports=ports, home=home, user=user,
                   host_key_pub=host_pub, proc=proc)
+    try:
+        wait_listening(proc, ports.values(), root / "sshd.log", timeout)
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
+
+
+def server_config(root: Path, host_key: Path, authorized: Path,
+                  ports: Iterable[int]) -> list[str]:
+    """The ``sshd_config`` lines of a test server: key login only, on ``ports`` of 127.0.0.1,
+    its PID file in ``root``."""
+    return [
+        *(f"Port {port}" for port in ports),
+        "ListenAddress 127.0.0.1",
+        f"HostKey {host_key}",
+        f"PidFile {root / 'sshd.pid'}",
+        f"AuthorizedKeysFile {authorized}",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "UsePAM no",
+        "StrictModes no",
+        "MaxSessions 64",
+        "MaxStartups 200",
+        "AllowTcpForwarding yes",
+        "LogLevel ERROR",
+        "Subsystem sftp internal-sftp",
+    ]
+
+
+def session_wrapper(path: Path, profile: Profile) -> Path | None:
+    """Write the ``ForceCommand`` script of ``profile`` at ``path`` (``None``: a plain login
+    needs none)."""
+    if profile.path is None and not profile.delay_s and profile.cwd is None and not profile.env:
+        return None
+    body = ["#!/bin/sh"]
+    if profile.delay_s:
+        body.append(f"/bin/sleep {profile.delay_s}")
+    if profile.path is not None:
+        body.append(f"PATH={profile.path}; export PATH")
+    for name, value in profile.env:
+        body.append(f"{name}={shlex.quote(value)}; export {name}")
+    if profile.cwd is not None:
+        Path(profile.cwd).mkdir(parents=True, exist_ok=True)
+        body.append(f"cd {profile.cwd} || exit 1")
+    body.append('exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"')
+    path.write_text("\n".join(body) + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def wait_listening(proc: subprocess.Popen[bytes], ports: Iterable[int], log: Path,
+                   timeout: float) -> None:
+    """Wait until every port of 127.0.0.1 accepts; :class:`RuntimeError` with the server's log
+    when ``proc`` exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
-    pending = set(ports.values())
+    pending = set(ports)
     while pending:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited {proc.returncode}: "
-                               + (root / "sshd.log").read_text(errors="replace"))
+                               + log.read_text(errors="replace"))
         if time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError("sshd did not listen in time: "
-                               + (root / "sshd.log").read_text(errors="replace"))
+            raise RuntimeError("sshd did not listen in time: " + log.read_text(errors="replace"))
         for port in list(pending):
             with socket.socket() as s, contextlib.suppress(OSError):
                 s.settimeout(0.2)
                 s.connect(("127.0.0.1", port))
                 pending.discard(port)
         time.sleep(0.05)
-    return server
