@@ -47,7 +47,9 @@ it (the fixtures end theirs with the test or the module).
 
 Teardown (:meth:`Fleet.stop`) sends SIGTERM to each host's init (by PID; it forwards it to sshd
 and exits when sshd has), then SIGKILL to an init still there after a few seconds; the end of
-PID 1 ends every process in its namespace. Nothing else is signalled.
+PID 1 ends every process in its namespace. Nothing else is signalled. Should the test run itself
+be killed, each ``unshare`` gets SIGKILL as its parent ends (``PR_SET_PDEATHSIG``) and takes its
+host with it (``--kill-child``).
 
 Needs root (a PID namespace), ``unshare`` and ``nsenter`` (util-linux), ``mount`` and
 ``/usr/sbin/sshd``: :func:`fleet_unavailable` says which is missing, and the fixtures skip with
@@ -285,6 +287,19 @@ class Fleet:
                               cwd=self.root, timeout=timeout, check=False)
         return CliRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
+    def ssh(self, alias: str, command: str,
+            timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` on a host with OpenSSH's own client, as ``ssh ALIAS COMMAND``
+        (OpenSSH finds ``~`` from the password database, not ``HOME``: the client home's files
+        are named on its command line)."""
+        dot = self.home / ".ssh"
+        return subprocess.run(["ssh", "-F", str(dot / "config"), "-o", "BatchMode=yes",
+                               "-o", f"UserKnownHostsFile={dot / 'known_hosts'}",
+                               "-o", f"IdentityFile={dot / 'id_ed25519'}",
+                               "-o", "IdentitiesOnly=yes", alias, command],
+                              capture_output=True, text=True, env=self.client_env(),
+                              timeout=timeout, check=False)
+
     def stop(self) -> None:
         """End every host (see :meth:`FleetHost.stop`); the hosts stop at the same time."""
         for host in self.hosts.values():
@@ -412,7 +427,7 @@ def start_fleet(root: Path, aliases: Iterable[str] = ("fleet-a", "fleet-b"), *,
             argv += ["--", SSHD, "-D", "-e", "-f", str(config)]
             log = open(hroot / "host.log", "wb")  # noqa: SIM115 (written while the host runs)
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
             log.close()
             pending.append((alias, hroot, port, host_pub, proc))
 
@@ -444,6 +459,14 @@ def start_fleet(root: Path, aliases: Iterable[str] = ("fleet-a", "fleet-b"), *,
     (home / ".ssh" / "config").write_text("\n".join(client))
     return Fleet(root=root, home=home, user=user, ledger_path=ledger_path, hosts=hosts,
                  start_s=time.monotonic() - started)
+
+
+def _die_with_parent() -> None:
+    """In ``unshare`` before it runs: SIGKILL when the thread that started it ends (a test run
+    killed without its teardown), and ``--kill-child`` passes that on to the host's init."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def _outer_pid_of_child(unshare_pid: int, timeout: float = 5.0) -> int:

@@ -98,9 +98,13 @@ def test_decoy_host_is_dirty_naming_the_decoy(fleet: Fleet) -> None:
     stray = next(f for f in errors(doc) if f["kind"] == "stray_process")
     assert DECOY_TITLE in stray["message"], stray
     assert gpu_used(doc) == {host.decoy.gpu: host.decoy.used_mib}
-    # The same reading by hand, inside the host's namespace.
+    # The same reading by hand, inside the host's namespace and over SSH.
     seen = host.inside("cat", f"/proc/{host.decoy_pid}/cmdline")
     assert seen.stdout.rstrip("\0") == DECOY_TITLE, seen
+    over = fleet.ssh(DECOY_HOST, f"tr '\\0' ' ' </proc/{host.decoy_pid}/cmdline; echo; "
+                                 "printenv CLEANSLATE_SIM_GPU_DIR")
+    assert [line.strip() for line in over.stdout.splitlines()] == [
+        DECOY_TITLE, str(fleet.ledger_path)], over
     assert host.inside("cat", f"/proc/{host.decoy_pid}/comm").stdout.strip() == DECOY_TITLE[:15]
 
 
