@@ -28,7 +28,8 @@ SESSION_HOSTS = ("fleet-a", "fleet-b", "fleet-c")
 DECOY_HOST = "fleet-c"
 
 
-def _skip_unless_available() -> None:
+def skip_unless_available() -> None:
+    """Skip the test, with the reason, where namespaced hosts cannot run."""
     reason = fleet_unavailable()
     if reason is not None:
         pytest.skip(f"namespaced test hosts cannot run here: {reason}")
@@ -36,7 +37,7 @@ def _skip_unless_available() -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    _skip_unless_available()
+    skip_unless_available()
     started = start_fleet(tmp_path_factory.mktemp("fleet"), SESSION_HOSTS,
                           decoys={DECOY_HOST: Decoy()})
     try:
@@ -50,7 +51,7 @@ MakeFleet = Callable[..., Fleet]
 
 @pytest.fixture
 def make_fleet(tmp_path: Path) -> Iterator[MakeFleet]:
-    _skip_unless_available()
+    skip_unless_available()
     fleets: list[Fleet] = []
 
     def make(aliases: Iterable[str] = ("fleet-a", "fleet-b"), *,

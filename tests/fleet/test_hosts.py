@@ -246,10 +246,10 @@ def test_the_fixture_ends_everything_it_started(make_fleet: MakeFleet) -> None:
 
 
 def test_hosts_refuse_a_decoy_on_a_host_not_started(tmp_path: Path) -> None:
-    from tests.fleet.hosts import fleet_unavailable, start_fleet
+    from tests.fleet.conftest import skip_unless_available
+    from tests.fleet.hosts import start_fleet
 
-    if fleet_unavailable():
-        pytest.skip(str(fleet_unavailable()))
+    skip_unless_available()
     with pytest.raises(ValueError, match="not started"):
         start_fleet(tmp_path, ["fleet-a"], decoys={"fleet-z": Decoy()})
 
