@@ -1,0 +1,1 @@
+"""Namespaced test hosts for fleets: see :mod:`tests.fleet.hosts`."""

@@ -253,3 +253,38 @@ def test_hosts_refuse_a_decoy_on_a_host_not_started(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not started"):
         start_fleet(tmp_path, ["fleet-a"], decoys={"fleet-z": Decoy()})
 
+
+
+def test_probe_latency_per_host(fleet_env: Fleet, figure: Any) -> None:
+    """In-process checks (no CLI start): the first opens the SSH connection, the next reuse it,
+    as a study's verification does between trials."""
+    import asyncio
+
+    from cleanslate.hosts.ssh import SSHExecutor
+    from cleanslate.verdict.check import CheckOptions, check_hosts
+
+    options = CheckOptions(gpu_backend="sim")
+
+    async def timed(executors: list[SSHExecutor]) -> tuple[float, str]:
+        started = time.monotonic()
+        report = await check_hosts(list(executors), options)
+        return time.monotonic() - started, str(report.verdict)
+
+    async def go() -> None:
+        for alias in fleet_env.aliases:
+            ex = SSHExecutor(alias)
+            cold, verdict = await timed([ex])
+            warm = sorted([(await timed([ex]))[0] for _ in range(3)])[1]
+            figure(f"probe of {alias} in-process: {cold:.2f} s with connecting, {warm:.2f} s "
+                   f"on an open connection (median of 3): {verdict}")
+            assert verdict == ("dirty" if alias == DECOY_HOST else "clean")
+            await ex.close()
+        executors = [SSHExecutor(a) for a in fleet_env.aliases]
+        await timed(executors)
+        together, verdict = await timed(executors)
+        figure(f"probe of {len(executors)} hosts at once on open connections: {together:.2f} s")
+        assert verdict == "dirty"
+        for ex in executors:
+            await ex.close()
+
+    asyncio.run(go())
