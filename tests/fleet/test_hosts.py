@@ -195,8 +195,9 @@ def test_a_stop_on_the_decoy_host_leaves_the_decoy_alone(fleet: Fleet, runs: Run
     assert host.decoy is not None and host.decoy_pid is not None
     ticks = host.start_ticks(host.decoy_pid)
     port = free_port()
-    # The preflight rightly refuses a host with a stray scheduler: launch anyway, on GPUs the
-    # decoy does not hold, as a study's slot would be.
+    # On GPUs the decoy does not hold, as a study's slot would be, and without a preflight:
+    # this test is about teardown, not about whether the decoy may block a launch (today, with
+    # --gpus 2,3, the rules report it as a warning, "its GPUs are outside --gpus").
     doc = runs.serve(DECOY_HOST, port, "--gpus", "2,3", "--no-preflight")
     run_id = doc["run_id"]
     _, during, _ = runs.check(DECOY_HOST, "--port", str(port))
