@@ -80,7 +80,8 @@ def test_max_in_flight() -> None:
 def level_of(records: list[RequestRecord], slo: SLO, reason: str | None = None) -> LevelResult:
     config = BenchConfig(url="http://127.0.0.1:1", model="m", slo=slo)
     level: Any = SimpleNamespace(
-        config=config, records=records, tokenizer=None, abort_reason=reason, capped=False
+        config=config, records=records, tokenizer=None, abort_reason=reason, capped=False,
+        reference=None,
     )
     return _result(level, ClosedLoop(concurrency=2), 0.5, 2.0, len(records))
 

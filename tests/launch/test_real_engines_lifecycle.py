@@ -449,7 +449,9 @@ def test_vllm_api_server_sigkilled_leaves_workers_stop_removes_them(
     assert not set(report["shm_removed"]) & shm_before  # only files that came after the launch
     print(f"run's /dev/shm files {sorted(run_shm)}; removed by stop: {report['shm_removed']}")
     assert lab.check("--port", str(port), "--engine", "vllm").json()["verdict"] == "clean"
-    assert [r["status"] for r in lab.runs()] == ["stopped"]
+    # The API server and its supervisor died before `stop`: the run is recorded as crashed,
+    # not stopped; with no supervisor left to record the exit status, the cause is `exited`.
+    assert [(r["status"], r["cause"]) for r in lab.runs()] == [("crashed", "exited")]
     lab.report("vLLM API server SIGKILLed, then stop")
 
 

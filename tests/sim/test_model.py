@@ -114,7 +114,7 @@ def test_fault_syntax() -> None:
         ["crash-at-concurrency=8", "nan", "slow-release 3", "leave-port:9000", "orphan-grandchild"]
     )
     assert f == Faults(
-        crash_at_concurrency=8, nan=True, slow_release=3.0, leave_port=9000, orphan_grandchild=2048
+        crash_at_concurrency=8, nan=0, slow_release=3.0, leave_port=9000, orphan_grandchild=2048
     )
     assert f.active() == [
         "crash-at-concurrency=8",
@@ -123,6 +123,6 @@ def test_fault_syntax() -> None:
         "slow-release=3.0",
         "leave-port=9000",
     ]
-    for bad in ["bogus", "nan=1", "hang-after", "hang-after=x", "slow-start=-1"]:
+    for bad in ["bogus", "nan=x", "hang-after", "hang-after=x", "slow-start=-1"]:
         with pytest.raises(InputError):
             parse_faults([bad])
