@@ -1,0 +1,191 @@
+"""Workers of a study as a Slurm job array, submitted with plain ``sbatch``.
+
+``cleanslate slurm submit STUDY.yaml --workers N`` writes one batch script and submits it as an
+array of ``N`` tasks. Each task runs ``cleanslate worker`` on the node Slurm gave it, on the GPUs
+Slurm allocated to it, with a port of its own (the study's port plus the task's index, so that
+tasks sharing a node do not collide). The workers lease trials from the study in the shared
+store (``docs/fleet.md``): a task that is preempted, cancelled or loses its node stops renewing
+its lease, the lease expires and its trial is run again by another task.
+
+Why plain ``sbatch`` and not ``submitit``: submitit pickles a Python callable into a folder that
+the submitting machine and the nodes must share, and reads results back from it. The workers
+here need neither: they coordinate through the store, and what runs on a node is one command
+line. A plain script is what an operator can read, keep beside the study (it is written to the
+study's artifacts), edit and resubmit with ``sbatch`` by hand; ``--dry-run`` prints it.
+
+GPUs: the script passes the worker the GPUs the task may use, from ``CUDA_VISIBLE_DEVICES``
+(set by Slurm for a ``--gres=gpu:G`` job; with ``ConstrainDevices=yes`` these are the indices
+the job's CUDA and NVML see), else ``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``. A task that got no
+GPU from Slurm while ``--gpus-per-worker`` asked for some refuses to start (exit 2) rather than
+run on GPUs it was not given.
+
+The store's URL never enters the script (it may hold a password and the script is kept on
+disk): ``sbatch`` hands the submitter's ``CLEANSLATE_STORE`` to the tasks in their environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cleanslate.errors import InputError
+
+#: What ``--time`` accepts: Slurm's forms (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
+#: ``D-HH:MM``, ``D-HH:MM:SS``) or ``UNLIMITED``.
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^UNLIMITED$|^INFINITE$", re.I)
+#: Partition names: what Slurm allows in a partition name.
+_PARTITION = re.compile(r"^[A-Za-z0-9_.,-]{1,128}$")
+#: Options of sbatch that the script sets itself: given again, they would change what the
+#: tasks run on behind the script's back.
+_OWN_OPTIONS = ("--array", "-a", "--output", "-o", "--error", "-e", "--job-name", "-J",
+                "--gres", "--gpus", "-G", "--export")
+
+
+class SlurmOptions(BaseModel):
+    """What ``cleanslate slurm submit`` was asked for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: int = Field(ge=1, le=10_000, description="array tasks, one worker each")
+    gpus_per_worker: int = Field(default=0, ge=0, le=64,
+                                 description="GPUs per task (--gres=gpu:G); 0 asks for none")
+    partition: str | None = None
+    time: str | None = Field(default=None, description="Slurm's --time of each task")
+    max_parallel: int | None = Field(default=None, ge=1, le=10_000,
+                                     description="tasks running at once (--array=...%K)")
+    gpu_backend: str = "auto"
+    base_port: int | None = Field(default=None, ge=1, le=65_535)
+    extra: tuple[str, ...] = ()
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        if value is not None and not _PARTITION.match(value):
+            raise ValueError(f"{value!r} is not a Slurm partition name")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _TIME.match(value):
+            raise ValueError(f"{value!r} is not a Slurm time (e.g. 90, 4:00:00, 1-12)")
+        return value
+
+    @field_validator("extra")
+    @classmethod
+    def _extra(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            name = arg.split("=", 1)[0]
+            if name in _OWN_OPTIONS:
+                raise ValueError(f"{name} is set by the script itself; it cannot be given "
+                                 "after --")
+            if "\n" in arg or "\r" in arg:
+                raise ValueError(f"sbatch argument {arg!r} holds a line break")
+        return value
+
+
+def worker_command(python: str = sys.executable) -> list[str]:
+    """How a task starts cleanslate: the interpreter running this command, as ``-m
+    cleanslate`` (a cluster's nodes share the submitter's environment, or the script is edited
+    to say otherwise)."""
+    return [python, "-m", "cleanslate"]
+
+
+def render_script(study: str, options: SlurmOptions, *, log_dir: Path, port: int,
+                  command: Sequence[str] | None = None) -> str:
+    """The batch script of a study's workers (see the module docstring). ``port`` is the port
+    of task 0; task ``i`` uses ``port + i``."""
+    if port + options.workers - 1 > 65_535:
+        raise InputError(f"ports {port}-{port + options.workers - 1} of {options.workers} "
+                         "workers go past 65535", where="--workers",
+                         hint="give the study a lower port:, or fewer workers")
+    last = options.workers - 1
+    array = f"0-{last}" + (f"%{options.max_parallel}" if options.max_parallel else "")
+    directives = [
+        f"--job-name=cleanslate-{study}",
+        f"--array={array}",
+        f"--output={log_dir}/worker-%A_%a.log",
+        "--export=ALL",
+    ]
+    if options.gpus_per_worker:
+        directives.append(f"--gres=gpu:{options.gpus_per_worker}")
+    if options.partition:
+        directives.append(f"--partition={options.partition}")
+    if options.time:
+        directives.append(f"--time={options.time}")
+    directives += list(options.extra)
+    argv = [*(command or worker_command()), "worker", "--study", study,
+            "--gpu-backend", options.gpu_backend]
+    lines = [
+        "#!/bin/bash",
+        f"# Workers of the cleanslate study {study!r}: {options.workers} array task(s), each",
+        "# running `cleanslate worker` on the GPUs Slurm gave it (docs/fleet.md).",
+        "# The store comes from CLEANSLATE_STORE in the environment sbatch hands over.",
+        *(f"#SBATCH {d}" for d in directives),
+        "set -euo pipefail",
+        ': "${CLEANSLATE_STORE:?CLEANSLATE_STORE is not set: submit with it in the environment}"',
+        "gpus=${CUDA_VISIBLE_DEVICES:-${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}}",
+    ]
+    gpu_args = ""
+    if options.gpus_per_worker:
+        lines += [
+            'if [ -z "$gpus" ]; then',
+            f'    echo "task $SLURM_ARRAY_TASK_ID: Slurm allocated no GPU (asked for '
+            f'{options.gpus_per_worker}); not running" >&2',
+            "    exit 2",
+            "fi",
+        ]
+        gpu_args = ' --gpus "$gpus"'
+    lines += [
+        f"port=$(( {port} + SLURM_ARRAY_TASK_ID ))",
+        'echo "task $SLURM_ARRAY_TASK_ID on $(hostname): gpus ${gpus:-none}, port $port"',
+        f'exec {shlex.join(argv)}{gpu_args} --port "$port"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_script(text: str, folder: Path, name: str) -> Path:
+    """Write the script (mode 0700 folder, 0600 file) and return its path."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return path
+
+
+def submit(script: Path, *, env: Mapping[str, str], timeout: float = 60.0) -> str:
+    """``sbatch --parsable SCRIPT`` with ``env``; the job id. No sbatch, or sbatch refusing
+    the job: :class:`InputError` with what sbatch said."""
+    sbatch = shutil.which("sbatch", path=env.get("PATH"))
+    if sbatch is None:
+        raise InputError("sbatch is not on PATH: this machine cannot submit Slurm jobs",
+                         hint="run on a login node of the cluster, or use --dry-run to see "
+                         "the script")
+    try:
+        done = subprocess.run([sbatch, "--parsable", str(script)], env=dict(env),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"sbatch did not answer in {timeout:g} s",
+                         hint="is slurmctld up? (sinfo)") from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise InputError("sbatch refused the job: " + (said[-1] if said else
+                                                       f"exit status {done.returncode}"),
+                         hint=f"the script is kept at {script}")
+    job = done.stdout.strip().split(";", 1)[0]
+    if not job.isdigit():
+        raise InputError(f"sbatch answered {done.stdout.strip()!r}, not a job id")
+    return job
+
+
+__all__ = ["SlurmOptions", "render_script", "submit", "worker_command", "write_script"]
