@@ -1,7 +1,8 @@
 """The store's contract, run on every database it supports: SQLite and PostgreSQL.
 
 Like Optuna's storage tests (``optuna.testing.pytest_storages``): one suite, each test on a fresh
-SQLite file and on a fresh database of a real PostgreSQL server (the ``postgres_url`` fixture).
+SQLite file and on a fresh database of a real PostgreSQL server (the ``store_url`` fixture of
+``tests/store/conftest.py``). Leases and slots: ``test_leases.py``.
 What every implementation must do: records go in and come back equal and typed; unknown ids are
 input errors that help; runs are listed by status and study, oldest first; studies and trials
 are created and updated in place; nothing secret is ever written; ``create=False`` writes
@@ -12,8 +13,6 @@ version, rows without one load, and rows of a newer one are refused.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,35 +37,6 @@ from cleanslate.teardown.teardown import TeardownReport
 from cleanslate.verdict.check import CheckReport
 from cleanslate.verdict.findings import Finding, Verdict
 from tests.store.documents import check_report, finding, level, teardown_report
-
-IMPLEMENTATIONS = ("sqlite", "postgresql")
-
-
-@pytest.fixture(params=IMPLEMENTATIONS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The URL of an empty database: a new SQLite file, or a new PostgreSQL database (dropped
-    after the test)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'cleanslate.db'}"
-        return
-    import psycopg
-
-    server: str = request.getfixturevalue("postgres_url")
-    name = f"cs_contract_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    opened = Store(store_url)
-    yield opened
-    opened.close()
 
 
 def run_record(run_id: str = "r-1", **changes: Any) -> RunRecord:

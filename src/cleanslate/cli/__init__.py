@@ -1,11 +1,11 @@
 """The ``cleanslate`` command line (typer + rich).
 
 Each command is a function in its own module of this package (``check``, ``serve``, ``stop``,
-``clean``, ``bench``, ``tune``, ``report``; ``sim`` mounts :mod:`cleanslate.sim.cli`) that turns
-its options into one call of the library and renders the result; they are registered on
-:data:`app` here, so that no command module imports this one. Exit codes everywhere are
-:class:`cleanslate.errors.ExitCode`: 0 clean / success, 1 dirty / failed, 2 usage or input
-error, 3 unknown.
+``clean``, ``bench``, ``tune``, ``worker``, ``report``; ``sim`` mounts
+:mod:`cleanslate.sim.cli`) that turns its options into one call of the library and renders
+the result; they are registered on :data:`app` here, so that no command module imports this
+one. Exit codes everywhere are :class:`cleanslate.errors.ExitCode`: 0 clean / success, 1 dirty
+/ failed, 2 usage or input error, 3 unknown.
 
 A command module imports only what ``cleanslate --help`` needs at its top; the library's heavy
 stacks (the store, the benchmark client, Optuna) are imported when a command runs.
@@ -28,6 +28,7 @@ from cleanslate.cli.report import report
 from cleanslate.cli.serve import serve
 from cleanslate.cli.stop import stop
 from cleanslate.cli.tune import tune
+from cleanslate.cli.worker import worker
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.sim.cli import sim_app
 
@@ -47,6 +48,7 @@ app.command()(stop)
 app.command()(clean)
 app.command()(report)
 app.command()(tune)
+app.command()(worker)
 app.add_typer(sim_app, name="sim")
 
 

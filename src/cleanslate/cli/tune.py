@@ -104,7 +104,9 @@ def tune(
             _print_plan(spec, plan)
         raise typer.Exit(ExitCode.OK)
     from cleanslate.store import Store, StudyStatus
+    from cleanslate.tune.controller import check_slot_hosts
 
+    check_slot_hosts(spec)  # before the store is opened: bad input writes nothing
     store = Store(store_url)
     if not resume and store.study(spec.name) is not None:
         raise InputError(f"study {spec.name!r} already exists in {store.display_url}",

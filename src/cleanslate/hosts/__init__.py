@@ -23,6 +23,7 @@ __all__ = [
     "Executor",
     "LocalExecutor",
     "SSHExecutor",
+    "check_resolves",
     "executor_for",
     "is_local_host",
     "set_accept_new_host_keys",
@@ -53,6 +54,18 @@ def executor_for(host: str | None) -> Executor:
 
     assert host is not None
     return SSHExecutor(host)
+
+
+def check_resolves(host: str | None, *, where: str = "--host") -> None:
+    """Refuse a host whose name does not resolve (after ``~/.ssh/config``) with an
+    :class:`~cleanslate.errors.InputError` naming ``where``; this machine always resolves.
+    Nothing is connected to: whether the host answers is found out when it is used."""
+    if is_local_host(host):
+        return
+    from cleanslate.hosts.ssh import resolve_address
+
+    assert host is not None
+    resolve_address(host, where=where)
 
 
 def set_accept_new_host_keys(enabled: bool = True) -> None:

@@ -41,6 +41,7 @@ import contextlib
 import getpass
 import os
 import shlex
+import socket
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -195,6 +196,26 @@ def _resolve(target: SSHTarget, config: list[str]) -> _Resolved:
     return _Resolved(host=str(options.host), port=int(options.port),
                      user=str(options.username or getpass.getuser()), known_hosts=known,
                      connect_timeout=float(timeout) if timeout else None)
+
+
+def resolve_address(spec: str, *, where: str = "--host") -> tuple[str, int]:
+    """Where ``spec`` connects after ``~/.ssh/config`` (``HostName``, ``Port``), checked to
+    resolve to an address; an :class:`InputError` naming ``where`` when it does not (a typo in
+    a host name, a config name that is not there). Connects to nothing."""
+    target = parse_target(spec)
+    try:
+        resolved = _resolve(target, _config_paths())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the SSH config for {target.display}: {exc}",
+                         where=where) from None
+    try:
+        socket.getaddrinfo(resolved.host, resolved.port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise InputError(f"host {target.display} does not resolve ({resolved.host}: {reason})",
+                         where=where, hint="use a Host of ~/.ssh/config, an ssh:// URL whose "
+                         "name resolves, or local") from None
+    return resolved.host, resolved.port
 
 
 class HostKeyError(OSError):

@@ -62,6 +62,8 @@ from cleanslate.verdict.findings import Verdict
 from cleanslate.verdict.rules import Scope
 
 Progress = Callable[[str], None]
+#: Markers of runs that a check leaves to others, read after each probe (see ``CheckOptions``).
+Exclusions = Callable[[], frozenset[str]]
 
 
 @dataclass
@@ -124,8 +126,11 @@ def run_gpu_backend(gpu_backend: str, engine: str, env: Mapping[str, str]) -> st
 
 
 def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float = 10.0,
-                   exclude_roots: frozenset[int] = frozenset()) -> CheckOptions:
-    """What "clean after this run" means: its GPUs, its port, its engine and its marker."""
+                   exclude_roots: frozenset[int] = frozenset(),
+                   exclusions: Exclusions | None = None) -> CheckOptions:
+    """What "clean after this run" means: its GPUs, its port, its engine and its marker;
+    ``exclusions`` gives the markers of runs that are not this run's business (a study's other
+    slots on the host: :class:`~cleanslate.verdict.check.CheckOptions`)."""
     scope = Scope(
         gpus=frozenset(run.gpus) if run.gpus is not None else None,
         engines=(run.engine,),
@@ -134,7 +139,7 @@ def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float 
     )
     return CheckOptions(scope=scope, ports=(run.port,),
                         gpu_backend=run_gpu_backend(gpu_backend, run.engine, run.env),
-                        timeout=timeout)
+                        timeout=timeout, exclusions=exclusions)
 
 
 def shm_remover(run: RunRecord, leftovers: Leftovers) -> Callable[[Snapshot], list[str]]:
@@ -168,13 +173,18 @@ async def start_server(
     study: str | None = None,
     trial: int | None = None,
     verify_deadline_s: float = 60.0,
+    run_id: str | None = None,
+    exclusions: Exclusions | None = None,
 ) -> StartOutcome:
-    """Preflight, launch, wait ready, smoke-test. On any failure: tear down, verify, record."""
+    """Preflight, launch, wait ready, smoke-test. On any failure: tear down, verify, record.
+
+    ``run_id``: the run's id (its marker), when the caller recorded it before the launch;
+    ``exclusions``: markers of runs the checks leave alone (:func:`verify_options`)."""
     say = progress or (lambda _m: None)
     phases: dict[str, float] = {}
     adapter = adapter_for(config, executor)
     port = config.port or adapter.default_port
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     artifacts = store.artifacts
     env = adapter.prepare_env(config.env, artifacts)
     argv = adapter.build_argv(config.model, port, config.flags)
@@ -193,7 +203,8 @@ async def start_server(
     options = CheckOptions(
         scope=Scope(gpus=frozenset(config.gpus) if config.gpus is not None else None,
                     exclude_roots=frozenset({os.getpid()})),
-        ports=(port,), gpu_backend=run_gpu_backend(gpu_backend, config.engine, env))
+        ports=(port,), gpu_backend=run_gpu_backend(gpu_backend, config.engine, env),
+        exclusions=exclusions)
     before = await check_hosts([executor], options)
     phases["verify_before_s"] = round(time.monotonic() - t0, 3)
     if preflight and before.verdict != Verdict.CLEAN:
@@ -228,10 +239,10 @@ async def start_server(
     })
     try:
         outcome = await _after_launch(executor, store, adapter, run, config, phases, note,
-                                      gpu_backend, verify_deadline_s, say)
+                                      gpu_backend, verify_deadline_s, say, exclusions)
     except BaseException as exc:
         await _cleanup_after_error(executor, store, run, config, exc, gpu_backend,
-                                   verify_deadline_s, say)
+                                   verify_deadline_s, say, exclusions)
         raise
     outcome.cgroup_note = launched.cgroup_error
     return outcome
@@ -240,7 +251,7 @@ async def start_server(
 async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter,
                         run: RunRecord, config: ServeConfig, phases: dict[str, float],
                         note: str | None, gpu_backend: str, verify_deadline_s: float,
-                        say: Progress) -> StartOutcome:
+                        say: Progress, exclusions: Exclusions | None = None) -> StartOutcome:
     """Ready and smoke test of a launched run; a failure is torn down and recorded here."""
     store.save_run(run)
     say(f"waiting until ready (timeout {config.ready_timeout_s:g} s)")
@@ -249,7 +260,8 @@ async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter
     phases["ready_s"] = round(time.monotonic() - t0, 3)
     if not ready.ready:
         return await _fail(executor, store, adapter, run, config, ready.cause or "not_ready",
-                           ready.detail, phases, note, gpu_backend, verify_deadline_s, say)
+                           ready.detail, phases, note, gpu_backend, verify_deadline_s, say,
+                           exclusions)
     run = run.model_copy(update={"status": "ready", "ready_at": time.time()})
     store.save_run(run)
 
@@ -269,7 +281,7 @@ async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter
                 detail = f"{detail}; log: {found[1]}" if detail else found[1]
             cause = str(smoke.cause)
             outcome = await _fail(executor, store, adapter, run, config, cause, detail, phases,
-                                  note, gpu_backend, verify_deadline_s, say)
+                                  note, gpu_backend, verify_deadline_s, say, exclusions)
             outcome.smoke = smoke
             return outcome
     run = run.model_copy(update={"phases": phases})
@@ -288,7 +300,8 @@ async def _abandon_launch(executor: Executor, run_id: str, gpu_backend: str,
 
 async def _cleanup_after_error(executor: Executor, store: Store, run: RunRecord,
                                config: ServeConfig, exc: BaseException, gpu_backend: str,
-                               verify_deadline_s: float, say: Progress) -> None:
+                               verify_deadline_s: float, say: Progress,
+                               exclusions: Exclusions | None = None) -> None:
     """Tear down and verify a run whose start raised (a bug, a store error, Ctrl-C, a cancelled
     task), and record it ``failed`` if the store still answers. Never raises: the caller
     re-raises the original exception."""
@@ -301,7 +314,7 @@ async def _cleanup_after_error(executor: Executor, store: Store, run: RunRecord,
         await asyncio.shield(stop_server(
             executor, store, run, grace_s=min(config.grace_s, 10.0), gpu_backend=gpu_backend,
             verify_deadline_s=verify_deadline_s, status="failed", cause=cause, detail=detail,
-            progress=say))
+            progress=say, exclusions=exclusions))
     except BaseException as second:  # the first exception is the one the caller raises
         say(f"teardown after the error failed too: {type(second).__name__}: {second}")
 
@@ -309,7 +322,7 @@ async def _cleanup_after_error(executor: Executor, store: Store, run: RunRecord,
 async def _fail(executor: Executor, store: Store, adapter: EngineAdapter, run: RunRecord,
                 config: ServeConfig, cause: str, detail: str | None, phases: dict[str, float],
                 note: str | None, gpu_backend: str, verify_deadline_s: float,
-                say: Progress) -> StartOutcome:
+                say: Progress, exclusions: Exclusions | None = None) -> StartOutcome:
     scrub = scrubber_for(run.id)
     tail = scrub(await log_tail(executor, run)) or ""
     detail = scrub(detail)
@@ -317,7 +330,8 @@ async def _fail(executor: Executor, store: Store, adapter: EngineAdapter, run: R
     t0 = time.monotonic()
     report = await stop_server(executor, store, run, grace_s=min(config.grace_s, 10.0),
                                gpu_backend=gpu_backend, verify_deadline_s=verify_deadline_s,
-                               status="failed", cause=cause, detail=detail, log_tail_text=tail)
+                               status="failed", cause=cause, detail=detail, log_tail_text=tail,
+                               exclusions=exclusions)
     phases["teardown_s"] = round(time.monotonic() - t0, 3)
     final = store.get_run(run.id).model_copy(update={"phases": phases})
     store.save_run(final)
@@ -338,6 +352,7 @@ async def stop_server(
     detail: str | None = None,
     log_tail_text: str | None = None,
     progress: Progress | None = None,
+    exclusions: Exclusions | None = None,
 ) -> TeardownReport:
     """Teardown of a recorded run (``docs/teardown.md``), verification, and the record updated.
 
@@ -345,12 +360,12 @@ async def stop_server(
     host is verified, and the record is closed (``host_rebooted``). A record from another
     machine (a shared store, the same host name) is refused with exit code 2 and left as it is:
     the run may be alive there. The teardown always runs to its end before the store is
-    written; a store error is raised after it.
+    written; a store error is raised after it. ``exclusions``: see :func:`verify_options`.
     """
     say = progress or (lambda _m: None)
     scrub = scrubber_for(run.id)
     leftovers = engine_class(run.engine).leftovers
-    verify = verify_options(run, gpu_backend=gpu_backend)
+    verify = verify_options(run, gpu_backend=gpu_backend, exclusions=exclusions)
     boot_id, machine_id = await host_identity(executor)
     if run.machine_id and machine_id and run.machine_id != machine_id:
         reason = (f"run {run.id} was launched on machine {run.machine_id}, and {executor.name} "

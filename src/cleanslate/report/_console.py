@@ -73,9 +73,30 @@ def print_table(console: Console, table: Table) -> None:
     wide.print(table)
 
 
+def slots_table(report: StudyReport) -> Table:
+    """Per slot: the trials it ran, its infrastructure failures, and its state with why."""
+    table = Table(title=_t(f"slots of {report.name}"), title_justify="left",
+                  header_style="bold")
+    for column in ("slot", "trials", "infra failures", "state"):
+        table.add_column(column, overflow="fold",
+                         justify="right" if column in ("trials", "infra failures") else "left")
+    for slot in report.slots:
+        state = _t(slot.state, "red" if slot.state == "quarantined" else
+                   "yellow" if slot.state == "suspect" else "")
+        if slot.reason:
+            state.append(f": {slot.reason}")
+        for finding in slot.findings[:3]:
+            state.append(f"\n  {finding.severity}: {finding.message}")
+        table.add_row(_t(slot.slot), str(slot.trials), str(slot.infra_failures), state)
+    return table
+
+
 def print_report(console: Console, report: StudyReport) -> None:
-    """The trials table, then the best configuration and its launch command."""
+    """The trials table, the slots (when the study ran on several, or one was not ok), then
+    the best configuration and its launch command."""
     print_table(console, trials_table(report))
+    if len(report.slots) > 1 or any(s.state != "ok" for s in report.slots):
+        print_table(console, slots_table(report))
     if report.simulated:
         console.print("[yellow]simulated engine:[/] numbers from cleanslate's sim performance "
                       "model, not from a GPU")

@@ -158,6 +158,55 @@ class Effect:
 
 
 @dataclass(frozen=True)
+class SlotSummary:
+    """One slot of a study (``host/gpus=.../port=...``): the trials it ran (leases released
+    with a result), its infrastructure failures (leases given back without one, lost or
+    expired), and its state (``ok``, ``suspect``, ``quarantined``) with why and the
+    evidence."""
+
+    slot: str
+    host: str
+    trials: int = 0
+    infra_failures: int = 0
+    state: str = "ok"
+    reason: str | None = None
+    findings: tuple[Finding, ...] = ()
+
+    def document(self) -> dict[str, Any]:
+        return {"slot": self.slot, "host": self.host, "trials": self.trials,
+                "infra_failures": self.infra_failures, "state": self.state,
+                "reason": self.reason,
+                "findings": [f.model_dump(mode="json") for f in self.findings]}
+
+
+def slot_summaries(store: Store, name: str) -> tuple[SlotSummary, ...]:
+    """Per slot of a study, from its leases and its slot records (``cs_leases``,
+    ``cs_slots``), in the order of the slots' keys."""
+    from cleanslate.store._leases import LeaseOutcome, LeaseState
+
+    counts: dict[str, list[int]] = {}
+    hosts: dict[str, str] = {}
+    for lease in store.leases(name):
+        count = counts.setdefault(lease.slot, [0, 0])
+        hosts[lease.slot] = lease.host
+        if lease.state == LeaseState.RELEASED and lease.outcome == LeaseOutcome.RESULT:
+            count[0] += 1
+        elif lease.state != LeaseState.ACTIVE:
+            count[1] += 1
+    records = {r.slot: r for r in store.slots(name)}
+    out = []
+    for slot in sorted(set(counts) | set(records)):
+        trials, infra = counts.get(slot, [0, 0])
+        record = records.get(slot)
+        out.append(SlotSummary(
+            slot=slot, host=record.host if record else hosts.get(slot, ""), trials=trials,
+            infra_failures=infra, state=record.state.value if record else "ok",
+            reason=record.reason if record else None,
+            findings=record.findings if record else ()))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class StudyReport:
     """One study as a report shows it: its spec, its trials (with their runs), and its best.
 
@@ -174,6 +223,7 @@ class StudyReport:
     trials: tuple[TrialView, ...]
     store_url: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    slots: tuple[SlotSummary, ...] = ()
 
     # -- the spec ------------------------------------------------------------------------------
 
@@ -354,7 +404,8 @@ def load_report(store: Store, name: str) -> StudyReport:
                    for t in store.trials(name))
     return StudyReport(name=name, spec=dict(study.spec), status=study.status,
                        created_at=study.created_at, elapsed_s=study.elapsed_s,
-                       trials=trials, store_url=store.display_url)
+                       trials=trials, store_url=store.display_url,
+                       slots=slot_summaries(store, name))
 
 
 def safe_url(url: str) -> str:

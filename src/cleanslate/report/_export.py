@@ -48,7 +48,8 @@ def to_csv(reports: list[StudyReport]) -> str:
 
 def study_document(report: StudyReport) -> dict[str, Any]:
     """A study as JSON: its spec, its best trial, every trial record (levels, phases, verdicts,
-    log tail) with its launch command, and the ablation effects."""
+    log tail) with its launch command, the ablation effects, and per slot its trials,
+    infrastructure failures and state (quarantined and why)."""
     best = report.best
     return {
         "study": report.name,
@@ -67,6 +68,7 @@ def study_document(report: StudyReport) -> dict[str, Any]:
                       "trial": e.trial.number, "change_pct": e.change_pct,
                       "better": e.better, "cause": e.cause}
                      for e in report.ablation_effects()],
+        "slots": [slot.document() for slot in report.slots],
     }
 
 

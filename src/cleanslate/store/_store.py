@@ -5,16 +5,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import create_engine, inspect, select
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy import create_engine, insert, inspect, select, text, update
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -27,8 +28,16 @@ from cleanslate.redact import (
     redact_url,
     secret_values,
 )
+from cleanslate.store._leases import (
+    Claim,
+    LeaseOutcome,
+    LeaseRecord,
+    LeaseState,
+    SlotRecord,
+    config_key,
+)
 from cleanslate.store._records import NewerSchemaError, RunRecord, RunStatus
-from cleanslate.store._tables import Base, RunRow, StudyRow, TrialRow
+from cleanslate.store._tables import Base, LeaseRow, RunRow, SlotRow, StudyRow, TrialRow
 
 if TYPE_CHECKING:  # the benchmark client (a trial's levels) is imported when trials are read
     from cleanslate.store._trials import StudyRecord, StudyStatus, TrialRecord, TrialStatus
@@ -43,15 +52,21 @@ ARTIFACTS_MODE = 0o700
 #: Seconds to wait for a database server to answer a connection (PostgreSQL ``connect_timeout``
 #: unless the URL sets one).
 CONNECT_TIMEOUT_S = 10
+#: Seconds a SQLite writer waits for another process's write lock before it gives up (several
+#: workers and slots write one file).
+SQLITE_BUSY_TIMEOUT_S = 60
+#: Trial statuses that are results (``TrialStatus.finished``), as stored.
+_FINISHED = ("feasible", "infeasible")
 #: What a SQLite database file starts with.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _URL_HINT = "sqlite:///PATH/cleanslate.db, a file path, or postgresql://user@host[:port]/db"
 #: Secret values remembered by a Store (to scrub them from later records), at most.
 _MAX_REMEMBERED = 4096
 #: Fields of a record that cleanslate makes and teardown acts on (ids, the marker, the run's
-#: cgroup and folders, /dev/shm names seen before the run): kept as they are.
+#: cgroup and folders, /dev/shm names seen before the run, a lease's configuration key): kept as
+#: they are.
 _IDENTITY_KEYS = ("id", "marker", "run_id", "cgroup", "boot_id", "machine_id", "log_path",
-                  "artifacts_dir", "shm_before", "started_at", "stopped_at")
+                  "artifacts_dir", "shm_before", "started_at", "stopped_at", "key")
 
 
 def resolve_store_url(url: str | None) -> str:
@@ -156,6 +171,7 @@ class Store:
         connect_args: dict[str, Any] = {}
         if parsed.get_backend_name() == "sqlite":
             self._prepare_sqlite(parsed)
+            connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
         elif parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
             connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
         try:
@@ -448,6 +464,216 @@ class Store:
                 query = query.where(TrialRow.status == TrialStatus(status).value)
             return [TrialRecord.from_document(self.redacted(r.data))
                     for r in session.scalars(query)]
+
+    # -- leases and slots -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _study_lock(self, study: str) -> Iterator[Connection]:
+        """A transaction that holds the study's claim lock until it commits: ``BEGIN
+        IMMEDIATE`` on SQLite (one writer at a time), a transaction-scoped advisory lock on the
+        study's name on PostgreSQL (claimers of one study wait for each other; other studies
+        and every other write go on)."""
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"),
+                             {"name": f"cleanslate:{study}"})
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    def _lease_values(self, lease: LeaseRecord) -> dict[str, Any]:
+        return {"study": lease.study, "key": lease.key, "state": lease.state.value,
+                "worker": lease.worker, "host": lease.host, "slot": lease.slot,
+                "trial": lease.trial, "run_id": lease.run_id, "acquired_at": lease.acquired_at,
+                "heartbeat_at": lease.heartbeat_at, "expires_at": lease.expires_at,
+                "data": self.redacted(lease.to_document())}
+
+    @staticmethod
+    def _lease_of(row: Any) -> LeaseRecord:
+        return LeaseRecord.from_document({**row.data, "id": row.id})
+
+    @_guarded("claiming a trial")
+    def claim_lease(
+        self,
+        template: LeaseRecord,
+        *,
+        timeout_s: float,
+        plan: Sequence[tuple[str, dict[str, Any]]] | None,
+        first: Sequence[tuple[str, dict[str, Any]]] = (),
+        limit: int,
+        gone: Callable[[LeaseRecord], bool] | None = None,
+    ) -> Claim:
+        """Claim the next configuration of ``template.study`` for ``template``'s worker and
+        slot, atomically across processes (:meth:`_study_lock`).
+
+        On the way, every active lease whose heartbeat is older than its timeout (or whose
+        worker ``gone`` says is dead) is marked ``expired``: its configuration is free again.
+        With a ``plan`` (grid, ablation: ``(key, params)`` in order), the first of its first
+        ``limit`` configurations that has no result and no active lease is claimed. Without
+        one (samplers), while results plus active leases are fewer than ``limit``: a
+        configuration whose lease expired or was given back without a result, else one of
+        ``first`` never claimed (the baseline), else a new one (``params`` empty, ``key``
+        ``new:...``: the caller asks the sampler and :meth:`bind_lease`). The lease expires
+        ``timeout_s`` after its last heartbeat.
+        """
+        now = time.time()
+        with self._study_lock(template.study) as conn:
+            expired, active = self._expire(conn, template.study, now, gone)
+            finished = [config_key(data.get("params") or {}) for data in conn.scalars(
+                select(TrialRow.data).where(TrialRow.study == template.study,
+                                            TrialRow.status.in_(_FINISHED)))]
+            counted = conn.scalars(select(LeaseRow.key).where(
+                LeaseRow.study == template.study, LeaseRow.state == LeaseState.RELEASED,
+                LeaseRow.data["outcome"].as_string() == LeaseOutcome.RESULT.value))
+            taken = set(finished) | set(active) | set(counted)
+            chosen: tuple[str, dict[str, Any]] | None = None
+            done = False
+            if plan is not None:
+                targets = list(plan)[:limit]
+                done = all(k in finished for k, _ in targets)
+                chosen = next(((k, p) for k, p in targets if k not in taken), None)
+            elif len(finished) + len(active) < limit:
+                chosen = self._requeued(conn, template.study, taken)
+                if chosen is None:
+                    ever = set(conn.scalars(select(LeaseRow.key).where(
+                        LeaseRow.study == template.study)))
+                    chosen = next(((k, p) for k, p in first if k not in taken | ever), None)
+                if chosen is None:
+                    chosen = (f"new:{secrets.token_hex(8)}", {})
+            else:
+                done = len(finished) >= limit
+            if chosen is None:
+                return Claim(lease=None, expired=expired, done=done, finished=len(finished),
+                             active=len(active))
+            lease = template.model_copy(update={
+                "key": chosen[0], "params": chosen[1], "state": LeaseState.ACTIVE,
+                "acquired_at": now, "heartbeat_at": now, "expires_at": now + timeout_s})
+            row_id = conn.execute(insert(LeaseRow).values(
+                **self._lease_values(lease)).returning(LeaseRow.id)).scalar_one()
+            lease = lease.model_copy(update={"id": row_id})
+            conn.execute(update(LeaseRow).where(LeaseRow.id == row_id).values(
+                data=self.redacted(lease.to_document())))
+        return Claim(lease=lease, expired=expired, done=False, finished=len(finished),
+                     active=len(active) + 1)
+
+    def _expire(self, conn: Connection, study: str, now: float,
+                gone: Callable[[LeaseRecord], bool] | None,
+                ) -> tuple[list[LeaseRecord], dict[str, LeaseRecord]]:
+        """Inside the study's lock: mark ``expired`` every active lease whose heartbeat is
+        older than its timeout or whose worker is ``gone``; returns those, and the active
+        leases left by key."""
+        expired: list[LeaseRecord] = []
+        active: dict[str, LeaseRecord] = {}
+        for row in conn.execute(select(LeaseRow).where(
+                LeaseRow.study == study, LeaseRow.state == LeaseState.ACTIVE)):
+            lease = self._lease_of(row)
+            if lease.expires_at < now or (gone is not None and gone(lease)):
+                why = ("no heartbeat since " + time.strftime(
+                    "%H:%M:%S", time.gmtime(lease.heartbeat_at)) + " UTC") \
+                    if lease.expires_at < now else "its worker is not running any more"
+                lease = lease.model_copy(update={
+                    "state": LeaseState.EXPIRED, "detail": why, "released_at": now})
+                conn.execute(update(LeaseRow).where(LeaseRow.id == lease.id).values(
+                    **self._lease_values(lease)))
+                expired.append(lease)
+            else:
+                active[lease.key] = lease
+        return expired, active
+
+    @_guarded("expiring leases")
+    def expire_leases(self, study: str,
+                      gone: Callable[[LeaseRecord], bool] | None = None) -> list[LeaseRecord]:
+        """Expire the study's stale leases (see :meth:`claim_lease`) and return them: each is
+        returned to exactly one caller, which re-queues its trial and tears its run down."""
+        if not inspect(self.engine).has_table(LeaseRow.__tablename__):
+            return []
+        with self._study_lock(study) as conn:
+            return self._expire(conn, study, time.time(), gone)[0]
+
+    def _requeued(self, conn: Connection, study: str,
+                  taken: set[str]) -> tuple[str, dict[str, Any]] | None:
+        """The oldest configuration of ``study`` whose lease expired or was given back without
+        a result, and that has no result and no active lease now."""
+        for row in conn.execute(select(LeaseRow).where(
+                LeaseRow.study == study, LeaseRow.state != LeaseState.ACTIVE).order_by(
+                LeaseRow.id)):
+            lease = self._lease_of(row)
+            if lease.key in taken or lease.key.startswith("new:") or \
+                    lease.outcome == LeaseOutcome.RESULT:
+                continue
+            return lease.key, dict(lease.params)
+        return None
+
+    def _update_active(self, lease: LeaseRecord, values: dict[str, Any]) -> bool:
+        """Update ``lease`` if it is still active and its worker's (compare and swap)."""
+        updated = lease.model_copy(update=values)
+        with Session(self.engine) as session, session.begin():
+            result = session.execute(update(LeaseRow).where(
+                LeaseRow.id == lease.id, LeaseRow.state == LeaseState.ACTIVE,
+                LeaseRow.worker == lease.worker).values(**self._lease_values(updated)))
+            return bool(getattr(result, "rowcount", 0) == 1)
+
+    @_guarded("renewing a lease")
+    def heartbeat(self, lease: LeaseRecord, timeout_s: float) -> bool:
+        """Renew an active lease of this worker for ``timeout_s`` more seconds; ``False`` when
+        it is not active any more (it expired: the trial is another worker's now)."""
+        now = time.time()
+        return self._update_active(lease, {"heartbeat_at": now, "expires_at": now + timeout_s})
+
+    @_guarded("binding a lease")
+    def bind_lease(self, lease: LeaseRecord, /, **values: Any) -> LeaseRecord:
+        """Set fields of this worker's active lease (``trial``, ``key`` and ``params`` once a
+        sampler's trial is asked, ``run_id``); raises ``ValueError`` when it is not active."""
+        if not self._update_active(lease, values):
+            raise ValueError(f"lease {lease.id} is not active any more")
+        return lease.model_copy(update=values)
+
+    @_guarded("releasing a lease")
+    def release_lease(self, lease: LeaseRecord, outcome: LeaseOutcome,
+                      detail: str | None = None) -> bool:
+        """Give a lease back with its trial's ``outcome``; ``False`` when it had expired
+        before (another worker may be running its configuration)."""
+        return self._update_active(lease, {"state": LeaseState.RELEASED, "outcome": outcome,
+                                           "detail": detail, "released_at": time.time()})
+
+    @_guarded("reading leases")
+    def leases(self, study: str, *, state: LeaseState | None = None) -> list[LeaseRecord]:
+        """A study's leases in the order they were granted; only those in ``state`` when
+        given."""
+        if self._empty or not inspect(self.engine).has_table(LeaseRow.__tablename__):
+            return []
+        with Session(self.engine) as session:
+            query = select(LeaseRow).where(LeaseRow.study == study).order_by(LeaseRow.id)
+            if state is not None:
+                query = query.where(LeaseRow.state == LeaseState(state).value)
+            return [self._lease_of(r) for r in session.scalars(query)]
+
+    @_guarded("saving a slot")
+    def save_slot(self, slot: SlotRecord) -> None:
+        """Insert or replace the state of a study's slot (redacted)."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(SlotRow, (slot.study, slot.slot))
+            data = self.redacted(slot.to_document())
+            if row is None:
+                session.add(SlotRow(study=slot.study, slot=slot.slot, state=slot.state.value,
+                                    data=data, updated_at=slot.updated_at))
+            else:
+                row.state, row.data, row.updated_at = slot.state.value, data, slot.updated_at
+
+    @_guarded("reading slots")
+    def slots(self, study: str) -> list[SlotRecord]:
+        """The recorded states of a study's slots (suspect, quarantined, or back to ok)."""
+        if self._empty or not inspect(self.engine).has_table(SlotRow.__tablename__):
+            return []
+        with Session(self.engine) as session:
+            rows = session.scalars(select(SlotRow).where(SlotRow.study == study).order_by(
+                SlotRow.slot))
+            return [SlotRecord.from_document(self.redacted(r.data)) for r in rows]
 
     def close(self) -> None:
         """Close the database connections (the store is not used after this)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, Integer, String, Text
+from sqlalchemy import JSON, Float, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -53,4 +53,42 @@ class TrialRow(Base):
     status: Mapped[str] = mapped_column(String(32), index=True)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     started_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaseRow(Base):
+    """One claim of a configuration by a worker on a slot (``store/_leases.py``). At most one
+    ``active`` lease per configuration of a study: a partial unique index, on SQLite and
+    PostgreSQL alike, besides the lock the claim takes."""
+
+    __tablename__ = "cs_leases"
+    __table_args__ = (
+        Index("cs_leases_one_active", "study", "key", unique=True,
+              sqlite_where=text("state = 'active'"), postgresql_where=text("state = 'active'")),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(String(255), index=True)
+    key: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    worker: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    slot: Mapped[str] = mapped_column(String(512))
+    trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    acquired_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class SlotRow(Base):
+    """A slot of a study that is suspect or quarantined, with the evidence."""
+
+    __tablename__ = "cs_slots"
+
+    study: Mapped[str] = mapped_column(String(255), primary_key=True)
+    slot: Mapped[str] = mapped_column(String(512), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
     updated_at: Mapped[float] = mapped_column(Float)

@@ -1,4 +1,5 @@
-"""The study controller: Optuna ask/tell from one thread, every trial a verified cycle, resume.
+"""The study controller: Optuna ask/tell, every trial a verified cycle, one worker per slot
+(:mod:`cleanslate.tune.fleet`), resume.
 
 Resume: the Optuna study and our trial records live in the store. Rerunning the same study
 keeps every finished trial; a trial that was running when a controller died is cleaned up (its
@@ -17,25 +18,34 @@ from typing import Any
 
 import optuna
 import yaml
+from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from cleanslate.config import line_of
 from cleanslate.engines import check_flags, engine_help_options
 from cleanslate.errors import InputError
+from cleanslate.hosts import check_resolves, executor_for
 from cleanslate.hosts.base import Executor
-from cleanslate.launch.lifecycle import adapter_for
-from cleanslate.store import Store
+from cleanslate.launch.lifecycle import adapter_for, stop_server
+from cleanslate.store import RunStatus, Store
+from cleanslate.store._leases import LeaseState
 from cleanslate.store._trials import StudyStatus, TrialRecord, TrialStatus
-from cleanslate.tune.space import (
-    CONSTRAINT_ATTR,
-    distributions,
-    make_sampler,
-    planned_configs,
-    trial_budget,
+from cleanslate.tune.fleet import (
+    HOURS,
+    INTERRUPTED,
+    LEASE_ATTR,
+    QUARANTINE,
+    Fleet,
+    SlotEnd,
+    best_trial,
+    other_slots_markers,
+    worker_gone,
 )
-from cleanslate.tune.study import StudySpec
-from cleanslate.tune.trial import HostQuarantined, Interrupted, recover_host, run_trial
+from cleanslate.tune.space import make_sampler, planned_configs, trial_budget
+from cleanslate.tune.study import Slot, StudySpec
+from cleanslate.tune.trial import verdict_of
 from cleanslate.tune.view import TuneView
+from cleanslate.verdict.findings import Verdict
 
 
 @dataclass
@@ -88,12 +98,17 @@ def _defaults() -> dict[str, Any]:
     return out
 
 
+#: Keys of a study that may change between its runs: the budget, and where it runs (a fleet
+#: grows or shrinks; a worker joins with its own slot).
+_MAY_CHANGE = frozenset({"budget", "hosts", "slots", "lease_timeout_s"})
+
+
 def _normalized(spec: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """A stored or current spec without ``budget`` (it may change between runs) and without
-    keys at their default value: a key added to the schema later, absent from a study stored
-    before, compares equal to its default."""
+    """A stored or current spec without the keys that may change between runs
+    (:data:`_MAY_CHANGE`) and without keys at their default value: a key added to the schema
+    later, absent from a study stored before, compares equal to its default."""
     return {k: v for k, v in spec.items()
-            if k != "budget" and not (k in defaults and defaults[k] == v)}
+            if k not in _MAY_CHANGE and not (k in defaults and defaults[k] == v)}
 
 
 def same_definition(store: Store, stored: dict[str, Any], spec: StudySpec) -> bool:
@@ -105,18 +120,42 @@ def same_definition(store: Store, stored: dict[str, Any], spec: StudySpec) -> bo
 
 
 def _best(trials: list[TrialRecord], spec: StudySpec) -> TrialRecord | None:
-    feasible = [t for t in trials if t.status == TrialStatus.FEASIBLE and t.value is not None]
-    if not feasible:
-        return None
-    def key(t: TrialRecord) -> float:
-        return t.value or 0.0
-
-    return max(feasible, key=key) if spec.objective.direction == "maximize" else min(
-        feasible, key=key)
+    return best_trial(trials, spec)
 
 
-def _penalty(spec: StudySpec) -> float:
-    return 0.0 if spec.objective.direction == "maximize" else 1e12
+def open_optuna(store: Store, spec: StudySpec) -> optuna.Study:
+    """The study's Optuna study in the store (created the first time)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name=spec.name, storage=store.url,
+                               direction=spec.objective.direction,
+                               sampler=make_sampler(spec), load_if_exists=True)
+
+
+def check_slot_hosts(spec: StudySpec) -> None:
+    """Refuse, before anything launches, a host of the study whose name does not resolve
+    (an :class:`InputError` naming ``hosts[i]`` or ``host``)."""
+    for index, host in enumerate(spec.hosts or [spec.host]):
+        check_resolves(host, where=f"hosts[{index}]" if spec.hosts else "host")
+
+
+def _stopped_by(ends: list[SlotEnd], spec: StudySpec, store: Store) -> tuple[str, str, Any]:
+    """Why a study's run ended (``plan``, ``budget``, ``hours``, ``quarantine``,
+    ``interrupted``), a message, and the check report of a quarantine."""
+    if any(e.why == INTERRUPTED for e in ends):
+        return "interrupted", "", None
+    if any(e.why == HOURS for e in ends):
+        hours = next(e.message for e in ends if e.why == HOURS)
+        return "hours", hours, None
+    quarantined = [e for e in ends if e.why == QUARANTINE]
+    if quarantined and len(quarantined) == len(ends):
+        last = quarantined[-1]
+        message = last.message if len(ends) == 1 else (
+            f"every slot is quarantined ({len(ends)}): " + "; ".join(
+                f"{e.slot.key}: {e.message}" for e in quarantined))
+        return "quarantine", message, last.report
+    plan = planned_configs(spec)
+    done = [t for t in store.trials(spec.name) if t.status.finished]
+    return ("plan" if plan is not None and len(done) >= len(plan) else "budget"), "", None
 
 
 async def run_study(
@@ -127,7 +166,9 @@ async def run_study(
     view: TuneView | None = None,
     gpu_backend: str = "auto",
 ) -> StudyOutcome:
-    """Run (or resume) a study until its plan or budget is done."""
+    """Run (or resume) a study until its plan or budget is done: one worker per slot
+    (:mod:`cleanslate.tune.fleet`), each running one verified trial at a time. ``executor``
+    is the study's ``host`` (a study with ``hosts:`` opens one per host)."""
     view = view or TuneView()
     existing = store.study(spec.name)
     if existing is not None and existing.spec and not same_definition(
@@ -136,131 +177,159 @@ async def run_study(
             f"a study named {spec.name!r} with a different definition is already in "
             f"{store.display_url}",
             where="name", hint="give the study a new name to start over, or restore the file "
-            "(only budget: may change between runs)")
+            "(only budget:, hosts:, slots: and lease_timeout_s: may change between runs)")
     store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.RUNNING)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=spec.name, storage=store.url,
-                                direction=spec.objective.direction,
-                                sampler=make_sampler(spec), load_if_exists=True)
-    dists = distributions(spec)
-    resumed = await _resume(executor, store, spec, study, view)
-
+    study = open_optuna(store, spec)
+    slots = spec.slot_list()
     stop = asyncio.Event()
+    fleet = Fleet(store=store, spec=spec, study=study, view=view, stop=stop,
+                  gpu_backend=gpu_backend, labels=len(slots) > 1)
+    resumed = await _resume(executor, store, spec, study, view, fleet)
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
     total = trial_budget(spec)
-    plan = planned_configs(spec)
-    new = 0
-    retry_params: list[dict[str, Any]] = [dict(t.params) for t in resumed]
-    stopped_by = "budget"
-    message = ""
-    quarantine_report = None
-    records = store.trials(spec.name)
-    view.study_started(spec, total, sum(1 for t in records if t.status.finished))
-    clock = time.monotonic()
+    before = sum(1 for t in store.trials(spec.name) if t.status.finished)
+    view.study_started(spec, total, before)
+    stopped_by, message, quarantine_report = "error", "", None
+    ends: list[SlotEnd] = []
     try:
-        while True:
-            records = store.trials(spec.name)
-            done = [t for t in records if t.status.finished]
-            if len(done) >= total:
-                stopped_by = "plan" if plan is not None and len(done) >= len(plan) else "budget"
-                break
-            spent = store.add_study_time(spec.name, time.monotonic() - clock)
-            clock = time.monotonic()
-            if spec.budget.hours is not None and spent >= spec.budget.hours * 3600:
-                stopped_by, message = "hours", f"time budget of {spec.budget.hours:g} h used"
-                break
-            if stop.is_set():
-                stopped_by = "interrupted"
-                break
-            params = _next_params(plan, done, retry_params)
-            if params is None and plan is None and spec.baseline and not records:
-                params = dict(spec.baseline)  # the sampler's first trial is the baseline
-            if params is not None:
-                study.enqueue_trial(params, skip_if_exists=False)
-            trial = study.ask(dists)
-            if params is not None and trial.params != params:
-                # A WAITING trial from an earlier controller: run what it holds instead.
-                params = dict(trial.params)
-            view.trial_started(len(done) + 1, total, trial.number, dict(trial.params))
-            try:
-                record = await run_trial(executor, store, spec, trial.number,
-                                         dict(trial.params), gpu_backend=gpu_backend,
-                                         say=view.phase, stop=stop)
-            except HostQuarantined as exc:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                stopped_by, message, quarantine_report = "quarantine", str(exc), exc.report
-                break
-            except Interrupted:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                stopped_by = "interrupted"
-                break
-            except BaseException:
-                # run_trial tore the server down and recorded the trial before raising.
-                with contextlib.suppress(Exception):
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                stopped_by = "error"
-                raise
-            new += 1
-            feasible = record.status == TrialStatus.FEASIBLE
-            trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if feasible else 1.0)
-            trial.set_user_attr("status", record.status.value)
-            if record.cause:
-                trial.set_user_attr("cause", record.cause)
-            if record.run_id:
-                trial.set_user_attr("run_id", record.run_id)
-            value = record.value if record.value is not None else _penalty(spec)
-            study.tell(trial, value)
-            view.trial_finished(record, _best(store.trials(spec.name), spec))
+        ends = await fleet.run(slots)
+        stopped_by, message, quarantine_report = _stopped_by(ends, spec, store)
+    except BaseExceptionGroup as group:  # one slot's error ended them all: raise the first
+        raise group.exceptions[0] from None
     finally:
-        store.add_study_time(spec.name, time.monotonic() - clock)
+        fleet.tick()
         records = store.trials(spec.name)
         store.save_study(spec.name, spec.model_dump(mode="json"),
                          StudyStatus.FINISHED if stopped_by in ("plan", "budget")
                          else StudyStatus(stopped_by))
-    return StudyOutcome(trials=records, new_trials=new, best=_best(records, spec),
-                        stopped_by=stopped_by, message=message, report=quarantine_report,
-                        resumed=[t.run_id or "" for t in resumed])
+    return StudyOutcome(trials=records, new_trials=sum(e.trials for e in ends),
+                        best=_best(records, spec), stopped_by=stopped_by, message=message,
+                        report=quarantine_report, resumed=[t.run_id or "" for t in resumed])
 
 
-def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
-
-
-def _next_params(plan: list[dict[str, Any]] | None, done: list[TrialRecord],
-                 retry: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The next configuration to enqueue: a planned one not yet finished, or a retry of one
-    interrupted by a dead controller (samplers), or ``None`` to let the sampler choose."""
-    if plan is not None:
-        finished: dict[tuple[tuple[str, str], ...], int] = {}
-        for t in done:
-            finished[_key(t.params)] = finished.get(_key(t.params), 0) + 1
-        for config in plan:
-            k = _key(config)
-            if finished.get(k, 0) > 0:
-                finished[k] -= 1
+async def _recover_orphans(executor: Executor, store: Store, spec: StudySpec, view: TuneView,
+                           *, spared: set[str], held: set[int | None]) -> None:
+    """Tear down, on its host, every run of this study that may still have processes (running,
+    or not verified clean) and that no live worker holds: a run of a controller or worker
+    that died. The checks after each teardown leave the live runs of other slots alone."""
+    executors: dict[str, Executor] = {executor.name: executor}
+    try:
+        for run in store.runs(study=spec.name):
+            unverified = verdict_of(run.verdict_after) != Verdict.CLEAN
+            if not (run.status.running or unverified) or run.id in spared or run.trial in held:
                 continue
-            return config
-        return None
-    return retry.pop(0) if retry else None
+            if run.host not in executors:
+                executors[run.host] = executor_for(run.host)
+            view.phase(f"cleaning up run {run.id} left by an earlier controller")
+            slot = Slot(host=run.host, gpus=run.gpus, port=run.port)
+            await stop_server(executors[run.host], store, run, grace_s=min(spec.grace_s, 10.0),
+                              verify_deadline_s=spec.verify_deadline_s,
+                              status=RunStatus.STOPPED, cause="controller_died",
+                              exclusions=other_slots_markers(store, spec.name, run.host, slot))
+    finally:
+        for other in executors.values():
+            if other is not executor:
+                with contextlib.suppress(Exception):
+                    await other.close()
 
 
 async def _resume(executor: Executor, store: Store, spec: StudySpec, study: optuna.Study,
-                  view: TuneView) -> list[TrialRecord]:
-    """Clean up after a controller that died: its running trials are failed (to be rerun) and
-    its servers torn down (found through their run records and markers)."""
+                  view: TuneView, fleet: Fleet) -> list[TrialRecord]:
+    """Clean up after a controller (or worker) that died: its running trials are failed (to be
+    rerun) and its servers torn down (found through their run records and markers). Stale
+    leases are expired first (their trials re-queued by :meth:`Fleet.requeue`); a trial whose
+    lease is still active is left to its worker."""
     interrupted: list[TrialRecord] = []
+    for lease in store.expire_leases(spec.name, gone=lambda lease: worker_gone(lease.worker)):
+        interrupted += await fleet.requeue(lease, view.phase)
+    # What an active lease holds is its worker's (or, once it expires, its expirer's).
+    live = store.leases(spec.name, state=LeaseState.ACTIVE)
+    held: set[int | None] = {lease.trial for lease in live}
+    live_ids = {lease.id for lease in live}
+    binding = any(lease.trial is None for lease in live)  # its trial is being created
     for record in store.trials(spec.name, status=TrialStatus.RUNNING):
+        if record.number in held:
+            continue
         view.phase(f"trial {record.number} was running when its controller stopped: "
                    "cleaning up and running it again")
         store.save_trial(record.model_copy(update={"status": TrialStatus.INFRA_FAILED,
                                                     "cause": "controller_died",
                                                     "finished_at": time.time()}))
         interrupted.append(record)
-    await recover_host(executor, store, spec, view.phase)
+    await _recover_orphans(executor, store, spec, view,
+                           spared={lease.run_id for lease in live if lease.run_id}, held=held)
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        lease_id = frozen.user_attrs.get(LEASE_ATTR)
+        if frozen.number in held or lease_id in live_ids or (lease_id is None and binding):
+            continue
         study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
     return interrupted
+
+
+def worker_slot(spec: StudySpec, *, host: str | None, gpus: list[int] | None,
+                port: int | None) -> Slot:
+    """The slot of ``cleanslate worker``: its ``--host`` (else the study's host, else this
+    machine), ``--gpus`` (else the study's) and ``--port`` (else the study's first slot's)."""
+    chosen = host or spec.host or "local"
+    check_resolves(chosen, where="--host")
+    return Slot(host=chosen, gpus=tuple(gpus) if gpus is not None else (
+        tuple(spec.gpus) if spec.gpus is not None else None),
+        port=port if port is not None else spec.slot_ports()[0])
+
+
+def load_stored_study(store: Store, name: str) -> StudySpec:
+    """The definition of the study ``name`` as the store holds it; an unknown name is an
+    :class:`InputError` (``--study``) listing the studies there."""
+    record = store.study(name)
+    if record is None:
+        known = store.studies()
+        raise InputError(f"no study {name!r} in {store.display_url}", where="--study",
+                         hint=("studies there: " + ", ".join(known)) if known else
+                         "start it with `cleanslate tune STUDY.yaml --store URL` first")
+    try:
+        return StudySpec.model_validate(record.spec)
+    except ValidationError as exc:
+        raise InputError.from_validation(
+            exc, what=f"the stored definition of study {name!r} is not valid",
+            where="--study") from None
+
+
+async def run_worker(store: Store, spec: StudySpec, slot: Slot, *,
+                     view: TuneView | None = None, gpu_backend: str = "auto") -> StudyOutcome:
+    """``cleanslate worker``: lease trials of a study that is in the store and run them on one
+    slot until its plan or budget is done (or the slot is quarantined, or the worker is
+    stopped). Trials held by other live workers are left to them."""
+    view = view or TuneView()
+    study = open_optuna(store, spec)
+    stop = asyncio.Event()
+    fleet = Fleet(store=store, spec=spec, study=study, view=view, stop=stop,
+                  gpu_backend=gpu_backend)
+    executor = executor_for(slot.host)
+    try:
+        resumed = await _resume(executor, store, spec, study, view, fleet)
+    finally:
+        await executor.close()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    view.study_started(spec, trial_budget(spec),
+                       sum(1 for t in store.trials(spec.name) if t.status.finished))
+    try:
+        ends = await fleet.run([slot])
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    finally:
+        fleet.tick()
+    stopped_by, message, report = _stopped_by(ends, spec, store)
+    records = store.trials(spec.name)
+    if stopped_by in ("plan", "budget"):
+        store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.FINISHED)
+    return StudyOutcome(trials=records, new_trials=sum(e.trials for e in ends),
+                        best=_best(records, spec), stopped_by=stopped_by, message=message,
+                        report=report, resumed=[t.run_id or "" for t in resumed])

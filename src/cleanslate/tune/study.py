@@ -21,6 +21,9 @@ Schema (YAML; ``docs/study.md`` has the full reference)::
     objective: {maximize: output_throughput}
     slo: {ttft_p99_ms: 5000, tpot_p99_ms: 100}
     budget: {trials: 30, hours: 12}
+    hosts: [gpu-a, gpu-b]                # a fleet: ssh config names, ssh:// URLs or local
+    slots: [{gpus: [0, 1]}, {gpus: [2, 3], port: 30010}]   # per host: one trial each at once
+    lease_timeout_s: 60                  # a slot's lease without a heartbeat this long expires
 
 Everything is validated when the file is loaded, before any server starts (``docs/study.md``
 lists the caps): the workload, the objective (a numeric key of a benchmark level), the SLO keys,
@@ -35,6 +38,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +67,7 @@ from cleanslate.bench._limits import (
     MAX_NUM_PROMPTS,
 )
 from cleanslate.config import line_of, load_yaml_model
+from cleanslate.engines import engine_class
 from cleanslate.engines._flags import flag_args
 from cleanslate.errors import InputError
 from cleanslate.launch.config import ServerFields
@@ -86,6 +91,68 @@ MAX_FACTORS = 100
 MAX_PLANNED = 10_000
 #: The longest ``verify_deadline_s`` (a day).
 MAX_VERIFY_DEADLINE_S = 86_400.0
+#: Hosts of a study, and slots per host (a slot runs one trial at a time).
+MAX_HOSTS = 1_000
+MAX_SLOTS = 64
+
+
+class SlotSpec(BaseModel):
+    """One entry of ``slots:``: the GPUs (and optionally the port) of one trial at a time on
+    each host. A slot without ``gpus`` takes the study's; without ``port``, the study's port
+    (or the engine's default) plus the slot's index."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: list[int] | None = Field(default=None, min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(g < 0 for g in value):
+            raise ValueError("GPU indices are 0 or more")
+        return value
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one trial runs at a time: a host, its GPUs (``None``: all) and a port. ``index``
+    is the slot's place in ``slots:`` (the same on every host)."""
+
+    host: str
+    gpus: tuple[int, ...] | None
+    port: int
+    index: int = 0
+
+    @property
+    def key(self) -> str:
+        """The slot's identity in the store and in reports: ``host/gpus/port``."""
+        gpus = ",".join(map(str, self.gpus)) if self.gpus is not None else "all"
+        return f"{self.host}/gpus={gpus}/port={self.port}"
+
+
+def _slot_conflicts(slots: list[SlotSpec], study_gpus: list[int] | None,
+                    ports: list[int]) -> str | None:
+    """The first conflict between the slots of one host (a GPU named by two slots, two slots on
+    one port), as a message naming the key; ``None`` when there is none."""
+    seen_gpus: dict[int, int] = {}
+    for index, slot in enumerate(slots):
+        gpus = slot.gpus if slot.gpus is not None else study_gpus
+        if gpus is None and len(slots) > 1:
+            return (f"slots[{index}].gpus: a host with several slots needs each slot's GPUs "
+                    "(or the study's gpus: for one slot)")
+        for gpu in dict.fromkeys(gpus or ()):
+            if gpu in seen_gpus:
+                return (f"slots[{index}].gpus: GPU {gpu} is also in slots[{seen_gpus[gpu]}]: "
+                        "a GPU belongs to one slot of a host")
+            seen_gpus[gpu] = index
+    seen_ports: dict[int, int] = {}
+    for index, port in enumerate(ports):
+        if port in seen_ports:
+            return (f"slots[{index}].port: port {port} is also the port of "
+                    f"slots[{seen_ports[port]}]: give each slot its own port")
+        seen_ports[port] = index
+    return None
 
 
 
@@ -174,6 +241,24 @@ class StudySpec(ServerFields):
     verify_deadline_s: float = Field(default=120.0, gt=0, le=MAX_VERIFY_DEADLINE_S)
     retries: int = Field(default=2, ge=0, le=100,
                          description="cleanings of a dirty host per trial")
+    hosts: list[str] | None = Field(default=None, min_length=1, max_length=MAX_HOSTS)
+    slots: list[SlotSpec] | None = Field(default=None, min_length=1, max_length=MAX_SLOTS)
+    lease_timeout_s: float = Field(default=60.0, ge=1, le=86_400,
+                                   description="a lease without a heartbeat this long expires")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        for index, host in enumerate(value):
+            if not host.strip():
+                raise ValueError(f"hosts[{index}] is empty: give an ssh config name, an "
+                                 "ssh:// URL or local")
+        for index, host in enumerate(value):
+            if host in value[:index]:
+                raise ValueError(f"hosts[{index}]: {host} is named twice")
+        return value
 
     @field_validator("space")
     @classmethod
@@ -234,11 +319,41 @@ class StudySpec(ServerFields):
         if planned is not None and planned > MAX_PLANNED:
             raise ValueError(f"the {self.strategy} plans {planned:,} configurations: at most "
                              f"{MAX_PLANNED:,}; use fewer values, or strategy: tpe with a budget")
+        problem = _slot_conflicts(self.slots or [SlotSpec()], self.gpus, self.slot_ports())
+        if problem is not None:
+            raise ValueError(problem)
         try:  # the levels' benchmark: prompts x lengths within the client's caps
             self.bench_config("http://127.0.0.1:1", ignore_eos=True)
         except ValidationError as exc:
             raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
         return self
+
+    def slot_ports(self) -> list[int]:
+        """The port of each slot of a host: its ``port``, else the study's port (or the
+        engine's default) plus the slot's index."""
+        base = self.port or engine_class(self.engine).default_port
+        return [slot.port if slot.port is not None else base + index
+                for index, slot in enumerate(self.slots or [SlotSpec()])]
+
+    def slot_list(self) -> list[Slot]:
+        """Every slot of the study: each of ``hosts`` (default: the study's ``host``, else this
+        machine) times each of ``slots`` (default: one slot with the study's GPUs and port)."""
+        hosts = self.hosts or [self.host or "local"]
+        entries = self.slots or [SlotSpec()]
+        ports = self.slot_ports()
+        out = []
+        for host in hosts:
+            for index, entry in enumerate(entries):
+                gpus = entry.gpus if entry.gpus is not None else self.gpus
+                out.append(Slot(host=host, gpus=tuple(gpus) if gpus is not None else None,
+                                port=ports[index], index=index))
+        return out
+
+    def for_slot(self, slot: Slot) -> StudySpec:
+        """This study as one slot runs it: the slot's host, GPUs and port."""
+        return self.model_copy(update={
+            "host": slot.host, "port": slot.port,
+            "gpus": list(slot.gpus) if slot.gpus is not None else None})
 
     def planned_count(self) -> int | None:
         """How many configurations a grid or ablation study plans (``None`` for samplers),

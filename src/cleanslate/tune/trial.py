@@ -26,6 +26,7 @@ from cleanslate.bench._client import printable
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.config import ServeConfig
 from cleanslate.launch.lifecycle import (
+    Exclusions,
     StartOutcome,
     adapter_for,
     run_exit_code,
@@ -92,20 +93,38 @@ def _summary(report: CheckReport | None) -> tuple[Verdict, tuple[Finding, ...]]:
     return report.verdict, findings
 
 
-async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: Say) -> int:
+def on_slot(run: RunRecord, spec: StudySpec) -> bool:
+    """Whether ``run`` used the slot ``spec`` runs on (as :meth:`StudySpec.for_slot` makes
+    it): its port, or one of its GPUs (a run or a slot without GPUs has them all)."""
+    if spec.port is not None and run.port == spec.port:
+        return True
+    if run.gpus is None or spec.gpus is None:
+        return True
+    return bool(set(run.gpus) & set(spec.gpus))
+
+
+async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: Say,
+                       exclusions: Exclusions | None = None) -> int:
     """Tear down every run of this study that may still have processes: those the store says
     are running, and those whose last verification was not clean (dirty, unknown, or missing:
     a run with no recorded verdict is not known to be gone). Returns how many were stopped
-    (the processes are found by their marker even when orphaned)."""
+    (the processes are found by their marker even when orphaned).
+
+    With ``exclusions`` (a slot of a fleet), only the runs of this slot (:func:`on_slot`) that
+    are not another slot's live run (their markers are in ``exclusions()``) are stopped."""
     stopped = 0
+    spared = exclusions() if exclusions is not None else frozenset()
     for run in store.runs(study=spec.name):
         unverified = verdict_of(run.verdict_after) != Verdict.CLEAN
-        if (run.status.running or unverified) and run.host == executor.name:
-            say(f"cleaning up run {run.id} left by an earlier controller")
-            await stop_server(executor, store, run, grace_s=min(spec.grace_s, 10.0),
-                              verify_deadline_s=spec.verify_deadline_s, status=RunStatus.STOPPED,
-                              cause="controller_died")
-            stopped += 1
+        if not ((run.status.running or unverified) and run.host == executor.name):
+            continue
+        if exclusions is not None and (run.id in spared or not on_slot(run, spec)):
+            continue
+        say(f"cleaning up run {run.id} left by an earlier controller")
+        await stop_server(executor, store, run, grace_s=min(spec.grace_s, 10.0),
+                          verify_deadline_s=spec.verify_deadline_s, status=RunStatus.STOPPED,
+                          cause="controller_died", exclusions=exclusions)
+        stopped += 1
     return stopped
 
 
@@ -119,8 +138,14 @@ async def run_trial(
     gpu_backend: str = "auto",
     say: Say | None = None,
     stop: asyncio.Event | None = None,
+    run_id: str | None = None,
+    exclusions: Exclusions | None = None,
 ) -> TrialRecord:
-    """Run one configuration through the whole cycle and record it (see the module doc)."""
+    """Run one configuration through the whole cycle and record it (see the module doc).
+
+    A slot of a fleet passes ``run_id`` (recorded in its lease before the launch) and
+    ``exclusions`` (the markers of the other slots' runs on the host, which its checks and
+    cleanings leave alone: :func:`~cleanslate.launch.lifecycle.verify_options`)."""
     say = say or (lambda _m: None)
     config = serve_config(spec, params)
     record = store.save_trial(TrialRecord(study=spec.name, number=number, params=params,
@@ -133,14 +158,15 @@ async def run_trial(
             outcome = await start_server(executor, store, config, gpu_backend=gpu_backend,
                                          progress=say, study=spec.name, trial=number,
                                          verify_deadline_s=spec.verify_deadline_s,
-                                         validate=False)
+                                         validate=False, run_id=run_id, exclusions=exclusions)
             if outcome.refused is None:
                 break
             say("host not clean before the trial: cleaning up this study's runs")
-            if await recover_host(executor, store, spec, say) == 0 and attempt == spec.retries:
+            if await recover_host(executor, store, spec, say, exclusions) == 0 and \
+                    attempt == spec.retries:
                 break
     except BaseException as exc:  # recorded, its runs stopped, then raised again
-        await _abandon(executor, store, spec, record, exc, {}, say)
+        await _abandon(executor, store, spec, record, exc, {}, say, exclusions)
         raise
     assert outcome is not None
     if outcome.refused is not None:
@@ -191,7 +217,8 @@ async def run_trial(
                                    status=RunStatus.CRASHED if crashed else (
                                        RunStatus.FAILED if failure is not None
                                        else RunStatus.STOPPED),
-                                   cause=cause, detail=detail, log_tail_text=tail)
+                                   cause=cause, detail=detail, log_tail_text=tail,
+                                   exclusions=exclusions)
     except BaseException as exc:
         # The run stays recorded as running: the next start of this study stops it.
         phases["teardown_s"] = round(time.monotonic() - t0, 3)
@@ -237,7 +264,8 @@ def _describe(exc: BaseException) -> str:
 
 
 async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: TrialRecord,
-                   exc: BaseException, phases: dict[str, float], say: Say) -> None:
+                   exc: BaseException, phases: dict[str, float], say: Say,
+                   exclusions: Exclusions | None = None) -> None:
     """After an exception while a trial's server was starting: stop every run of this trial
     the store says is starting or ready, and record the trial ``infra_failed``
     (``controller_error``). Never raises for the teardown (the next start of the study stops
@@ -254,7 +282,7 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
             report = await stop_server(
                 executor, store, run, grace_s=min(spec.grace_s, 10.0),
                 verify_deadline_s=spec.verify_deadline_s, status=RunStatus.FAILED,
-                cause="controller_error", detail=detail)
+                cause="controller_error", detail=detail, exclusions=exclusions)
         except Exception as stop_exc:  # recorded below; recover_host tries again later
             detail += f"; teardown failed: {_describe(stop_exc)}"
             verdict_after = Verdict.UNKNOWN

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -43,7 +44,10 @@ class CheckOptions:
     """How to check a host. ``timeout`` bounds each probe source, in seconds. ``listeners``:
     read every listening socket, on any port (a baseline records them; a check against a
     baseline always reads them). ``gpu_backend``: a backend name (``auto`` resolved per host)
-    or an instance already configured for a run (the sim engine's ledger)."""
+    or an instance already configured for a run (the sim engine's ledger). ``exclusions``:
+    read after each probe, markers of runs that are not this check's business, added to the
+    scope's ``exclude_markers`` (a study's other slots on the host: a run that launched while
+    the probe ran is known by then, since its marker is recorded before its launch)."""
 
     scope: Scope = field(default_factory=Scope)
     ports: tuple[int, ...] = ()
@@ -51,6 +55,7 @@ class CheckOptions:
     timeout: float = DEFAULT_TIMEOUT_S
     baseline: Baseline | None = None
     listeners: bool = False
+    exclusions: Callable[[], frozenset[str]] | None = None
 
 
 class UntilClean(BaseModel):
@@ -108,6 +113,9 @@ async def check_host(executor: Executor, options: CheckOptions) -> tuple[HostVer
         # Our PIDs mean nothing on another host; the collector excludes itself and its SSH
         # ancestors there (``collector_pid``).
         scope = dataclasses.replace(scope, exclude_roots=frozenset())
+    if options.exclusions is not None:
+        scope = dataclasses.replace(
+            scope, exclude_markers=scope.exclude_markers | options.exclusions())
     return evaluate(snapshot, scope, baseline), snapshot
 
 

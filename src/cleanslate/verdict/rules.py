@@ -59,6 +59,7 @@ class Scope:
     idle_tolerance_mib: int = DEFAULT_IDLE_TOLERANCE_MIB
     strict: bool = False
     port_reasons: tuple[tuple[int, str], ...] = ()
+    exclude_markers: frozenset[str] = frozenset()
 
     def has_gpu(self, index: int) -> bool:
         return self.gpus is None or index in self.gpus
@@ -98,18 +99,41 @@ def excluded_pids(snapshot: Snapshot, roots: Iterable[int]) -> set[int]:
     return out
 
 
+def other_runs_pids(snapshot: Snapshot, markers: Iterable[str]) -> set[int]:
+    """The processes of the runs whose markers are ``markers``: those carrying one, and their
+    descendants that carry no marker at all (a child that dropped its environment)."""
+    wanted = set(markers)
+    if not wanted:
+        return set()
+    children: dict[int, list[ProcessInfo]] = {}
+    for proc in snapshot.processes:
+        children.setdefault(proc.ppid, []).append(proc)
+    stack = [p for p in snapshot.processes if p.run_marker in wanted]
+    out: set[int] = set()
+    while stack:
+        proc = stack.pop()
+        if proc.pid in out or proc.pid == 1:
+            continue
+        out.add(proc.pid)
+        stack.extend(c for c in children.get(proc.pid, ()) if c.run_marker is None)
+    return out
+
+
 def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None) -> HostVerdict:
     """Apply every rule and return the host's verdict."""
     own = excluded_pids(snapshot, scope.exclude_roots)
+    # Runs of other slots are not strays here; GPU memory in scope and ports in scope are
+    # judged without them (``own`` only).
+    spared = own | other_runs_pids(snapshot, scope.exclude_markers)
     gpu_pids = _gpu_memory_by_pid(snapshot.gpu.gpus)
     findings: list[Finding] = []
     findings += _source_rules(snapshot)
-    findings += _process_rules(snapshot, scope, own, gpu_pids)
+    findings += _process_rules(snapshot, scope, spared, gpu_pids)
     findings += _gpu_rules(snapshot, scope, baseline, own)
-    findings += _device_file_rules(snapshot, scope, baseline, own, gpu_pids)
+    findings += _device_file_rules(snapshot, scope, baseline, spared, gpu_pids)
     findings += _port_rules(snapshot, scope, baseline, own)
-    findings += _unreadable_rules(snapshot, scope, own)
-    findings += _baseline_rules(snapshot, scope, baseline, own)
+    findings += _unreadable_rules(snapshot, scope, spared)
+    findings += _baseline_rules(snapshot, scope, baseline, spared)
     findings += _shm_rules(snapshot, scope, baseline)
     findings += _kernel_rules(snapshot, baseline)
     gpus = tuple(g for g in snapshot.gpu.gpus if scope.has_gpu(g.index))

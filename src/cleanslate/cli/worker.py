@@ -1,0 +1,59 @@
+"""``cleanslate worker``: lease trials of a study in a shared store and run them on one slot.
+
+Options -> the stored study and the slot (:func:`~cleanslate.tune.controller.load_stored_study`,
+:func:`~cleanslate.tune.controller.worker_slot`) -> one library call,
+:func:`~cleanslate.tune.controller.run_worker` -> rendering (``docs/fleet.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from cleanslate.cli._common import console, parse_int_list
+from cleanslate.cli.tune import ConsoleView
+from cleanslate.errors import ExitCode
+
+
+def worker(
+    study: Annotated[str, typer.Option("--study", help="The study's name in the store.")],
+    store_url: Annotated[str | None, typer.Option(
+        "--store", help="Store URL shared by the fleet (postgresql://... across machines).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(
+        help="The slot's host (default: the study's host, else this machine).")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        help="The slot's GPUs, e.g. 0,1 (default: the study's).")] = None,
+    port: Annotated[int | None, typer.Option(
+        min=1, max=65535, help="The slot's port (default: the study's first slot's).")] = None,
+    gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
+) -> None:
+    """Lease trials of a study that `cleanslate tune` started and run them on one slot (host,
+    GPUs, port) until its plan or budget is done. Any number of workers may share a store."""
+    from cleanslate.store import Store
+    from cleanslate.tune.controller import load_stored_study, run_worker, worker_slot
+
+    gpu_list = parse_int_list(gpus, option="--gpus") if gpus is not None else None
+    reader = Store(store_url, create=False)  # a study that is not there: nothing written
+    try:
+        spec = load_stored_study(reader, study)
+    finally:
+        reader.close()
+    slot = worker_slot(spec, host=host, gpus=gpu_list, port=port)
+    store = Store(store_url)
+    try:
+        outcome = asyncio.run(run_worker(store, spec, slot, view=ConsoleView(),
+                                         gpu_backend=gpu_backend))
+    finally:
+        store.close()
+    done = outcome.stopped_by in ("plan", "budget")
+    console.print(f"worker on {escape(slot.key)}: {outcome.new_trials} trials; study "
+                  + ("done" if done else f"not done: {escape(outcome.stopped_by)} "
+                     f"{escape(outcome.message)}"), highlight=False)
+    raise typer.Exit(ExitCode.OK if done else ExitCode.FAILED)
+
+
+__all__ = ["worker"]

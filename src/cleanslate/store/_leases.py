@@ -1,0 +1,124 @@
+"""Leases and slots as the store keeps them: who runs which trial where, and which slots are
+out of service.
+
+Optuna's trial heartbeat works only with ``study.optimize()``, not with ask/tell, so ownership of
+a trial is cleanslate's own: a :class:`LeaseRecord` per claimed configuration (``cs_leases``).
+A lease is ``active`` while its worker renews it (:attr:`LeaseRecord.heartbeat_at`); a lease
+whose heartbeat is older than the study's ``lease_timeout_s`` is ``expired`` by whoever claims
+next, and its configuration goes back to the queue; a lease whose trial ended is ``released``
+(``outcome``: ``result`` when the trial produced one, ``requeued`` when it did not).
+:class:`SlotRecord` (``cs_slots``) says that a slot is ``suspect`` (a run of an expired lease
+could not be torn down there) or ``quarantined`` (it stayed dirty), with the evidence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from cleanslate.store._records import Record
+from cleanslate.verdict.findings import Finding
+
+
+def config_key(params: Mapping[str, Any]) -> str:
+    """A configuration's identity: the SHA-256 of its parameters as canonical JSON (the same
+    parameters in any order give the same key)."""
+    text = json.dumps(dict(params), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class LeaseState(StrEnum):
+    """``active`` (its worker holds it and renews it), ``released`` (its trial ended: see
+    ``outcome``) or ``expired`` (no heartbeat within the timeout: its worker is gone)."""
+
+    ACTIVE = "active"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+class LeaseOutcome(StrEnum):
+    """How a released lease's trial ended: ``result`` (feasible or infeasible: counted),
+    ``requeued`` (no result: the configuration goes back to the queue), ``lost`` (the lease
+    had expired before the trial ended: another worker runs it; this run does not count)."""
+
+    RESULT = "result"
+    REQUEUED = "requeued"
+    LOST = "lost"
+
+
+class LeaseRecord(Record):
+    """One claim of a configuration by a worker on a slot. Times are epoch seconds.
+
+    ``key`` is :func:`config_key` of ``params`` (``new:...`` until a sampler's trial is
+    asked); ``trial`` the Optuna trial number once it exists; ``run_id`` the run the trial
+    launches (chosen before the launch, so that the other slots of the host know its marker
+    from the start). ``slot`` is the slot's key (``host/gpus=0,1/port=30000``).
+    """
+
+    id: int | None = None
+    study: str
+    key: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    trial: int | None = None
+    worker: str
+    host: str
+    gpus: tuple[int, ...] | None = None
+    port: int
+    slot: str
+    run_id: str | None = None
+    state: LeaseState = LeaseState.ACTIVE
+    outcome: LeaseOutcome | None = None
+    detail: str | None = None
+    acquired_at: float = Field(default_factory=time.time)
+    heartbeat_at: float = Field(default_factory=time.time)
+    expires_at: float = 0.0
+    released_at: float | None = None
+
+
+class SlotState(StrEnum):
+    """``ok``, ``suspect`` (a run of an expired lease could not be torn down there: no new
+    trial until the slot verifies clean) or ``quarantined`` (still dirty after cleaning)."""
+
+    OK = "ok"
+    SUSPECT = "suspect"
+    QUARANTINED = "quarantined"
+
+
+class SlotRecord(Record):
+    """A slot of a study whose state is not plain ``ok``, or was not: why, and the evidence
+    (the error and unknown findings of the check that decided it)."""
+
+    study: str
+    slot: str
+    host: str
+    gpus: tuple[int, ...] | None = None
+    port: int
+    state: SlotState
+    reason: str | None = None
+    findings: tuple[Finding, ...] = ()
+    updated_at: float = Field(default_factory=time.time)
+
+
+@dataclass
+class Claim:
+    """What :meth:`~cleanslate.store.Store.claim_lease` did: the lease it granted (``None``:
+    nothing to hand out now), the leases it expired on the way, whether the study's plan or
+    budget is done (every target has a result), and how many results and active leases the
+    study has."""
+
+    lease: LeaseRecord | None
+    expired: list[LeaseRecord] = field(default_factory=list)
+    done: bool = False
+    finished: int = 0
+    active: int = 0
+
+
+__all__ = ["Claim", "LeaseOutcome", "LeaseRecord", "LeaseState", "SlotRecord", "SlotState",
+           "config_key"]

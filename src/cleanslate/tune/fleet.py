@@ -1,0 +1,485 @@
+"""Trials in parallel: one worker per slot, leases in the store, re-queue and quarantine per slot.
+
+A *slot* is (host, GPUs, port) (:class:`~cleanslate.tune.study.Slot`). Each slot runs one trial
+at a time in its own asyncio task (``cleanslate tune`` with several slots), or in a process of
+its own on any machine (``cleanslate worker``); both claim work the same way, from the store:
+
+- **Leases.** A slot claims a configuration with :meth:`~cleanslate.store.Store.claim_lease`
+  (atomic across processes: ``BEGIN IMMEDIATE`` on SQLite, an advisory lock on PostgreSQL) and
+  renews the lease every ``lease_timeout_s / 3`` while its trial runs. Grid and ablation hand
+  out each planned configuration once (by its key); TPE and random ask Optuna's sampler, whose
+  RDB storage makes ``ask()`` safe across processes and whose ``constant_liar`` keeps it from
+  proposing what is already running.
+- **Re-queue.** A lease whose heartbeat is older than the timeout (or whose worker, on this
+  machine, is not running any more) is expired by the next claim: its configuration goes back
+  to the queue, its trial is recorded ``infra_failed`` (``controller_died``), and its run is
+  torn down on its host by marker. Where that is not possible (the host does not answer), the
+  slot is ``suspect``: it gets no new trial until it verifies clean.
+- **Quarantine.** A slot still dirty after ``retries`` cleanings is ``quarantined`` with the
+  findings; its trial goes back to the queue for another slot and the study goes on. Only
+  when every slot is quarantined does the study stop with ``quarantine``.
+- **Scope.** A slot's checks are about its GPUs and its port; the processes of this study's
+  runs on the host's other slots are not strays there (their markers are excluded), but memory
+  they hold on this slot's GPUs is a finding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from cleanslate.errors import InputError
+from cleanslate.hosts import executor_for
+from cleanslate.hosts.base import Executor
+from cleanslate.launch.launcher import new_run_id
+from cleanslate.launch.lifecycle import Exclusions, stop_server
+from cleanslate.store import RunStatus, Store
+from cleanslate.store._leases import (
+    LeaseOutcome,
+    LeaseRecord,
+    LeaseState,
+    SlotRecord,
+    SlotState,
+    config_key,
+)
+from cleanslate.store._trials import TrialRecord, TrialStatus
+from cleanslate.tune.space import CONSTRAINT_ATTR, distributions, planned_configs, trial_budget
+from cleanslate.tune.study import Slot, StudySpec
+from cleanslate.tune.trial import HostQuarantined, Interrupted, run_trial, verdict_of
+from cleanslate.tune.view import TuneView
+from cleanslate.verdict.check import CheckOptions, CheckReport, check_hosts
+from cleanslate.verdict.findings import Finding, Severity, Verdict
+from cleanslate.verdict.rules import Scope
+
+#: User attribute of an Optuna trial: the id of the lease it runs under (a controller that
+#: starts fails only the running trials whose lease is not held any more).
+LEASE_ATTR = "lease"
+
+#: Why a slot's worker stopped: its share of the plan or budget is done, the time budget is
+#: used, it was asked to stop, or the slot is quarantined.
+DONE, HOURS, INTERRUPTED, QUARANTINE = "done", "hours", "interrupted", "quarantine"
+
+
+# -- workers ---------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> str:
+    """Field 22 of ``/proc/PID/stat`` (the start time in clock ticks), ``""`` when gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else ""
+
+
+def _pid_namespace() -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:").strip("[]")
+    return ""
+
+
+def _this_machine() -> str:
+    """``hostname/boot id/PID namespace``: where a PID names the same process as here."""
+    boot = _read("/proc/sys/kernel/random/boot_id")[:8]
+    return f"{socket.gethostname()}/{boot}/{_pid_namespace()}"
+
+
+def worker_id() -> str:
+    """This process as a lease's owner: ``hostname/boot/pidns/PID/start ticks`` (a PID reused
+    after the worker died has another start time)."""
+    pid = os.getpid()
+    return f"{_this_machine()}/{pid}/{_start_ticks(pid)}"
+
+
+def worker_gone(worker: str) -> bool:
+    """Whether the worker that holds a lease is known not to run any more: it ran on this
+    machine, in this PID namespace, since this boot, and its PID is gone or is another process
+    now. A worker elsewhere is never known gone (its lease expires by its timeout)."""
+    machine, _, rest = worker.rpartition("/")
+    machine, _, pid = machine.rpartition("/")
+    if machine != _this_machine() or not pid.isdigit():
+        return False
+    return _start_ticks(int(pid)) != rest
+
+
+# -- a slot's scope --------------------------------------------------------------------------------
+
+
+def other_slots_markers(store: Store, study: str, host: str, slot: Slot) -> Exclusions:
+    """The markers a slot's checks leave alone, read when called: the runs of this study on
+    ``host`` on another slot, recorded running (their port and GPUs are not this slot's) or
+    about to launch (the ``run_id`` of another slot's active lease, recorded before its
+    launch)."""
+    gpus = tuple(slot.gpus) if slot.gpus is not None else None
+
+    def read() -> frozenset[str]:
+        out = {lease.run_id for lease in store.leases(study, state=LeaseState.ACTIVE)
+               if lease.host == host and lease.slot != slot.key and lease.run_id}
+        for status in (RunStatus.STARTING, RunStatus.READY):
+            out |= {run.id for run in store.runs(status=status, study=study)
+                    if run.host == host and (run.port, run.gpus) != (slot.port, gpus)}
+        return frozenset(out)
+
+    return read
+
+
+def _errors(report: CheckReport | None) -> tuple[Finding, ...]:
+    if report is None:
+        return ()
+    return tuple(f for h in report.hosts for f in h.findings
+                 if f.severity in (Severity.ERROR, Severity.UNKNOWN))
+
+
+# -- the fleet -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SlotEnd:
+    """How one slot's worker ended, and what it did."""
+
+    slot: Slot
+    why: str
+    trials: int = 0
+    infra_failures: int = 0
+    message: str = ""
+    report: CheckReport | None = None
+
+
+@dataclass
+class Fleet:
+    """One process's workers of a study: the Optuna study, the plan, and what they share."""
+
+    store: Store
+    spec: StudySpec
+    study: optuna.Study
+    view: TuneView
+    stop: asyncio.Event
+    gpu_backend: str = "auto"
+    worker: str = field(default_factory=worker_id)
+    labels: bool = False
+    _clock: float = field(default_factory=time.monotonic)
+    _started: int = 0
+
+    def __post_init__(self) -> None:
+        self.dists = distributions(self.spec)
+        self.total = trial_budget(self.spec)
+        plan = planned_configs(self.spec)
+        self.plan = None if plan is None else list(
+            {self._key(p): (self._key(p), p) for p in plan}.values())
+        # The store keeps parameters redacted: a claimed plan entry runs with its own values.
+        self.params = {k: p for k, p in self.plan or ()}
+        base = dict(self.spec.baseline) if plan is None and self.spec.baseline else None
+        self.first = [(self._key(base), base)] if base else []
+        self.poll_s = min(2.0, self.spec.lease_timeout_s / 3)
+
+    def _key(self, params: dict[str, Any]) -> str:
+        """A configuration's key as the store compares it (its redacted parameters)."""
+        return config_key(self.store.redacted(dict(params)))
+
+    def tick(self) -> float:
+        """Add the wall time since the last tick to the study; returns its total (seconds)."""
+        now = time.monotonic()
+        spent = self.store.add_study_time(self.spec.name, now - self._clock)
+        self._clock = now
+        return spent
+
+    def hours_used(self) -> bool:
+        hours = self.spec.budget.hours
+        return hours is not None and self.tick() >= hours * 3600
+
+    # -- the slots --
+
+    async def run(self, slots: list[Slot]) -> list[SlotEnd]:
+        """Run one worker per slot until each is done, quarantined or stopped. An error in one
+        (a bug, the store gone) cancels the others: each tears its trial down and gives its
+        lease back, then the error goes on."""
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._slot(slot)) for slot in slots]
+        return [t.result() for t in tasks]
+
+    def _say(self, slot: Slot) -> Callable[[str], None]:
+        if not self.labels:
+            return self.view.phase
+        return lambda message: self.view.phase(f"[{slot.key}] {message}")
+
+    async def _slot(self, slot: Slot) -> SlotEnd:
+        executor = executor_for(slot.host)
+        try:
+            return await self._work(slot, executor)
+        finally:
+            with contextlib.suppress(Exception):
+                await executor.close()
+
+    async def _work(self, slot: Slot, executor: Executor) -> SlotEnd:
+        say = self._say(slot)
+        spec = self.spec.for_slot(slot)
+        end = SlotEnd(slot=slot, why=DONE)
+        exclusions = other_slots_markers(self.store, spec.name, executor.name, slot)
+        template = LeaseRecord(study=spec.name, key="", worker=self.worker, host=executor.name,
+                               gpus=slot.gpus, port=slot.port, slot=slot.key)
+        while True:
+            if self.stop.is_set():
+                end.why = INTERRUPTED
+                return end
+            if self.hours_used():
+                end.why, end.message = HOURS, f"time budget of {spec.budget.hours:g} h used"
+                return end
+            if not await self._usable(slot, executor, spec, exclusions, say, end):
+                return end
+            run_id = new_run_id()
+            claim = self.store.claim_lease(
+                template.model_copy(update={"run_id": run_id}),
+                timeout_s=spec.lease_timeout_s, plan=self.plan, first=self.first,
+                limit=self.total, gone=lambda lease: worker_gone(lease.worker))
+            for lost in claim.expired:
+                await self.requeue(lost, say)
+            if claim.lease is None:
+                if claim.done:
+                    return end
+                await self._wait()
+                continue
+            await self._one(claim.lease, claim.finished + claim.active, slot, executor, spec,
+                            exclusions, say, end)
+            if end.why != DONE:
+                return end
+
+    async def _wait(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), timeout=self.poll_s)
+
+    def _trial_for(self, lease: LeaseRecord) -> tuple[optuna.trial.Trial, LeaseRecord]:
+        """The Optuna trial of a lease: a fixed configuration (planned, the baseline, a
+        re-queued one) is created as it is; a new one is asked of the sampler. The lease is
+        bound to its trial number (and key and parameters)."""
+        if lease.params:
+            params = dict(self.params.get(lease.key, lease.params))
+            frozen = optuna.trial.create_trial(
+                state=optuna.trial.TrialState.RUNNING, params=params,
+                distributions={k: self.dists[k] for k in params},
+                user_attrs={LEASE_ATTR: lease.id})
+            storage = self.study._storage
+            trial = optuna.trial.Trial(self.study, storage.create_new_trial(
+                self.study._study_id, template_trial=frozen))
+            return trial, self.store.bind_lease(lease, trial=trial.number, params=params)
+        trial = self.study.ask(self.dists)
+        trial.set_user_attr(LEASE_ATTR, lease.id)
+        params = dict(trial.params)
+        return trial, self.store.bind_lease(lease, trial=trial.number, params=params,
+                                            key=self._key(params))
+
+    async def _one(self, lease: LeaseRecord, index: int, slot: Slot, executor: Executor,
+                   spec: StudySpec, exclusions: Exclusions, say: Callable[[str], None],
+                   end: SlotEnd) -> None:
+        """One leased trial on a slot, its lease renewed while it runs and given back with its
+        outcome; sets ``end.why`` when the slot stops (quarantine, interrupted)."""
+        heart: asyncio.Task[None] | None = None
+        trial: optuna.trial.Trial | None = None
+        try:
+            trial, lease = self._trial_for(lease)
+            heart = asyncio.create_task(self._heartbeat(lease))
+            self.view.trial_started(index, self.total, trial.number, dict(lease.params))
+            if self.labels:
+                say(f"trial #{trial.number} on this slot")
+            record = await run_trial(executor, self.store, spec, trial.number,
+                                     dict(lease.params), gpu_backend=self.gpu_backend, say=say,
+                                     stop=self.stop, run_id=lease.run_id, exclusions=exclusions)
+        except HostQuarantined as exc:
+            self._fail(trial)
+            self.store.release_lease(lease, LeaseOutcome.REQUEUED, "the slot is quarantined")
+            findings = _errors(exc.report)
+            self.store.save_slot(SlotRecord(
+                study=spec.name, slot=slot.key, host=executor.name, gpus=slot.gpus,
+                port=slot.port, state=SlotState.QUARANTINED, reason=str(exc),
+                findings=findings))
+            say(f"slot {slot.key} quarantined: {exc!s}")
+            end.why, end.message, end.report = QUARANTINE, str(exc), exc.report
+            end.infra_failures += 1
+            return
+        except Interrupted:
+            self._fail(trial)
+            self.store.release_lease(lease, LeaseOutcome.REQUEUED, "interrupted")
+            end.why = INTERRUPTED
+            return
+        except BaseException:
+            # run_trial tore its server down and recorded the trial before raising.
+            with contextlib.suppress(Exception):
+                self._fail(trial)
+                self.store.release_lease(lease, LeaseOutcome.REQUEUED, "controller error")
+            raise
+        finally:
+            if heart is not None:
+                heart.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heart
+        if not self.store.release_lease(lease, LeaseOutcome.RESULT):
+            # The lease expired while the trial ran: another worker runs the configuration,
+            # and this run does not count (no configuration counted twice).
+            self.store.save_trial(record.model_copy(update={
+                "status": TrialStatus.INFRA_FAILED, "cause": "lease_lost",
+                "detail": "the lease expired before the trial ended (no heartbeat within "
+                          f"{spec.lease_timeout_s:g} s): another worker runs it"}))
+            self._fail(trial)
+            end.infra_failures += 1
+            return
+        end.trials += 1
+        try:
+            self._tell(trial, record, spec)
+        except Exception as exc:  # the result stands in the store; the sampler misses it
+            say(f"Optuna did not take trial #{trial.number}'s value: {exc}")
+        self._back_to_ok(slot, executor.name, record)
+        self.view.trial_finished(record, best_trial(self.store.trials(spec.name), spec))
+
+    def _fail(self, trial: optuna.trial.Trial | None) -> None:
+        if trial is not None:
+            with contextlib.suppress(Exception):
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _tell(self, trial: optuna.trial.Trial, record: TrialRecord, spec: StudySpec) -> None:
+        feasible = record.status == TrialStatus.FEASIBLE
+        trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if feasible else 1.0)
+        trial.set_user_attr("status", record.status.value)
+        if record.cause:
+            trial.set_user_attr("cause", record.cause)
+        if record.run_id:
+            trial.set_user_attr("run_id", record.run_id)
+        penalty = 0.0 if spec.objective.direction == "maximize" else 1e12
+        self.study.tell(trial, record.value if record.value is not None else penalty)
+
+    async def _heartbeat(self, lease: LeaseRecord) -> None:
+        """Renew the lease every third of its timeout until cancelled; a store that does not
+        answer is tried again at the next beat (the lease may expire meanwhile)."""
+        timeout = self.spec.lease_timeout_s
+        while True:
+            await asyncio.sleep(timeout / 3)
+            try:
+                if not await asyncio.to_thread(self.store.heartbeat, lease, timeout):
+                    self.view.phase(f"lease {lease.id} expired while its trial ran: its "
+                                    "result will not count")
+                    return
+            except InputError:
+                continue
+
+    # -- re-queue, suspect and quarantined slots --
+
+    async def requeue(self, lease: LeaseRecord, say: Callable[[str], None]) -> list[TrialRecord]:
+        """After a lease expired: record its trial ``infra_failed`` (its configuration is back
+        in the queue), fail its Optuna trial, and tear its run down on its host by marker;
+        where that cannot be verified, its slot is suspect. Returns the trial records it
+        closed."""
+        say(f"lease {lease.id} of {lease.worker} on {lease.slot} expired ({lease.detail}): "
+            f"trial #{lease.trial} goes back to the queue")
+        closed = []
+        for record in self.store.trials(self.spec.name, status=TrialStatus.RUNNING):
+            if record.number == lease.trial:
+                closed.append(record)
+                self.store.save_trial(record.model_copy(update={
+                    "status": TrialStatus.INFRA_FAILED, "cause": "controller_died",
+                    "detail": f"its worker stopped renewing lease {lease.id}: {lease.detail}",
+                    "finished_at": time.time()}))
+        if lease.trial is not None:
+            with contextlib.suppress(Exception):
+                self.study.tell(lease.trial, state=optuna.trial.TrialState.FAIL)
+        runs = [r for r in self.store.runs(study=self.spec.name)
+                if (r.id == lease.run_id or (lease.trial is not None and r.trial == lease.trial))
+                and (r.status.running or verdict_of(r.verdict_after) != Verdict.CLEAN)]
+        if not runs:
+            return closed
+        executor = executor_for(lease.host)
+        slot = Slot(host=lease.host, gpus=lease.gpus, port=lease.port)
+        try:
+            for run in runs:
+                say(f"cleaning up run {run.id} of the expired lease on {run.host}")
+                report = None
+                with contextlib.suppress(Exception):
+                    report = await stop_server(
+                        executor, self.store, run, grace_s=min(self.spec.grace_s, 10.0),
+                        gpu_backend=self.gpu_backend, verify_deadline_s=self.spec.verify_deadline_s,
+                        cause="controller_died",
+                        exclusions=other_slots_markers(self.store, self.spec.name, lease.host,
+                                                       slot))
+                if report is None or verdict_of(report.verify) != Verdict.CLEAN:
+                    why = (f"run {run.id} of expired lease {lease.id} could not be torn down "
+                           "and verified" + ("" if report is None else
+                                             f" ({verdict_of(report.verify)})"))
+                    say(f"{lease.slot} is suspect: {why}")
+                    self.store.save_slot(SlotRecord(
+                        study=self.spec.name, slot=lease.slot, host=lease.host, gpus=lease.gpus,
+                        port=lease.port, state=SlotState.SUSPECT, reason=why,
+                        findings=_errors(report.verify) if report is not None else ()))
+        finally:
+            with contextlib.suppress(Exception):
+                await executor.close()
+        return closed
+
+    def _slot_record(self, slot: Slot) -> SlotRecord | None:
+        return next((r for r in self.store.slots(self.spec.name) if r.slot == slot.key), None)
+
+    async def _usable(self, slot: Slot, executor: Executor, spec: StudySpec,
+                      exclusions: Exclusions, say: Callable[[str], None], end: SlotEnd) -> bool:
+        """Whether the slot may take a trial: a suspect slot must verify clean first (checked
+        up to ``retries + 1`` times, a poll apart); one that does not is quarantined."""
+        record = self._slot_record(slot)
+        if record is None or record.state != SlotState.SUSPECT:
+            return True
+        report: CheckReport | None = None
+        for attempt in range(spec.retries + 1):
+            say(f"{slot.key} is suspect ({record.reason}): verifying it clean")
+            options = CheckOptions(
+                scope=Scope(gpus=frozenset(slot.gpus) if slot.gpus is not None else None,
+                            exclude_roots=frozenset({os.getpid()})),
+                ports=(slot.port,), gpu_backend=self.gpu_backend, exclusions=exclusions)
+            report = await check_hosts([executor], options)
+            if report.verdict == Verdict.CLEAN:
+                self.store.save_slot(record.model_copy(update={
+                    "state": SlotState.OK, "updated_at": time.time(),
+                    "reason": f"verified clean after: {record.reason}"}))
+                return True
+            if attempt < spec.retries:
+                await self._wait()
+        message = f"{slot.key} stayed {verdict_of(report)} after it was suspect"
+        self.store.save_slot(record.model_copy(update={
+            "state": SlotState.QUARANTINED, "reason": message, "findings": _errors(report),
+            "updated_at": time.time()}))
+        end.why, end.message, end.report = QUARANTINE, message, report
+        return False
+
+    def _back_to_ok(self, slot: Slot, host: str, record: TrialRecord) -> None:
+        """A slot quarantined by an earlier controller that now verified clean before a trial
+        is in service again: its record says so (and keeps the old reason)."""
+        old = self._slot_record(slot)
+        if old is not None and old.state == SlotState.QUARANTINED and \
+                record.verdict_before == Verdict.CLEAN:
+            self.store.save_slot(old.model_copy(update={
+                "state": SlotState.OK, "updated_at": time.time(),
+                "reason": f"clean again before trial {record.number} (was quarantined: "
+                          f"{old.reason})"}))
+
+
+def best_trial(trials: list[TrialRecord], spec: StudySpec) -> TrialRecord | None:
+    """The feasible trial with the best value in the objective's direction."""
+    feasible = [t for t in trials if t.status == TrialStatus.FEASIBLE and t.value is not None]
+    if not feasible:
+        return None
+
+    def key(t: TrialRecord) -> float:
+        return t.value or 0.0
+
+    return max(feasible, key=key) if spec.objective.direction == "maximize" else min(
+        feasible, key=key)
+
+
+__all__ = ["LEASE_ATTR", "Fleet", "SlotEnd", "best_trial", "other_slots_markers", "worker_gone",
+           "worker_id"]
