@@ -1,0 +1,190 @@
+"""How few trials each strategy needs to find the best configuration (issue: search efficiency).
+
+The surface is the sim engine's performance model (``cleanslate.sim.model``, the same model the
+running sim steps through), evaluated in steady state so that thousands of trials take seconds:
+for a configuration of the quick-start space (memory fraction x CUDA graphs x
+max-running-requests x chunked-prefill size, 120 configurations) each concurrency level gives
+output tokens/s and mean TTFT; a level is feasible when the server starts, its decode batch does
+not crash (CUDA graphs above ``cuda-graph-max-bs``) and its TTFT meets the SLO; a trial's value
+is its best feasible level, as in ``cleanslate tune``. Every measurement carries the sim's noise
+(log-normal, sigma 2 %), so a strategy can be fooled by a lucky run as it would on a real server.
+
+The optimum is the full grid's best true value. For each strategy and seed, the trials needed
+are the first trial after which the configuration the strategy would report (the best one it
+measured) is within 2 % of the optimum in true value. ``tpe`` and ``random`` are the samplers
+``cleanslate tune`` uses (``cleanslate.tune.space.make_sampler``, with its constraints); the
+ablation runs its plan in order; the grid needs all 120.
+
+    python benchmarks/search_efficiency.py [--seeds 10] [--within 0.02] [--json out.json]
+
+Prints a Markdown table: median and worst trials per strategy, as a share of the grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import warnings
+from typing import Any
+
+import optuna
+
+from cleanslate.sim.model import (
+    QUICKSTART_CONCURRENCY,
+    QUICKSTART_FIXED,
+    QUICKSTART_SPACE,
+    QUICKSTART_WORKLOAD,
+    SimModel,
+    settings_from_flags,
+)
+from cleanslate.tune.space import CONSTRAINT_ATTR, make_sampler, planned_configs
+from cleanslate.tune.study import StudySpec
+
+TTFT_SLO_S = 8.0
+BASELINE = {"mem-fraction-static": 0.88, "disable-cuda-graph": True,
+            "max-running-requests": 128, "chunked-prefill-size": 4096}
+
+
+def true_value(config: dict[str, Any]) -> float | None:
+    """Best feasible level's output tokens/s, or ``None`` when no level is feasible."""
+    model = SimModel(settings_from_flags({**QUICKSTART_FIXED, **config}))
+    plan = model.memory_plan()
+    if plan.oom_at_start or plan.not_enough_for_kv:
+        return None
+    best: float | None = None
+    inp, out = QUICKSTART_WORKLOAD["input_len"], QUICKSTART_WORKLOAD["output_len"]
+    for concurrency in QUICKSTART_CONCURRENCY:
+        est = model.estimate(concurrency, inp, out)
+        if est["batch"] <= 0 or model.crashes_at_batch(int(est["batch"])):
+            continue
+        if est["ttft_s"] > TTFT_SLO_S:
+            continue
+        best = est["output_throughput"] if best is None else max(best, est["output_throughput"])
+    return best
+
+
+def key(config: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in config.items()))
+
+
+def spec_for(strategy: str, seed: int) -> StudySpec:
+    return StudySpec.model_validate({
+        "name": f"efficiency-{strategy}-{seed}", "engine": "sim", "model": "sim",
+        "fixed": QUICKSTART_FIXED, "space": QUICKSTART_SPACE, "baseline": BASELINE,
+        "strategy": strategy, "workload": QUICKSTART_WORKLOAD,
+        "concurrency": QUICKSTART_CONCURRENCY, "seed": seed,
+        "budget": {"trials": 120}})
+
+
+class Run:
+    """One strategy's trials for one seed: what it measured and when it got close enough."""
+
+    def __init__(self, truth: dict[tuple[tuple[str, str], ...], float | None], optimum: float,
+                 within: float, seed: int, noise: float) -> None:
+        self.truth = truth
+        self.noise = noise
+        self.target = optimum * (1 - within)
+        self.rng = random.Random(seed * 7919 + 1)
+        self.best_seen: tuple[float, float] | None = None  # (measured, true) of the best
+        self.trials = 0
+        self.reached: int | None = None
+
+    def measure(self, config: dict[str, Any]) -> float | None:
+        self.trials += 1
+        value = self.truth[key(config)]
+        if value is None:
+            return None
+        measured = value * math.exp(self.rng.gauss(0.0, self.noise))
+        if self.best_seen is None or measured > self.best_seen[0]:
+            self.best_seen = (measured, value)
+        if self.reached is None and self.best_seen[1] >= self.target:
+            self.reached = self.trials
+        return measured
+
+
+def run_sampler(strategy: str, seed: int, run: Run, limit: int) -> None:
+    spec = spec_for(strategy, seed)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(spec))
+    from cleanslate.tune.space import distributions
+
+    dists = distributions(spec)
+    study.enqueue_trial(dict(BASELINE))  # the baseline is a sampler's first trial, as in tune
+    while run.reached is None and run.trials < limit:
+        trial = study.ask(dists)
+        measured = run.measure(dict(trial.params))
+        trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if measured is not None else 1.0)
+        study.tell(trial, measured if measured is not None else 0.0)
+
+
+def run_plan(strategy: str, seed: int, run: Run) -> int:
+    plan = planned_configs(spec_for(strategy, seed)) or []
+    for config in plan:
+        run.measure(config)
+        if run.reached is not None:
+            break
+    return len(plan)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--within", type=float, default=0.02)
+    parser.add_argument("--noise", type=float, default=0.02,
+                        help="sigma of the log-normal noise of a measurement (0: none)")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    t0 = time.monotonic()
+    grid = planned_configs(spec_for("grid", 0)) or []
+    truth = {key(c): true_value(c) for c in grid}
+    feasible = {k: v for k, v in truth.items() if v is not None}
+    optimum_key = max(feasible, key=lambda k: feasible[k] or 0.0)
+    optimum = feasible[optimum_key]
+    close = sum(1 for v in feasible.values() if v >= optimum * (1 - args.within))
+    print(f"noise sigma {args.noise:.0%}; surface: {len(grid)} configurations, "
+          f"{len(feasible)} feasible, optimum {optimum:.0f} tok/s at {dict(optimum_key)}; "
+          f"{close} configuration(s) within {args.within:.0%} of it\n")
+    results: dict[str, list[int | None]] = {}
+    plan_sizes: dict[str, int] = {}
+    for strategy in ("tpe", "random", "ablation", "grid"):
+        results[strategy] = []
+        for seed in range(args.seeds):
+            run = Run(truth, optimum, args.within, seed, args.noise)
+            if strategy in ("tpe", "random"):
+                run_sampler(strategy, seed, run, limit=len(grid))
+            else:
+                plan_sizes[strategy] = run_plan(strategy, seed, run)
+            results[strategy].append(run.reached)
+    print(f"| strategy | median trials | worst | median / grid ({len(grid)}) | not reached |")
+    print("|---|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    for strategy, reached in results.items():
+        got = [r for r in reached if r is not None]
+        missing = len(reached) - len(got)
+        median = statistics.median(got) if got else None
+        worst = max(got) if got and not missing else None
+        cap = plan_sizes.get(strategy, len(grid))
+        share = f"{median / len(grid):.0%}" if median is not None else "-"
+        print(f"| {strategy} | {median if median is not None else '-'} | "
+              f"{worst if worst is not None else f'> {cap}'} | {share} | "
+              f"{missing} of {len(reached)} |")
+        summary[strategy] = {"reached": reached, "median": median, "worst": worst,
+                             "plan": plan_sizes.get(strategy)}
+    tpe = summary["tpe"]["median"]
+    verdict = "met" if tpe is not None and tpe <= 0.25 * len(grid) else "not met"
+    print(f"\ntarget (tpe median <= 25 % of the grid's {len(grid)} trials): {verdict}; "
+          f"{time.monotonic() - t0:.1f} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"optimum": optimum, "grid": len(grid), "results": summary}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
