@@ -277,3 +277,99 @@ def test_the_plan_shows_no_store_writes_for_a_fleet_definition(tmp_path: Path) -
     result = run_cli("tune", str(study), "--check", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["trials"] == 12
+
+
+TPE = """\
+name: tpe
+engine: sim
+model: sim
+port: PORT
+slots: [{gpus: [0]}, {gpus: [1]}]
+fixed: {tp-size: 1, time-scale: 0.25}
+baseline: {max-running-requests: 45}
+space:
+  max-running-requests: {int: [16, 128], log: true}
+strategy: tpe
+budget: {trials: 4}
+workload: {kind: random, input_len: 128, output_len: 16}
+concurrency: [4]
+duration_s_per_level: 1
+ready_timeout_s: 30
+smoke_timeout_s: 10
+grace_s: 5
+verify_deadline_s: 20
+"""
+
+
+@pytest.mark.slow
+def test_tpe_on_two_slots_asks_the_sampler_per_lease_within_the_budget(tmp_path: Path) -> None:
+    study = tmp_path / "tpe.yaml"
+    study.write_text(TPE.replace("PORT", str(free_port())))
+    db = tmp_path / "s.db"
+    result = run_cli("tune", str(study), "--store", f"sqlite:///{db}", env=_env(tmp_path),
+                     timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = _results(db, "tpe")
+    assert len(trials) == 4
+    assert 45 in [t["params"]["max-running-requests"] for t in trials]  # the baseline
+    leases = _leases(db, "tpe")
+    assert len(leases) == 4 and all(lease["outcome"] == "result" for lease in leases)
+    assert not any(lease["key"].startswith("new:") for lease in leases)  # bound once asked
+    assert sorted(lease["trial"] for lease in leases) == [0, 1, 2, 3]
+    with sqlite3.connect(db) as conn:
+        states = [r[0] for r in conn.execute("select state from trials order by number")]
+    assert states == ["COMPLETE"] * 4
+
+
+@pytest.mark.quiet_host
+def test_a_run_that_cannot_be_torn_down_makes_its_slot_suspect_until_it_is_clean(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expired lease whose run is on a host that does not answer: the slot is suspect;
+    a suspect slot takes a trial only after a check of its GPUs and port reads clean."""
+    import asyncio
+
+    from cleanslate.hosts import LocalExecutor
+    from cleanslate.store import RunRecord, RunStatus, Store
+    from cleanslate.store._leases import LeaseRecord, SlotRecord, SlotState
+    from cleanslate.tune.controller import open_optuna
+    from cleanslate.tune.fleet import Fleet, SlotEnd
+    from cleanslate.tune.study import Slot, StudySpec
+    from cleanslate.tune.view import TuneView
+
+    monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", _env(tmp_path)["CLEANSLATE_SIM_GPU_DIR"])
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    spec = StudySpec.model_validate({
+        "name": "s", "engine": "sim", "model": "sim", "gpus": [0], "port": free_port(),
+        "space": {"max-running-requests": [16, 32]}, "strategy": "grid", "concurrency": [1],
+        "verify_deadline_s": 2, "retries": 0})
+    store.save_study("s", spec.model_dump(mode="json"), "running")
+    fleet = Fleet(store=store, spec=spec, study=open_optuna(store, spec), view=TuneView(),
+                  stop=asyncio.Event(), gpu_backend="sim")
+    away = "ssh://nobody@127.0.0.1:9?connect-timeout=1"  # nothing listens there
+    run = RunRecord(id="r-away", host=away, engine="sim", model="sim", argv=("sim",),
+                    marker="r-away", port=30000, gpus=(0,), url="http://127.0.0.1:30000",
+                    log_path="/nowhere/server.log", artifacts_dir="/nowhere",
+                    status=RunStatus.READY, study="s", trial=0)
+    store.save_run(run)
+    template = LeaseRecord(study="s", key="", worker="w-gone", host=away, gpus=(0,),
+                           port=30000, slot=f"{away}/gpus=0/port=30000", run_id="r-away")
+    claim = store.claim_lease(template, timeout_s=0.1, plan=fleet.plan, limit=2)
+    assert claim.lease is not None
+    store.bind_lease(claim.lease, trial=0)
+    time.sleep(0.3)
+    [expired] = store.expire_leases("s")
+    asyncio.run(fleet.requeue(expired, lambda _m: None))
+    [suspect] = store.slots("s")
+    assert suspect.state == SlotState.SUSPECT and "r-away" in (suspect.reason or "")
+
+    slot = Slot(host="local", gpus=(0,), port=spec.port or 30000)
+    store.save_slot(SlotRecord(study="s", slot=slot.key, host="local", gpus=(0,),
+                               port=slot.port, state=SlotState.SUSPECT, reason="a test"))
+    end = SlotEnd(slot=slot, why="done")
+    usable = asyncio.run(fleet.usable(slot, LocalExecutor(), spec, lambda: frozenset(),
+                                      lambda _m: None, end))
+    findings = [f.message for h in end.report.hosts for f in h.findings] if end.report else []
+    assert usable, (end.message, findings)
+    states = {s.slot: s.state for s in store.slots("s")}
+    assert states[slot.key] == SlotState.OK
+    store.close()

@@ -78,7 +78,8 @@ def tune(
     store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume/--no-resume", help="Resume a study of the same name (the default).")] = True,
-    host: Annotated[str | None, typer.Option(help="Host, overriding the study's.")] = None,
+    host: Annotated[str | None, typer.Option(
+        help="Host, overriding the study's host: and hosts:.")] = None,
     gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
@@ -89,10 +90,12 @@ def tune(
     """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
     verify, recorded in the store. Rerunning the same study resumes it."""
     from cleanslate.tune import load_study, run_study, validate_study_flags
+    from cleanslate.tune.controller import check_slot_hosts
 
     spec, root = load_study(study_file)
-    if host is not None:
-        spec = spec.model_copy(update={"host": host})
+    if host is not None:  # one host instead of the study's host or hosts
+        spec = spec.model_copy(update={"host": host, "hosts": None})
+    check_slot_hosts(spec)  # before the store is opened: bad input writes nothing
     if check:
         from cleanslate.cli._documents import TunePlan, emit
 
@@ -104,9 +107,7 @@ def tune(
             _print_plan(spec, plan)
         raise typer.Exit(ExitCode.OK)
     from cleanslate.store import Store, StudyStatus
-    from cleanslate.tune.controller import check_slot_hosts
 
-    check_slot_hosts(spec)  # before the store is opened: bad input writes nothing
     store = Store(store_url)
     if not resume and store.study(spec.name) is not None:
         raise InputError(f"study {spec.name!r} already exists in {store.display_url}",

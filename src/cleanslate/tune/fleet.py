@@ -237,7 +237,7 @@ class Fleet:
             if self.hours_used():
                 end.why, end.message = HOURS, f"time budget of {spec.budget.hours:g} h used"
                 return end
-            if not await self._usable(slot, executor, spec, exclusions, say, end):
+            if not await self.usable(slot, executor, spec, exclusions, say, end):
                 return end
             run_id = new_run_id()
             claim = self.store.claim_lease(
@@ -427,7 +427,7 @@ class Fleet:
     def _slot_record(self, slot: Slot) -> SlotRecord | None:
         return next((r for r in self.store.slots(self.spec.name) if r.slot == slot.key), None)
 
-    async def _usable(self, slot: Slot, executor: Executor, spec: StudySpec,
+    async def usable(self, slot: Slot, executor: Executor, spec: StudySpec,
                       exclusions: Exclusions, say: Callable[[str], None], end: SlotEnd) -> bool:
         """Whether the slot may take a trial: a suspect slot must verify clean first (checked
         up to ``retries + 1`` times, a poll apart); one that does not is quarantined."""

@@ -73,9 +73,13 @@ def _constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
 
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    """The study's sampler. TPE runs with ``constant_liar``: a trial still running (on another
+    slot, in another worker) counts as a bad result, so parallel ``ask()`` calls do not all
+    propose the same region (``docs/fleet.md``)."""
     if spec.strategy == "tpe":
         return optuna.samplers.TPESampler(seed=spec.seed, constraints_func=_constraints,
-                                          n_startup_trials=min(10, max(3, len(spec.space) + 1)))
+                                          n_startup_trials=min(10, max(3, len(spec.space) + 1)),
+                                          constant_liar=True)
     # grid and ablation run an enqueued list; random is random.
     return optuna.samplers.RandomSampler(seed=spec.seed)
 
