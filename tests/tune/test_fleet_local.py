@@ -373,3 +373,62 @@ def test_a_run_that_cannot_be_torn_down_makes_its_slot_suspect_until_it_is_clean
     states = {s.slot: s.state for s in store.slots("s")}
     assert states[slot.key] == SlotState.OK
     store.close()
+
+
+@pytest.mark.slow
+def test_a_controller_and_two_workers_share_a_postgresql_store(
+        tmp_path: Path, procs: Processes, postgres_url: str) -> None:
+    """Three processes (``tune`` and two ``worker``) lease one grid from a real PostgreSQL:
+    every configuration is measured once, and more than one process measured some."""
+    import psycopg
+    import sqlalchemy
+
+    name = f"fleet_{os.getpid()}_{int(time.time())}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = postgres_url.rsplit("/", 1)[0] + "/" + name
+    port = free_port()
+    study = _study(tmp_path, "pg", f"port: {port}\ngpus: [0]")
+    env = {**os.environ, **_env(tmp_path)}
+    cleanslate = [sys.executable, "-m", "cleanslate"]
+    logs = [(tmp_path / f"p{i}.log").open("wb") for i in range(3)]
+    controller = procs.start([*cleanslate, "tune", str(study), "--store", url], env=env,
+                             stdout=logs[0], stderr=subprocess.STDOUT)
+    engine = sqlalchemy.create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        def started() -> bool:
+            with engine.connect() as conn:
+                return bool(conn.execute(sqlalchemy.text(
+                    "select count(*) from cs_studies where name = 'pg'")).scalar())
+
+        _wait_for(lambda: _ignore_missing(started), 120, "the study in the store")
+        workers = [procs.start([*cleanslate, "worker", "--study", "pg", "--store", url,
+                                "--gpus", str(i), "--port", str(port + i)], env=env,
+                               stdout=logs[i], stderr=subprocess.STDOUT) for i in (1, 2)]
+        codes = [p.wait(timeout=400) for p in (controller, *workers)]
+        assert codes == [0, 0, 0], [(tmp_path / f"p{i}.log").read_text()[-2000:]
+                                    for i in range(3)]
+        with engine.connect() as conn:
+            trials = [json.loads(r[0]) if isinstance(r[0], str) else r[0]
+                      for r in conn.execute(sqlalchemy.text(
+                          "select data from cs_trials where study = 'pg'"))]
+            workers_used = conn.execute(sqlalchemy.text(
+                "select count(distinct worker) from cs_leases where study = 'pg'")).scalar()
+    finally:
+        engine.dispose()
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    results = [t for t in trials if t["status"] in ("feasible", "infeasible")]
+    assert len(results) == 12
+    assert len({_config(t["params"]) for t in results}) == 12
+    assert workers_used is not None and workers_used >= 2
+
+
+def _ignore_missing(check: Any) -> Any:
+    """``check()``, or ``None`` while the tables it reads do not exist yet."""
+    import sqlalchemy
+
+    try:
+        return check()
+    except sqlalchemy.exc.ProgrammingError:
+        return None
