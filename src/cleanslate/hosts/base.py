@@ -24,6 +24,11 @@ Contract (checked on every executor by :mod:`cleanslate.testing.executor_contrac
   another ``OSError``.
 - ``close`` releases what the executor holds (connections); it may be called more than once,
   and a later command opens what it needs again.
+- ``forward_port(port)`` is an async context manager giving the base URL (``http://127.0.0.1:N``)
+  at which *this* machine reaches ``127.0.0.1:port`` on the host: the port itself locally, an
+  SSH local forward over the executor's connection remotely. Every HTTP request cleanslate
+  makes to a server it launched (readiness, smoke test, a study's benchmark) goes through it, so
+  a remote run is never polled on the client's own loopback, where another server may listen.
 - Long-lived processes are started with ``run`` on a script that daemonizes itself (the run
   supervisor, :mod:`cleanslate.launch._supervise`), so no executor needs a "start in the
   background" primitive of its own.
@@ -32,6 +37,7 @@ Contract (checked on every executor by :mod:`cleanslate.testing.executor_contrac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -119,5 +125,7 @@ class Executor(Protocol):
 
     async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False
                         ) -> bytes: ...
+
+    def forward_port(self, port: int) -> AbstractAsyncContextManager[str]: ...
 
     async def close(self) -> None: ...

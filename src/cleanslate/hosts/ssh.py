@@ -44,7 +44,7 @@ import shlex
 import socket
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -513,6 +513,22 @@ class SSHExecutor:
         if not result.ok:
             raise OSError(f"cannot read {path} on {self.name}: {result.describe_failure()}")
         return result.stdout
+
+    @contextlib.asynccontextmanager
+    async def forward_port(self, port: int) -> AsyncIterator[str]:
+        """``127.0.0.1:port`` on the host, forwarded to a free port of this machine's loopback
+        over the executor's connection (``ssh -L``) for as long as the context lasts."""
+        conn, _link = await self._connection()
+        try:
+            listener = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", int(port))
+        except (OSError, asyncssh.Error) as exc:
+            raise OSError(f"cannot forward port {port} of {self.name}: {exc}") from exc
+        try:
+            yield f"http://127.0.0.1:{listener.get_port()}"
+        finally:
+            listener.close()
+            with contextlib.suppress(Exception):
+                await listener.wait_closed()
 
     async def close(self) -> None:
         """Close this target's connection on the running loop (others keep theirs)."""

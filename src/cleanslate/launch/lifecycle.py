@@ -254,9 +254,23 @@ async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter
                         say: Progress, exclusions: Exclusions | None = None) -> StartOutcome:
     """Ready and smoke test of a launched run; a failure is torn down and recorded here."""
     store.save_run(run)
+    # Every request to the server goes to 127.0.0.1:port *on its host*: through an SSH forward
+    # for a remote run, never this machine's own loopback (another server may listen there).
+    async with executor.forward_port(run.port) as base_url:
+        return await _ready_and_smoke(executor, store, adapter, run, config, phases, note,
+                                      gpu_backend, verify_deadline_s, say, exclusions,
+                                      base_url)
+
+
+async def _ready_and_smoke(executor: Executor, store: Store, adapter: EngineAdapter,
+                           run: RunRecord, config: ServeConfig, phases: dict[str, float],
+                           note: str | None, gpu_backend: str, verify_deadline_s: float,
+                           say: Progress, exclusions: Exclusions | None,
+                           base_url: str) -> StartOutcome:
     say(f"waiting until ready (timeout {config.ready_timeout_s:g} s)")
     t0 = time.monotonic()
-    ready = await wait_ready(executor, adapter, run, timeout=config.ready_timeout_s)
+    ready = await wait_ready(executor, adapter, run, timeout=config.ready_timeout_s,
+                             base_url=base_url)
     phases["ready_s"] = round(time.monotonic() - t0, 3)
     if not ready.ready:
         return await _fail(executor, store, adapter, run, config, ready.cause or "not_ready",
@@ -269,7 +283,8 @@ async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter
     if config.smoke:
         say("smoke test")
         t0 = time.monotonic()
-        smoke = await smoke_test(run.url, config.model, completions=adapter.supports_completions,
+        smoke = await smoke_test(base_url, config.model,
+                                 completions=adapter.supports_completions,
                                  chat=adapter.supports_chat,
                                  request_timeout=config.smoke_timeout_s)
         phases["smoke_s"] = round(time.monotonic() - t0, 3)

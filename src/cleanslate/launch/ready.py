@@ -81,10 +81,14 @@ async def wait_ready(
     *,
     timeout: float,
     interval: float = 0.25,
+    base_url: str | None = None,
 ) -> ReadyResult:
-    """Poll readiness, liveness and the log until ready, failed, or ``timeout`` seconds."""
+    """Poll readiness, liveness and the log until ready, failed, or ``timeout`` seconds.
+    ``base_url`` is where this machine reaches the run's port (``Executor.forward_port``);
+    without it, this machine's own loopback (a run on this machine)."""
     started = time.monotonic()
-    url = adapter.readiness_url(run.port)
+    url = (base_url.rstrip("/") + adapter.readiness_path if base_url is not None
+           else adapter.readiness_url(run.port))
     state_path = f"{run.artifacts_dir}/state.json"
     client_timeout = aiohttp.ClientTimeout(total=min(5.0, max(1.0, interval * 8)))
     async with aiohttp.ClientSession(timeout=client_timeout) as session:

@@ -32,6 +32,7 @@ __all__ = [
     "test_commands_run_concurrently",
     "test_env_is_passed_verbatim_on_top_of_the_hosts",
     "test_exit_status_and_output_streams",
+    "test_forward_port_reaches_the_hosts_loopback",
     "test_identity",
     "test_missing_program_is_a_result",
     "test_read_file_head_tail_and_missing",
@@ -269,6 +270,56 @@ def test_close_is_idempotent_and_the_executor_still_works(executor: Executor) ->
         await executor.close()
         assert (await executor.run(["true"], timeout=30)).ok
         await executor.close()
+
+    _run(go())
+
+
+_ONE_REQUEST_SERVER = """
+import http.server, os, sys
+token, path = sys.argv[1].encode(), sys.argv[2]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(token)))
+        self.end_headers()
+        self.wfile.write(token)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+with open(path + ".tmp", "w") as fh:
+    fh.write(str(server.server_address[1]))
+os.rename(path + ".tmp", path)
+server.timeout = 20
+server.handle_request()
+"""
+
+
+def test_forward_port_reaches_the_hosts_loopback(executor: Executor) -> None:
+    """``forward_port(port)`` gives a URL at which this machine reaches ``127.0.0.1:port`` of
+    the host: a one-request server there answers a token only it knows."""
+    import secrets
+
+    import aiohttp
+
+    async def go() -> None:
+        token = secrets.token_hex(8)
+        async with _scratch(executor) as tmp:
+            path = f"{tmp}/port"
+            serving = asyncio.ensure_future(executor.run(
+                [executor.python, "-c", _ONE_REQUEST_SERVER, token, path], timeout=30))
+            port = None
+            for _ in range(200):
+                try:
+                    port = int((await executor.read_file(path)).decode())
+                    break
+                except (FileNotFoundError, ValueError):
+                    await asyncio.sleep(0.05)
+            assert port is not None, "the host's server did not start"
+            async with executor.forward_port(port) as url, aiohttp.ClientSession() as http:
+                assert url.startswith("http://127.0.0.1:")
+                async with http.get(url + "/") as response:
+                    assert await response.read() == token.encode()
+            assert (await serving).ok
 
     _run(go())
 

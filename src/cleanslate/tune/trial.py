@@ -299,10 +299,19 @@ async def _levels(
     executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
     phases: dict[str, float], say: Say, stop: asyncio.Event | None,
 ) -> tuple[list[LevelResult], dict[str, LevelVerdict], str | None, str | None, bool]:
-    """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss."""
+    """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss.
+    The requests go to the run's port on its host (through an SSH forward for a remote one)."""
+    async with executor.forward_port(run.port) as base_url:
+        return await _climb(executor, spec, config, run, phases, say, stop, base_url)
+
+
+async def _climb(
+    executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
+    phases: dict[str, float], say: Say, stop: asyncio.Event | None, base_url: str,
+) -> tuple[list[LevelResult], dict[str, LevelVerdict], str | None, str | None, bool]:
     limits = spec.slo_limits()
     adapter = adapter_for(config, executor)
-    bench = spec.bench_config(run.url, ignore_eos=adapter.accepts_ignore_eos)
+    bench = spec.bench_config(base_url, ignore_eos=adapter.accepts_ignore_eos)
     levels: list[LevelResult] = []
     verdicts: dict[str, LevelVerdict] = {}
     cause = detail = None
