@@ -201,7 +201,9 @@ def _report_started(run: RunRecord, outcome: StartOutcome, json_out: bool) -> No
         return
     console.print(Text.assemble(("READY", "bold green"), " run ", (run.id, "bold"), " on ",
                                 run.host))
-    console.print(_line("url", run.url))
+    console.print(_line("url", run.url if run.host == "local" else
+                        f"{run.url} on {run.host} (ssh -L {run.port}:127.0.0.1:{run.port} "
+                        "reaches it from here)"))
     console.print(_line("command", " ".join(run.argv)))
     console.print(_line("pid", f"{run.pid} (process group {run.pgid}, supervisor "
                                f"{run.supervisor_pid}, user {run.user or '?'})"))
