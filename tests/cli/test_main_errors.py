@@ -14,7 +14,7 @@ def _run_main(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> int:
     def app() -> None:
         raise exc
 
-    monkeypatch.setattr(cli_mod, "app", app)
+    monkeypatch.setattr(cli_mod, "build_app", lambda only=None: app)
     with pytest.raises(SystemExit) as info:
         cli_mod.main()
     return int(info.value.code or 0)

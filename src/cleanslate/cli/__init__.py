@@ -3,9 +3,10 @@
 Each command is a function in its own module of this package (``check``, ``serve``, ``stop``,
 ``clean``, ``bench``, ``tune``, ``worker``, ``report``; ``sim`` mounts
 :mod:`cleanslate.sim.cli`) that turns its options into one call of the library and renders
-the result; they are registered on :data:`app` here, so that no command module imports this
-one. Exit codes everywhere are :class:`cleanslate.errors.ExitCode`: 0 clean / success, 1 dirty
-/ failed, 2 usage or input error, 3 unknown.
+the result; :func:`build_app` registers them here, so that no command module imports this
+one, and a command run from the shell imports only its own module. Exit codes everywhere are
+:class:`cleanslate.errors.ExitCode`: 0 clean / success, 1 dirty / failed, 2 usage or input
+error, 3 unknown.
 
 A command module imports only what ``cleanslate --help`` needs at its top; the library's heavy
 stacks (the store, the benchmark client, Optuna) are imported when a command runs.
@@ -14,42 +15,64 @@ stacks (the store, the benchmark client, Optuna) are imported when a command run
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from cleanslate.cli._common import console_err
-from cleanslate.cli.bench import bench
-from cleanslate.cli.check import check
-from cleanslate.cli.clean import clean
-from cleanslate.cli.report import report
-from cleanslate.cli.serve import serve
-from cleanslate.cli.stop import stop
-from cleanslate.cli.tune import tune
-from cleanslate.cli.worker import worker
 from cleanslate.errors import ExitCode, InputError
-from cleanslate.sim.cli import sim_app
 
-app = typer.Typer(
-    name="cleanslate",
-    help="Verify a GPU host is a clean slate, launch and benchmark inference servers, tune them.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+#: The commands, in the order `cleanslate --help` lists them: name -> (module, options of
+#: ``app.command``). The module's function of the same name is the command.
+COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bench": ("cleanslate.cli.bench", {}),
+    "check": ("cleanslate.cli.check", {}),
+    "serve": ("cleanslate.cli.serve", {"context_settings": {
+        "allow_extra_args": True, "ignore_unknown_options": True}}),
+    "stop": ("cleanslate.cli.stop", {}),
+    "clean": ("cleanslate.cli.clean", {}),
+    "report": ("cleanslate.cli.report", {}),
+    "tune": ("cleanslate.cli.tune", {}),
+    "worker": ("cleanslate.cli.worker", {}),
+}
+#: Sub-applications mounted under a name: name -> (module, attribute).
+GROUPS: dict[str, tuple[str, str]] = {"sim": ("cleanslate.sim.cli", "sim_app")}
 
-# In the order `cleanslate --help` lists them.
-app.command()(bench)
-app.command()(check)
-app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
-app.command()(stop)
-app.command()(clean)
-app.command()(report)
-app.command()(tune)
-app.command()(worker)
-app.add_typer(sim_app, name="sim")
+HELP = "Verify a GPU host is a clean slate, launch and benchmark inference servers, tune them."
+
+
+def _root() -> None:
+    """Verify a GPU host is a clean slate, launch and benchmark inference servers, tune them."""
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The command line with every command, or with ``only`` that one: a command run from the
+    shell imports its own module alone (``cleanslate check`` loads neither the benchmark client
+    nor Optuna), while ``--help`` and unknown names get them all."""
+    app = typer.Typer(name="cleanslate", help=HELP, no_args_is_help=True,
+                      add_completion=False, pretty_exceptions_enable=False)
+    app.callback()(_root)  # a group even with one command: `cleanslate check` stays `check`
+    for name, (module, options) in COMMANDS.items():
+        if only is None or only == name:
+            app.command(**options)(getattr(importlib.import_module(module), name))
+    for name, (module, attribute) in GROUPS.items():
+        if only is None or only == name:
+            app.add_typer(getattr(importlib.import_module(module), attribute), name=name)
+    return app
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The command named on a command line (its first word that is not an option), if it is
+    one of :data:`COMMANDS` or :data:`GROUPS`."""
+    for word in argv:
+        if word.startswith("-"):
+            return None  # an option of the root (--help): every command
+        return word if word in COMMANDS or word in GROUPS else None
+    return None
 
 
 def _error(text: str) -> None:
@@ -67,7 +90,7 @@ def main() -> None:
       they write outputs (``--json``, ``--html``, ``--save-baseline``).
     """
     try:
-        app()
+        build_app(_command_in(sys.argv[1:]))()
     except InputError as exc:
         _error(exc.render())
         sys.exit(ExitCode.INPUT)
@@ -89,4 +112,4 @@ def main() -> None:
         sys.exit(ExitCode.INPUT)
 
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "GROUPS", "build_app", "main"]
