@@ -1,7 +1,8 @@
 """The ``cleanslate`` command line (typer + rich).
 
 Each command is a function in its own module of this package (``check``, ``serve``, ``stop``,
-``clean``, ``bench``, ``tune``, ``worker``, ``report``; ``sim`` mounts
+``clean``, ``bench``, ``tune``, ``worker``, ``report``; ``slurm`` and ``sim`` are groups;
+``sim`` mounts
 :mod:`cleanslate.sim.cli`) that turns its options into one call of the library and renders
 the result; :func:`build_app` registers them here, so that no command module imports this
 one, and a command run from the shell imports only its own module. Exit codes everywhere are
@@ -40,7 +41,8 @@ COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
     "worker": ("cleanslate.cli.worker", {}),
 }
 #: Sub-applications mounted under a name: name -> (module, attribute).
-GROUPS: dict[str, tuple[str, str]] = {"sim": ("cleanslate.sim.cli", "sim_app")}
+GROUPS: dict[str, tuple[str, str]] = {"slurm": ("cleanslate.cli.slurm", "slurm_app"),
+                                      "sim": ("cleanslate.sim.cli", "sim_app")}
 
 HELP = "Verify a GPU host is a clean slate, launch and benchmark inference servers, tune them."
 
