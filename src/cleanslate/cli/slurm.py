@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -21,10 +21,6 @@ from rich.text import Text
 from cleanslate.cli._common import console, console_err
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
-
-if TYPE_CHECKING:
-    from cleanslate.store import Store
-    from cleanslate.tune.study import StudySpec
 
 slurm_app = typer.Typer(name="slurm", no_args_is_help=True, add_completion=False,
                         help="Run a study's workers on a Slurm cluster.")
@@ -63,6 +59,7 @@ def submit(
     from cleanslate.store._store import STORE_ENV, resolve_store_url
     from cleanslate.tune import load_study, validate_study_flags
     from cleanslate.tune.controller import check_slot_hosts
+    from cleanslate.tune.register import register_study
 
     spec, root = load_study(study_file)
     if spec.hosts and len(spec.hosts) > 1:
@@ -114,22 +111,4 @@ def submit(
     raise typer.Exit(ExitCode.OK)
 
 
-def register_study(store: Store, spec: StudySpec) -> None:
-    """Record the study in the store as ``tune`` does before its first trial, so that workers
-    find it: the same name with another definition is refused."""
-    from cleanslate.store import StudyStatus
-    from cleanslate.tune.controller import open_optuna, same_definition
-
-    existing = store.study(spec.name)
-    if existing is not None and existing.spec and not same_definition(
-            store, existing.spec, spec):
-        raise InputError(
-            f"a study named {spec.name!r} with a different definition is already in "
-            f"{store.display_url}", where="name",
-            hint="give the study a new name, or restore the file")
-    if existing is None:
-        store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.RUNNING)
-    open_optuna(store, spec)
-
-
-__all__ = ["register_study", "slurm_app", "submit"]
+__all__ = ["slurm_app", "submit"]

@@ -86,6 +86,10 @@ def tune(
     check: Annotated[bool, typer.Option(
         "--check", help="Validate the study (file and flags) and print its plan; launch "
         "nothing and leave the store alone.")] = False,
+    register: Annotated[bool, typer.Option(
+        "--register", help="Validate the study and record it in the store for workers "
+        "started elsewhere (cleanslate worker, a Kubernetes Job); run no trial here.")
+    ] = False,
 ) -> None:
     """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
     verify, recorded in the store. Rerunning the same study resumes it."""
@@ -109,6 +113,17 @@ def tune(
     from cleanslate.store import Store, StudyStatus
 
     store = Store(store_url)
+    if register:
+        from cleanslate.tune.register import register_study
+
+        note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
+        if note:
+            console_err.print(f"[yellow]note:[/] {escape(note)}")
+        new = register_study(store, spec)
+        console.print(f"study {escape(spec.name)} {'recorded' if new else 'already'} in "
+                      f"{escape(store.display_url)}: start workers with `cleanslate worker "
+                      f"--study {escape(spec.name)}`", highlight=False)
+        raise typer.Exit(ExitCode.OK)
     if not resume and store.study(spec.name) is not None:
         raise InputError(f"study {spec.name!r} already exists in {store.display_url}",
                          where="--no-resume", hint="rename the study to start a new one")
