@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -68,6 +69,8 @@ def test_an_expired_lease_is_requeued_and_stays_visible(store: Store) -> None:
     assert claim.lease is not None and claim.lease.params == {"x": 0}  # re-queued first
     assert not store.heartbeat(lost, 60)  # the dead worker's lease is gone for good
     assert not store.release_lease(lost, LeaseOutcome.RESULT)
+    with pytest.raises(ValueError, match="not active"):
+        store.bind_lease(lost, trial=3)
     states = {lease.id: lease.state for lease in store.leases("s")}
     assert states == {lost.id: LeaseState.EXPIRED, claim.lease.id: LeaseState.ACTIVE}
     assert [lease.id for lease in store.leases("s", state=LeaseState.EXPIRED)] == [lost.id]

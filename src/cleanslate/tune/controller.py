@@ -261,8 +261,13 @@ async def _resume(executor: Executor, store: Store, spec: StudySpec, study: optu
                                                     "cause": "controller_died",
                                                     "finished_at": time.time()}))
         interrupted.append(record)
-    await _recover_orphans(executor, store, spec, view,
-                           spared={lease.run_id for lease in live if lease.run_id}, held=held)
+    # The run of a lease that expired moments ago is being torn down by whoever expired it.
+    recent = {lease.run_id for lease in store.leases(spec.name, state=LeaseState.EXPIRED)
+              if lease.released_at is not None
+              and time.time() - lease.released_at < spec.lease_timeout_s}
+    await _recover_orphans(executor, store, spec, view, held=held,
+                           spared={run_id for run_id in {lease.run_id for lease in live} | recent
+                                   if run_id})
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         lease_id = frozen.user_attrs.get(LEASE_ATTR)
         if frozen.number in held or lease_id in live_ids or (lease_id is None and binding):

@@ -171,7 +171,6 @@ class Fleet:
     worker: str = field(default_factory=worker_id)
     labels: bool = False
     _clock: float = field(default_factory=time.monotonic)
-    _started: int = 0
 
     def __post_init__(self) -> None:
         self.dists = distributions(self.spec)
@@ -260,10 +259,11 @@ class Fleet:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), timeout=self.poll_s)
 
-    def _trial_for(self, lease: LeaseRecord) -> tuple[optuna.trial.Trial, LeaseRecord]:
+    def _trial_for(self, lease: LeaseRecord) -> tuple[optuna.trial.Trial, LeaseRecord | None]:
         """The Optuna trial of a lease: a fixed configuration (planned, the baseline, a
         re-queued one) is created as it is; a new one is asked of the sampler. The lease is
-        bound to its trial number (and key and parameters)."""
+        bound to its trial number (and key and parameters); ``None`` when it expired before
+        (the trial is then failed: another worker runs the configuration)."""
         if lease.params:
             params = dict(self.params.get(lease.key, lease.params))
             frozen = optuna.trial.create_trial(
@@ -273,12 +273,17 @@ class Fleet:
             storage = self.study._storage
             trial = optuna.trial.Trial(self.study, storage.create_new_trial(
                 self.study._study_id, template_trial=frozen))
-            return trial, self.store.bind_lease(lease, trial=trial.number, params=params)
-        trial = self.study.ask(self.dists)
-        trial.set_user_attr(LEASE_ATTR, lease.id)
-        params = dict(trial.params)
-        return trial, self.store.bind_lease(lease, trial=trial.number, params=params,
-                                            key=self._key(params))
+            values: dict[str, Any] = {"trial": trial.number, "params": params}
+        else:
+            trial = self.study.ask(self.dists)
+            trial.set_user_attr(LEASE_ATTR, lease.id)
+            params = dict(trial.params)
+            values = {"trial": trial.number, "params": params, "key": self._key(params)}
+        try:
+            return trial, self.store.bind_lease(lease, **values)
+        except ValueError:
+            self._fail(trial)
+            return trial, None
 
     async def _one(self, lease: LeaseRecord, index: int, slot: Slot, executor: Executor,
                    spec: StudySpec, exclusions: Exclusions, say: Callable[[str], None],
@@ -288,7 +293,12 @@ class Fleet:
         heart: asyncio.Task[None] | None = None
         trial: optuna.trial.Trial | None = None
         try:
-            trial, lease = self._trial_for(lease)
+            trial, bound = self._trial_for(lease)
+            if bound is None:
+                say(f"lease {lease.id} expired before its trial started: left to others")
+                end.infra_failures += 1
+                return
+            lease = bound
             heart = asyncio.create_task(self._heartbeat(lease))
             self.view.trial_started(index, self.total, trial.number, dict(lease.params))
             if self.labels:
