@@ -432,3 +432,35 @@ def _ignore_missing(check: Any) -> Any:
         return check()
     except sqlalchemy.exc.ProgrammingError:
         return None
+
+
+def test_a_worker_takes_the_secrets_the_store_does_not_keep_from_its_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store keeps ``env:`` secrets as ``***``: a worker takes them from its own
+    environment, and refuses (exit 2, nothing written) when they are not there, rather than
+    start servers with ``***`` as their token."""
+    from cleanslate.store import Store
+    from cleanslate.tune.controller import load_stored_study
+    from cleanslate.tune.study import StudySpec
+
+    db = tmp_path / "s.db"
+    store = Store(f"sqlite:///{db}")
+    spec = StudySpec.model_validate({
+        "name": "secret", "engine": "sim", "model": "sim", "gpus": [0],
+        "env": {"HF_TOKEN": "hf_fleetsecretabcdefghijkl", "X": "1"},
+        "space": {"max-running-requests": [16, 32]}, "strategy": "grid", "concurrency": [1]})
+    store.save_study("secret", spec.model_dump(mode="json"), "running")
+    store.close()
+    before = _digest(db)
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # the worker's environment lacks it
+    refused = run_cli("worker", "--study", "secret", "--store", f"sqlite:///{db}")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "HF_TOKEN" in refused.stderr and "Traceback" not in refused.stderr
+    assert _digest(db) == before
+    monkeypatch.setenv("HF_TOKEN", "hf_fromtheworkerenvxyz")
+    reader = Store(f"sqlite:///{db}", create=False)
+    try:
+        loaded = load_stored_study(reader, "secret")
+    finally:
+        reader.close()
+    assert loaded.env == {"HF_TOKEN": "hf_fromtheworkerenvxyz", "X": "1"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from cleanslate.errors import InputError
 from cleanslate.hosts import check_resolves, executor_for
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.lifecycle import adapter_for, stop_server
+from cleanslate.redact import REDACTED
 from cleanslate.store import RunStatus, Store
 from cleanslate.store._leases import LeaseState
 from cleanslate.store._trials import StudyStatus, TrialRecord, TrialStatus
@@ -297,11 +299,29 @@ def load_stored_study(store: Store, name: str) -> StudySpec:
                          hint=("studies there: " + ", ".join(known)) if known else
                          "start it with `cleanslate tune STUDY.yaml --store URL` first")
     try:
-        return StudySpec.model_validate(record.spec)
+        spec = StudySpec.model_validate(record.spec)
     except ValidationError as exc:
         raise InputError.from_validation(
             exc, what=f"the stored definition of study {name!r} is not valid",
             where="--study") from None
+    return _secrets_from_environment(spec)
+
+
+def _secrets_from_environment(spec: StudySpec) -> StudySpec:
+    """The study with the ``env:`` values the store does not keep (secrets, stored as
+    ``***``) taken from this process's environment; one that is not there is an
+    :class:`InputError`: a server started with ``***`` as its token would fail, and its
+    failure would be recorded as the configuration's."""
+    env = dict(spec.env)
+    missing = [key for key, value in env.items() if value == REDACTED and key not in os.environ]
+    if missing:
+        raise InputError(
+            f"study {spec.name!r} runs its servers with {', '.join(sorted(missing))} in their "
+            "environment, and the store does not keep secret values",
+            where="--study", hint=f"set {', '.join(sorted(missing))} in this worker's "
+            "environment (the study's env: names it)")
+    env.update({key: os.environ[key] for key, value in env.items() if value == REDACTED})
+    return spec.model_copy(update={"env": env})
 
 
 async def run_worker(store: Store, spec: StudySpec, slot: Slot, *,
