@@ -48,6 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _isolate import reexec_isolated
+
 ROOT = Path(__file__).resolve().parents[1]
 INSIDE_ENV = "CLEANSLATE_SOAK_ISOLATED"
 
@@ -380,23 +383,6 @@ def _histogram(items: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def reexec_isolated() -> None:
-    """Re-run this script in private namespaces (the census needs a process view of its own)."""
-    if os.environ.get(INSIDE_ENV):
-        return
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        print("soak: needs root and unshare: the census counts every process in a private PID "
-              "namespace, which an unprivileged run cannot make", file=sys.stderr)
-        sys.exit(2)
-    os.environ[INSIDE_ENV] = "1"
-    unshare = shutil.which("unshare")
-    assert unshare is not None
-    init = str(ROOT / "tests" / "_nsinit.py")
-    os.execv(unshare, [unshare, "--pid", "--fork", "--mount-proc", "--net", "--mount",
-                       "--propagation", "private", sys.executable, init, "--", sys.executable,
-                       *sys.orig_argv[1:]])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=100)
@@ -405,7 +391,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args()
-    reexec_isolated()
+    reexec_isolated(INSIDE_ENV, "soak")
     work = Path(tempfile.mkdtemp(prefix="cleanslate-soak-"))
     soak = Soak(work, args.seed, verbose=not args.quiet)
     soak.start_decoys()
