@@ -32,6 +32,7 @@ from cleanslate.errors import ExitCode, InputError
 COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
     "bench": ("cleanslate.cli.bench", {}),
     "check": ("cleanslate.cli.check", {}),
+    "doctor": ("cleanslate.cli.doctor", {}),
     "serve": ("cleanslate.cli.serve", {"context_settings": {
         "allow_extra_args": True, "ignore_unknown_options": True}}),
     "stop": ("cleanslate.cli.stop", {}),

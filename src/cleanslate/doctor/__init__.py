@@ -1,0 +1,66 @@
+"""``cleanslate doctor``: why is this host slow, before the first benchmark (``docs/doctor.md``).
+
+- :mod:`~cleanslate.doctor._hostscript`: the stdlib-only host script (``nvidia-smi -q``,
+  ``topo -m``, ``topo -p2p``, NVML through ``pynvml`` when the host has it, the environment),
+  sent to the host's ``python3`` through the executor, locally or over SSH;
+- :mod:`~cleanslate.doctor.parse`: pure parsers of ``nvidia-smi`` text;
+- :mod:`~cleanslate.doctor.analyze`: the raw JSON to a :class:`HostDoctor` (devices, pairs,
+  environment); :mod:`~cleanslate.doctor.findings`: what each reading means, with evidence;
+- :mod:`~cleanslate.doctor.run`: :func:`doctor_hosts`, and ``--bandwidth`` with torch.
+
+The names below load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cleanslate._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cleanslate.doctor.analyze import analyze
+    from cleanslate.doctor.report import (
+        Bandwidth,
+        Device,
+        DoctorReport,
+        Driver,
+        Environment,
+        Finding,
+        HostDoctor,
+        Measurement,
+        Pair,
+        Severity,
+    )
+    from cleanslate.doctor.run import doctor_host, doctor_hosts
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "analyze": "cleanslate.doctor.analyze",
+    "Bandwidth": "cleanslate.doctor.report",
+    "Device": "cleanslate.doctor.report",
+    "DoctorReport": "cleanslate.doctor.report",
+    "Driver": "cleanslate.doctor.report",
+    "Environment": "cleanslate.doctor.report",
+    "Finding": "cleanslate.doctor.report",
+    "HostDoctor": "cleanslate.doctor.report",
+    "Measurement": "cleanslate.doctor.report",
+    "Pair": "cleanslate.doctor.report",
+    "Severity": "cleanslate.doctor.report",
+    "doctor_host": "cleanslate.doctor.run",
+    "doctor_hosts": "cleanslate.doctor.run",
+})
+
+__all__ = [
+    "Bandwidth",
+    "Device",
+    "DoctorReport",
+    "Driver",
+    "Environment",
+    "Finding",
+    "HostDoctor",
+    "Measurement",
+    "Pair",
+    "Severity",
+    "analyze",
+    "doctor_host",
+    "doctor_hosts",
+]
