@@ -219,6 +219,9 @@ def test_gpus_in_scope() -> None:
     report = analyze(raw, host="h", gpus=[1])
     assert [d.index for d in report.devices] == [1] and report.pairs == ()
     assert "pcie_width_downtrained" not in codes(report)
+    report = analyze(h200x2_smi_raw(), host="h", gpus=[1, 5])
+    f = finding(report, "gpu_not_found")
+    assert f.gpus == (5,) and report.exit_code == 1
 
 
 @pytest.mark.parametrize("raw", [{}, {"commands": None, "nvml": 3, "env": []},

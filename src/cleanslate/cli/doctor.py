@@ -91,8 +91,8 @@ def _render_host(h: HostDoctor) -> None:
                 _opt(g.persistence), _opt(g.ecc),
                 f"{_opt(g.power_limit_w)} of {_opt(g.power_default_w)}", _opt(g.temperature_c),
                 _opt(g.nvlink_up),
-                ", ".join(g.clock_event_reasons) if g.clock_event_reasons is not None
-                else "?")))
+                (", ".join(g.clock_event_reasons) or "none")
+                if g.clock_event_reasons is not None else "?")))
         console.print(table)
     if h.pairs:
         table = Table(title="Pairs", title_justify="left")
@@ -109,7 +109,7 @@ def _render_host(h: HostDoctor) -> None:
         console.print(Text(
             f"  environment: VM {e.virtualization or 'none seen'}; container "
             f"{e.container or 'none seen'}; kernel {e.kernel or '?'}; /dev/shm {shm}; "
-            f"memlock {e.memlock or '?'}; hugepages {_opt(e.hugepages_total)}; "
+            f"memlock {_bytes(e.memlock)}; hugepages {_opt(e.hugepages_total)}; "
             f"nvidia-persistenced {'running' if e.persistenced_pids else 'not running'}"))
     if h.bandwidth is not None:
         b = h.bandwidth
@@ -130,6 +130,13 @@ def _render_host(h: HostDoctor) -> None:
         console.print(Text(f"    means: {f.consequence}"))
         for line in f.evidence:
             console.print(Text(f"    evidence: {line}", style="dim"))
+
+
+def _bytes(value: str | None) -> str:
+    """``"unlimited"``, ``"8388608"`` -> ``"8 MiB"``, ``None`` -> ``"?"``."""
+    if value is None or not value.isdigit():
+        return value or "?"
+    return f"{int(value) / 2**20:g} MiB"
 
 
 def _opt(value: object) -> str:

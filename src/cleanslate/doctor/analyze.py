@@ -24,7 +24,15 @@ from cleanslate.doctor.parse import (
     smi_float,
     smi_int,
 )
-from cleanslate.doctor.report import Device, Driver, Environment, HostDoctor, Pair
+from cleanslate.doctor.report import (
+    Device,
+    Driver,
+    Environment,
+    Finding,
+    HostDoctor,
+    Pair,
+    Severity,
+)
 
 #: NVML's P2P status values, as ``topo -p2p`` spells them.
 NVML_P2P = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DISABLED", 5: "NS", 6: "U"}
@@ -263,7 +271,7 @@ def _driver(raw: Mapping[str, Any], nvml: Mapping[str, Any], smi_state: str,
     env = raw.get("env") if isinstance(raw.get("env"), Mapping) else {}
     version_file = env.get("driver_version_file") if isinstance(env, Mapping) else None
     has_file = isinstance(version_file, Mapping) and "text" in version_file
-    present = bool(version) or gpus > 0 or has_file
+    present = bool(version) or gpus > 0 or has_file or smi_state != "missing"
     return Driver(present=present, version=version, cuda=cuda, nvml=nvml_state,
                   nvidia_smi=smi_state)
 
@@ -461,6 +469,14 @@ def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,
                      smi.cuda if smi else None, count)
     env = environment(env_raw)
     findings = judge(driver, devices, pairs, env, gpus_total=count)
+    missing = [g for g in in_scope if g >= count]
+    if missing and driver.present:
+        findings.insert(0, Finding(
+            code="gpu_not_found", severity=Severity.ERROR, gpus=tuple(missing),
+            message=f"GPU {', '.join(map(str, missing))} asked for with --gpus but the host "
+            f"has {count} GPU(s)",
+            consequence="nothing was read for it; a server placed on it will not start",
+            evidence=(f"GPUs found: {count} (NVML and nvidia-smi -q)",)))
     return HostDoctor(host=host, elapsed_s=elapsed_s,
                       gpus_in_scope=tuple(gpus) if gpus is not None else None, driver=driver,
                       devices=tuple(devices), pairs=tuple(pairs), environment=env,

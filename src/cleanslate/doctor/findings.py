@@ -260,6 +260,14 @@ def judge(driver: Driver, devices: list[Device], pairs: list[Pair], env: Environ
                 message="nvidia-smi is not on the PATH",
                 consequence="topology (topo -m) and the P2P matrices come from NVML only",
                 evidence=("nvidia-smi: missing",)))
+        if driver.nvidia_smi not in ("read", "missing") and driver.nvml != "read":
+            out.append(Finding(
+                code="gpu_unreadable", severity=Severity.ERROR,
+                message=f"the driver does not answer: {driver.nvidia_smi}",
+                consequence="nvidia-smi is there but failed, and NVML gave nothing: a GPU "
+                "that fell off the bus or a driver in trouble (see dmesg for Xid lines); "
+                "nothing about the GPUs could be read",
+                evidence=(f"nvidia-smi: {driver.nvidia_smi}", f"NVML: {driver.nvml}")))
         if not driver.nvml.startswith("read"):
             out.append(Finding(
                 code="nvml_unavailable", severity=Severity.INFO,

@@ -1,0 +1,51 @@
+"""The host scripts as real processes on this machine: a hanging or missing ``nvidia-smi`` is
+recorded, never an exception, and ``--bandwidth`` says why it was skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cleanslate.doctor.analyze import analyze
+from cleanslate.doctor.run import run_script, script_source
+from cleanslate.hosts import LocalExecutor
+
+
+def test_a_hanging_nvidia_smi_is_timed_out_not_an_exception(tmp_path: Path) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    done = subprocess.run([sys.executable, "-I", "-", json.dumps({"cmd_timeout_s": 0.5,
+                                                                  "nvml": False})],
+                          input=script_source("_hostscript.py"), capture_output=True,
+                          timeout=30, check=True,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    raw = json.loads(done.stdout)
+    assert raw["commands"]["smi_q"]["timed_out"] is True
+    assert set(raw["commands"]) == {"smi_q", "topo_m", "p2p_r", "p2p_w", "p2p_n", "p2p_a"}
+    assert raw["elapsed_s"] < 10
+    report = analyze(raw, host="local")
+    assert report.driver is not None
+    assert report.driver.nvidia_smi == "nvidia-smi -q timed out after 0.5 s"
+    assert report.findings[0].code == "gpu_unreadable"
+    assert report.exit_code == 1
+
+
+def test_the_host_script_through_the_executor() -> None:
+    raw, error, elapsed = asyncio.run(run_script(LocalExecutor(), {}, timeout=30))
+    assert error is None and raw is not None
+    assert {"commands", "nvml", "env", "elapsed_s"} <= set(raw)
+    assert isinstance(raw["env"]["kernel"], str) and raw["env"]["shm"]["total_bytes"] > 0
+    assert elapsed < 30
+
+
+def test_bandwidth_without_torch_says_why() -> None:
+    source = script_source("_bandwidth.py")
+    # -S: no site packages, so no torch, whatever this machine has.
+    done = subprocess.run([sys.executable, "-I", "-S", "-", "{}"], input=source,
+                          capture_output=True, timeout=60, check=True)
+    assert json.loads(done.stdout)["skipped"].startswith("torch does not import: ")
