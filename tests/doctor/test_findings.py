@@ -11,7 +11,7 @@ import pytest
 
 from cleanslate.doctor.analyze import analyze
 from cleanslate.doctor.report import Bandwidth, HostDoctor, Measurement, Severity
-from cleanslate.doctor.run import bandwidth_findings, link_allows, pcie_allows
+from cleanslate.doctor.run import _group_allows, bandwidth_findings, link_allows, pcie_allows
 from tests.doctor.captures import H200X1, H200X2, edit_smi, h200x1_raw, h200x2_smi_raw, with_p2p
 
 
@@ -241,6 +241,12 @@ def test_bandwidth_against_the_link() -> None:
         Measurement(what="host-to-device copy (pinned)", gpus=(0,), value=55.2, unit="GB/s",
                     expected=63.0),
         Measurement(what="tiny copy latency (4 bytes)", gpus=(0,), value=9.5, unit="us")))
+    links: dict[tuple[int, int], str | None] = {(0, 1): "NV18"}
+    devices = {d.index: d for d in report.devices}
+    assert _group_allows((0, 1), links, devices) == (450.0, "slowest link 0-1: NV18")
+    links[(0, 1)] = "PHB"
+    allows, note = _group_allows((0, 1), links, devices)
+    assert allows == pytest.approx(63.0, abs=0.1) and note == "slowest link 0-1: PHB"
     (low,) = bandwidth_findings(bw)
     assert low.code == "bandwidth_low" and low.gpus == (0, 1)
     assert "9% of the 450 GB/s" in low.message

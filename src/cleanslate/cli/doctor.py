@@ -125,6 +125,8 @@ def _render_host(h: HostDoctor) -> None:
                     f"{m.expected:g} {m.unit}" + (f" ({m.note})" if m.note else "")
                     if m.expected else "")))
             console.print(table)
+        for note in b.notes:
+            console.print(Text(f"  bandwidth: {note}"))
     for f in h.findings:
         console.print(Text(f"  {f.severity.value}: {f.message}", style=_STYLE[f.severity]))
         console.print(Text(f"    means: {f.consequence}"))

@@ -11,9 +11,39 @@ device-to-device copy, and host-staged (device -> pinned host -> device).
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
+
+#: One rank of the NCCL all-reduce: its own process (a CUDA context cannot be forked), started
+#: from a temporary file because this script itself came on stdin.
+ALLREDUCE_WORKER = """
+import json, sys, time
+import torch
+import torch.distributed as dist
+o = json.loads(sys.argv[1])
+rank, world = o["rank"], o["world"]
+torch.cuda.set_device(o["gpus"][rank])
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % o["port"], rank=rank,
+                        world_size=world)
+x = torch.ones(o["size"] // 4, dtype=torch.float32, device="cuda")
+for _ in range(5):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+dist.barrier()
+start = time.perf_counter()
+for _ in range(o["iters"]):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+seconds = (time.perf_counter() - start) / o["iters"]
+if rank == 0:
+    print(json.dumps({"seconds": seconds}))
+dist.destroy_process_group()
+"""
 
 
 def copier(dst: Any, src: Any) -> Any:
@@ -28,6 +58,48 @@ def staged(dst: Any, host: Any, src: Any) -> Any:
         dst.copy_(host)
 
     return copy
+
+
+def allreduce(gpus: list[int], size: int, iters: int, timeout: float) -> dict[str, Any]:
+    """NCCL all-reduce of ``size`` bytes over ``gpus``, one process per GPU: the algorithm and
+    bus bandwidth (``busbw = algbw * 2 (n - 1) / n``, as nccl-tests define it), or an error."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    fd, path = tempfile.mkstemp(suffix=".py", prefix="cleanslate-allreduce-")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(ALLREDUCE_WORKER)
+    world = len(gpus)
+    procs = []
+    try:
+        for rank in range(world):
+            options = {"rank": rank, "world": world, "gpus": gpus, "port": port, "size": size,
+                       "iters": iters}
+            procs.append(subprocess.Popen([sys.executable, path, json.dumps(options)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        deadline = time.monotonic() + timeout
+        outputs = []
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return {"error": f"the all-reduce did not finish in {timeout:g} s"}
+            outputs.append((proc.returncode, out, err))
+        for code, _out, err in outputs:
+            if code != 0:
+                lines = err.decode("utf-8", "replace").strip().splitlines() or [""]
+                errors = [line for line in lines if "Error" in line]
+                return {"error": f"an all-reduce rank exited {code}: "
+                                 + (errors or lines)[-1].strip()[:300]}
+        seconds = json.loads(outputs[0][1].decode().strip().splitlines()[-1])["seconds"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        os.unlink(path)
+    algbw = size / seconds / 1e9
+    return {"algbw": algbw, "busbw": algbw * 2 * (world - 1) / world}
 
 
 def main() -> None:
@@ -90,7 +162,29 @@ def main() -> None:
             out.append({"what": "tiny GPU-to-GPU copy latency (4 bytes)", "gpus": [i, j],
                         "unit": "us", "value": timed(copier(b, a), [i, j], 1000) * 1e6})
             del dst
-    print(json.dumps({"measurements": out, "torch": torch.__version__}))
+    result: dict[str, Any] = {"measurements": out, "torch": torch.__version__}
+    if len(gpus) > 1 or options.get("allreduce"):
+        del bufs, host
+        torch.cuda.empty_cache()
+        try:
+            import torch.distributed as dist  # type: ignore[import-not-found,unused-ignore]
+
+            nccl = dist.is_available() and dist.is_nccl_available()
+        except Exception:
+            nccl = False
+        if not nccl:
+            result["allreduce_skipped"] = "torch.distributed has no NCCL"
+        else:
+            ar = allreduce(gpus, int(options.get("allreduce_mib") or 1024) << 20, 20,
+                           float(options.get("allreduce_timeout_s") or 120))
+            if "error" in ar:
+                result["allreduce_skipped"] = ar["error"]
+            else:
+                out.append({"what": "NCCL all-reduce bus bandwidth", "gpus": gpus,
+                            "unit": "GB/s", "value": ar["busbw"]})
+                out.append({"what": "NCCL all-reduce algorithm bandwidth", "gpus": gpus,
+                            "unit": "GB/s", "value": ar["algbw"]})
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

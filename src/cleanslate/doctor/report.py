@@ -133,6 +133,7 @@ class Bandwidth(_Frozen):
     skipped: str | None = None
     measurements: tuple[Measurement, ...] = ()
     elapsed_s: float | None = None
+    notes: tuple[str, ...] = ()  # a part not measured and why (the all-reduce)
 
 
 class HostDoctor(_Frozen):

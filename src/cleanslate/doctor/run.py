@@ -111,13 +111,38 @@ async def measure(executor: Executor, report: HostDoctor, gpus: list[int] | None
             link = links.get((min(pair), max(pair)))
             expected = link_allows(link, devices.get(pair[0]))
             note = f"link {link}" if link else None
+        elif what == "NCCL all-reduce bus bandwidth" and len(pair) > 1:
+            expected, note = _group_allows(pair, links, devices)
         elif what.startswith(("host-to-device", "device-to-host")) and pair \
                 and pair[0] in devices:
             expected = pcie_allows(devices[pair[0]])
             note = "PCIe at its maximum gen and width"
         out.append(Measurement(what=what, gpus=pair, value=round(float(m["value"]), 2),
                                unit=str(m.get("unit")), expected=expected, note=note))
-    return Bandwidth(measurements=tuple(out), elapsed_s=elapsed)
+    notes = (f"NCCL all-reduce not measured: {data['allreduce_skipped']}",) \
+        if data.get("allreduce_skipped") else ()
+    return Bandwidth(measurements=tuple(out), elapsed_s=elapsed, notes=notes)
+
+
+def _group_allows(gpus: tuple[int, ...], links: dict[tuple[int, int], str | None],
+                  devices: dict[int, Device]) -> tuple[float | None, str | None]:
+    """What the slowest link of a group allows an all-reduce's bus bandwidth (its one-way
+    bandwidth): NVLink where the pair has it, else PCIe at the lower maximum of the two."""
+    worst: tuple[float, str] | None = None
+    for i in gpus:
+        for j in gpus:
+            if j <= i:
+                continue
+            link = links.get((i, j))
+            allows = link_allows(link, devices.get(i))
+            if allows is None and i in devices and j in devices:
+                pcie = [pcie_allows(devices[g]) for g in (i, j)]
+                allows = min((p for p in pcie if p is not None), default=None)
+            if allows is None:
+                return None, None
+            if worst is None or allows < worst[0]:
+                worst = (allows, f"slowest link {i}-{j}: {link or 'PCIe'}")
+    return (worst[0], worst[1]) if worst else (None, None)
 
 
 def bandwidth_findings(bandwidth: Bandwidth) -> list[Finding]:
