@@ -49,3 +49,26 @@ def test_bandwidth_without_torch_says_why() -> None:
     done = subprocess.run([sys.executable, "-I", "-S", "-", "{}"], input=source,
                           capture_output=True, timeout=60, check=True)
     assert json.loads(done.stdout)["skipped"].startswith("torch does not import: ")
+
+
+def test_the_host_scripts_run_on_python_3_8_with_the_standard_library() -> None:
+    """What a GPU host may have: the grammar of 3.8 and nothing to install (``pynvml`` and
+    ``torch`` only inside a ``try``)."""
+    import ast
+
+    for name in ("_hostscript.py", "_bandwidth.py"):
+        tree = ast.parse(script_source(name), feature_version=(3, 8))
+        guarded: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Try):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Import | ast.ImportFrom):
+                        guarded |= {a.name for a in inner.names} if isinstance(
+                            inner, ast.Import) else {inner.module or ""}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for module in names:
+                top = module.split(".")[0]
+                assert top in sys.stdlib_module_names or module in guarded or \
+                    top == "__future__", (name, module)
