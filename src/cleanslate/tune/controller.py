@@ -274,7 +274,10 @@ async def _resume(executor: Executor, store: Store, spec: StudySpec, study: optu
         lease_id = frozen.user_attrs.get(LEASE_ATTR)
         if frozen.number in held or lease_id in live_ids or (lease_id is None and binding):
             continue
-        study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
+        # Another process starting at the same moment (its Fleet.requeue) may have failed it
+        # since it was read: Optuna refuses a second tell, and the trial is failed either way.
+        with contextlib.suppress(ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
     return interrupted
 
 

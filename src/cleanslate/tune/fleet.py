@@ -171,6 +171,7 @@ class Fleet:
     worker: str = field(default_factory=worker_id)
     labels: bool = False
     _clock: float = field(default_factory=time.monotonic)
+    _executors: dict[str, Executor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dists = distributions(self.spec)
@@ -205,22 +206,32 @@ class Fleet:
         """Run one worker per slot until each is done, quarantined or stopped. An error in one
         (a bug, the store gone) cancels the others: each tears its trial down and gives its
         lease back, then the error goes on."""
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._slot(slot)) for slot in slots]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._work(slot, self.executor(slot.host)))
+                         for slot in slots]
+        finally:
+            await self.close()
         return [t.result() for t in tasks]
+
+    def executor(self, host: str) -> Executor:
+        """The executor of ``host``, one per host for the whole fleet: the slots of a host share
+        its SSH connection, which is closed once, when every slot is done (:meth:`close`)."""
+        if host not in self._executors:
+            self._executors[host] = executor_for(host)
+        return self._executors[host]
+
+    async def close(self) -> None:
+        """Close the hosts' connections (after the slots have ended)."""
+        executors, self._executors = list(self._executors.values()), {}
+        for executor in executors:
+            with contextlib.suppress(Exception):
+                await executor.close()
 
     def _say(self, slot: Slot) -> Callable[[str], None]:
         if not self.labels:
             return self.view.phase
         return lambda message: self.view.phase(f"[{slot.key}] {message}")
-
-    async def _slot(self, slot: Slot) -> SlotEnd:
-        executor = executor_for(slot.host)
-        try:
-            return await self._work(slot, executor)
-        finally:
-            with contextlib.suppress(Exception):
-                await executor.close()
 
     async def _work(self, slot: Slot, executor: Executor) -> SlotEnd:
         say = self._say(slot)
@@ -407,31 +418,27 @@ class Fleet:
                 and (r.status.running or verdict_of(r.verdict_after) != Verdict.CLEAN)]
         if not runs:
             return closed
-        executor = executor_for(lease.host)
+        executor = self.executor(lease.host)  # shared with this host's slots: not closed here
         slot = Slot(host=lease.host, gpus=lease.gpus, port=lease.port)
-        try:
-            for run in runs:
-                say(f"cleaning up run {run.id} of the expired lease on {run.host}")
-                report = None
-                with contextlib.suppress(Exception):
-                    report = await stop_server(
-                        executor, self.store, run, grace_s=min(self.spec.grace_s, 10.0),
-                        gpu_backend=self.gpu_backend, verify_deadline_s=self.spec.verify_deadline_s,
-                        cause="controller_died",
-                        exclusions=other_slots_markers(self.store, self.spec.name, lease.host,
-                                                       slot))
-                if report is None or verdict_of(report.verify) != Verdict.CLEAN:
-                    why = (f"run {run.id} of expired lease {lease.id} could not be torn down "
-                           "and verified" + ("" if report is None else
-                                             f" ({verdict_of(report.verify)})"))
-                    say(f"{lease.slot} is suspect: {why}")
-                    self.store.save_slot(SlotRecord(
-                        study=self.spec.name, slot=lease.slot, host=lease.host, gpus=lease.gpus,
-                        port=lease.port, state=SlotState.SUSPECT, reason=why,
-                        findings=_errors(report.verify) if report is not None else ()))
-        finally:
+        for run in runs:
+            say(f"cleaning up run {run.id} of the expired lease on {run.host}")
+            report = None
             with contextlib.suppress(Exception):
-                await executor.close()
+                report = await stop_server(
+                    executor, self.store, run, grace_s=min(self.spec.grace_s, 10.0),
+                    gpu_backend=self.gpu_backend, verify_deadline_s=self.spec.verify_deadline_s,
+                    cause="controller_died",
+                    exclusions=other_slots_markers(self.store, self.spec.name, lease.host,
+                                                   slot))
+            if report is None or verdict_of(report.verify) != Verdict.CLEAN:
+                why = (f"run {run.id} of expired lease {lease.id} could not be torn down "
+                       "and verified" + ("" if report is None else
+                                         f" ({verdict_of(report.verify)})"))
+                say(f"{lease.slot} is suspect: {why}")
+                self.store.save_slot(SlotRecord(
+                    study=self.spec.name, slot=lease.slot, host=lease.host, gpus=lease.gpus,
+                    port=lease.port, state=SlotState.SUSPECT, reason=why,
+                    findings=_errors(report.verify) if report is not None else ()))
         return closed
 
     def _slot_record(self, slot: Slot) -> SlotRecord | None:
