@@ -174,7 +174,10 @@ def test_quickstart_on_postgresql(tmp_path: Path, postgres_url: str) -> None:
     with engine.connect() as conn:
         statuses = [r[0] for r in conn.execute(sqlalchemy.text(
             "select status from cs_trials where study = 'quickstart'"))]
-        optuna_trials = conn.execute(sqlalchemy.text("select count(*) from trials")).scalar()
+        # The database is shared with other tests' studies: count this study's trials only.
+        optuna_trials = conn.execute(sqlalchemy.text(
+            "select count(*) from trials t join studies s on t.study_id = s.study_id "
+            "where s.study_name = 'quickstart'")).scalar()
     engine.dispose()
     assert len([s for s in statuses if s in ("feasible", "infeasible")]) == 7
     assert optuna_trials == 7
