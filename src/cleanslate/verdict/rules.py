@@ -122,15 +122,16 @@ def other_runs_pids(snapshot: Snapshot, markers: Iterable[str]) -> set[int]:
 def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None) -> HostVerdict:
     """Apply every rule and return the host's verdict."""
     own = excluded_pids(snapshot, scope.exclude_roots)
-    # Runs of other slots are not strays here; GPU memory in scope and ports in scope are
-    # judged without them (``own`` only).
+    # Runs of other slots are not strays here; GPU memory, device files of GPUs in scope and
+    # ports in scope are judged without them (``own`` only): a run on another slot opens only
+    # its own GPUs' devices, and a process carrying a copied marker is still seen on ours.
     spared = own | other_runs_pids(snapshot, scope.exclude_markers)
     gpu_pids = _gpu_memory_by_pid(snapshot.gpu.gpus)
     findings: list[Finding] = []
     findings += _source_rules(snapshot)
     findings += _process_rules(snapshot, scope, spared, gpu_pids)
     findings += _gpu_rules(snapshot, scope, baseline, own)
-    findings += _device_file_rules(snapshot, scope, baseline, spared, gpu_pids)
+    findings += _device_file_rules(snapshot, scope, baseline, own, gpu_pids)
     findings += _port_rules(snapshot, scope, baseline, own)
     findings += _unreadable_rules(snapshot, scope, spared)
     findings += _baseline_rules(snapshot, scope, baseline, spared)
