@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -35,13 +36,10 @@ def private_shm() -> None:
                     "/dev/shm"], check=True)
 
 
-def main() -> int:
-    argv = sys.argv[1:]
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    loopback_up()
-    private_shm()
-    os.environ["CLEANSLATE_TEST_ISOLATED"] = "isolated"
+def run_as_init(argv: list[str], started: Callable[[int], None] | None = None) -> int:
+    """Be PID 1 of a namespace: start ``argv``, pass SIGINT, SIGTERM and SIGHUP on to it,
+    reap every orphan, and return its exit code (128 + N for a signal N) once it ends;
+    ``started`` is told its PID. When this returns, the kernel ends what is left."""
     child = os.fork()
     if child == 0:
         os.execv(argv[0], argv)
@@ -52,6 +50,8 @@ def main() -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    if started is not None:
+        started(child)
     code = 1
     while True:
         try:
@@ -62,10 +62,18 @@ def main() -> int:
             continue
         if pid == child:
             code = os.waitstatus_to_exitcode(status)
-            if code < 0:
-                code = 128 - code
             break
-    return code
+    return code if code >= 0 else 128 - code
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    loopback_up()
+    private_shm()
+    os.environ["CLEANSLATE_TEST_ISOLATED"] = "isolated"
+    return run_as_init(argv)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,14 @@ Standard library only; Linux only.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests._nsinit import run_as_init
 
 
 def mount(*args: str) -> None:
@@ -67,32 +69,14 @@ def main() -> int:
     if args.shm:
         mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", "/dev/shm")
     decoy = start_decoy(args.decoy) if args.decoy else None
-    sshd = os.fork()
-    if sshd == 0:
-        os.execv(argv[0], argv)
 
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(sshd, signum)
+    def started(sshd: int) -> None:
+        tmp = args.ready + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"init": os.getpid(), "sshd": sshd, "decoy": decoy}, fh)
+        os.replace(tmp, args.ready)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    tmp = args.ready + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"init": os.getpid(), "sshd": sshd, "decoy": decoy}, fh)
-    os.replace(tmp, args.ready)
-    code = 1
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        except InterruptedError:
-            continue
-        if pid == sshd:
-            code = os.waitstatus_to_exitcode(status)
-            break
-    return code if code >= 0 else 128 - code
+    return run_as_init(argv, started)
 
 
 if __name__ == "__main__":
