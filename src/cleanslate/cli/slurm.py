@@ -58,8 +58,7 @@ def submit(
     from cleanslate.store import Store
     from cleanslate.store._store import STORE_ENV, resolve_store_url
     from cleanslate.tune import load_study, validate_study_flags
-    from cleanslate.tune.controller import check_slot_hosts
-    from cleanslate.tune.register import register_study
+    from cleanslate.tune.controller import check_slot_hosts, register_study
 
     spec, root = load_study(study_file)
     if spec.hosts and len(spec.hosts) > 1:

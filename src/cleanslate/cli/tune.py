@@ -114,12 +114,13 @@ def tune(
 
     store = Store(store_url)
     if register:
-        from cleanslate.tune.register import register_study
+        from cleanslate.tune.controller import register_study
 
         note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
         if note:
             console_err.print(f"[yellow]note:[/] {escape(note)}")
-        new = register_study(store, spec)
+        new = store.study(spec.name) is None
+        register_study(store, spec)
         console.print(f"study {escape(spec.name)} {'recorded' if new else 'already'} in "
                       f"{escape(store.display_url)}: start workers with `cleanslate worker "
                       f"--study {escape(spec.name)}`", highlight=False)

@@ -133,6 +133,24 @@ def open_optuna(store: Store, spec: StudySpec) -> optuna.Study:
                                sampler=make_sampler(spec), load_if_exists=True)
 
 
+def register_study(store: Store, spec: StudySpec, *, running: bool = False) -> optuna.Study:
+    """Record the study in the store (``running``: mark it running too, as ``tune`` does) and
+    return its Optuna study, so that workers started anywhere find it (``tune --register``,
+    ``slurm submit``). The same name with another definition is an :class:`InputError`, with
+    nothing written."""
+    existing = store.study(spec.name)
+    if existing is not None and existing.spec and not same_definition(
+            store, existing.spec, spec):
+        raise InputError(
+            f"a study named {spec.name!r} with a different definition is already in "
+            f"{store.display_url}",
+            where="name", hint="give the study a new name to start over, or restore the file "
+            "(only budget:, hosts:, slots: and lease_timeout_s: may change between runs)")
+    if running or existing is None:
+        store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.RUNNING)
+    return open_optuna(store, spec)
+
+
 def check_slot_hosts(spec: StudySpec) -> None:
     """Refuse, before anything launches, a host of the study whose name does not resolve
     (an :class:`InputError` naming ``hosts[i]`` or ``host``)."""
@@ -172,16 +190,7 @@ async def run_study(
     (:mod:`cleanslate.tune.fleet`), each running one verified trial at a time. ``executor``
     is the study's ``host`` (a study with ``hosts:`` opens one per host)."""
     view = view or TuneView()
-    existing = store.study(spec.name)
-    if existing is not None and existing.spec and not same_definition(
-            store, existing.spec, spec):
-        raise InputError(
-            f"a study named {spec.name!r} with a different definition is already in "
-            f"{store.display_url}",
-            where="name", hint="give the study a new name to start over, or restore the file "
-            "(only budget:, hosts:, slots: and lease_timeout_s: may change between runs)")
-    store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.RUNNING)
-    study = open_optuna(store, spec)
+    study = register_study(store, spec, running=True)
     slots = spec.slot_list()
     stop = asyncio.Event()
     fleet = Fleet(store=store, spec=spec, study=study, view=view, stop=stop,
