@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import typer
 from pydantic import BaseModel, ConfigDict, field_serializer
 
+from cleanslate.doctor.snapshot import HostSnapshot
 from cleanslate.engines._smoke import SmokeResult
 from cleanslate.store import RunRecord, RunStatus, TrialRecord
 from cleanslate.teardown.teardown import TargetRecord, TeardownReport
@@ -65,6 +66,7 @@ class ServeStarted(Document):
     phases: dict[str, float]
     smoke: SmokeResult | None
     flag_validation: str
+    host_snapshot: HostSnapshot | None = None
 
     @classmethod
     def of(cls, run: RunRecord, outcome: StartOutcome) -> ServeStarted:
@@ -75,6 +77,7 @@ class ServeStarted(Document):
             cgroup_note=outcome.cgroup_note, boot_id=run.boot_id, machine_id=run.machine_id,
             verdict_before=run.verdict_before, phases=outcome.phases, smoke=outcome.smoke,
             flag_validation=outcome.validation_note or "checked",
+            host_snapshot=outcome.host_snapshot,
         )
 
 

@@ -166,7 +166,8 @@ def serve(
         from cleanslate.launch.lifecycle import start_server
 
         outcome = asyncio.run(start_server(executor, store, config, gpu_backend=gpu_backend,
-                                           preflight=not no_preflight, progress=say))
+                                           preflight=not no_preflight, progress=say,
+                                           snapshot=True))
         if not outcome.ok:
             _report_failure(outcome, json_out)
             raise typer.Exit(ExitCode.FAILED)
@@ -185,7 +186,8 @@ def serve(
         console.print("[dim]serving in the foreground; Ctrl-C tears it down[/]")
 
     result = serve_in_foreground(executor, store, config, gpu_backend=gpu_backend,
-                                 preflight=not no_preflight, progress=say, on_ready=ready)
+                                 preflight=not no_preflight, progress=say, on_ready=ready,
+                                 snapshot=True)
     if result.end is None:
         _report_failure(result.start, json_out)
     else:
@@ -209,6 +211,8 @@ def _report_started(run: RunRecord, outcome: StartOutcome, json_out: bool) -> No
                                f"{run.supervisor_pid}, user {run.user or '?'})"))
     console.print(_line("cgroup", run.cgroup or f"none ({outcome.cgroup_note or 'unknown'})"))
     console.print(_line("log", run.log_path))
+    if outcome.host_snapshot is not None:
+        console.print(_line("host", outcome.host_snapshot.summary()))
     if outcome.validation_note:
         console.print(_line("flags", f"not validated: {outcome.validation_note}"))
     console.print(_line("stop it", f"cleanslate stop {run.id}"))

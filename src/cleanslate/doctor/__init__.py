@@ -6,7 +6,9 @@
 - :mod:`~cleanslate.doctor.parse`: pure parsers of ``nvidia-smi`` text;
 - :mod:`~cleanslate.doctor.analyze`: the raw JSON to a :class:`HostDoctor` (devices, pairs,
   environment); :mod:`~cleanslate.doctor.findings`: what each reading means, with evidence;
-- :mod:`~cleanslate.doctor.run`: :func:`doctor_hosts`, and ``--bandwidth`` with torch.
+- :mod:`~cleanslate.doctor.run`: :func:`doctor_hosts`, and ``--bandwidth`` with torch;
+- :mod:`~cleanslate.doctor.snapshot`: the compact :class:`HostSnapshot` a study or a ``serve``
+  run records of its host (:func:`snapshot_host`).
 
 The names below load on first use.
 """
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
         Severity,
     )
     from cleanslate.doctor.run import doctor_host, doctor_hosts
+    from cleanslate.doctor.snapshot import HostSnapshot, snapshot_host
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "analyze": "cleanslate.doctor.analyze",
@@ -47,6 +50,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Severity": "cleanslate.doctor.report",
     "doctor_host": "cleanslate.doctor.run",
     "doctor_hosts": "cleanslate.doctor.run",
+    "HostSnapshot": "cleanslate.doctor.snapshot",
+    "snapshot_host": "cleanslate.doctor.snapshot",
 })
 
 __all__ = [
@@ -57,10 +62,12 @@ __all__ = [
     "Environment",
     "Finding",
     "HostDoctor",
+    "HostSnapshot",
     "Measurement",
     "Pair",
     "Severity",
     "analyze",
     "doctor_host",
     "doctor_hosts",
+    "snapshot_host",
 ]

@@ -75,7 +75,8 @@ class ForegroundResult:
 def serve_in_foreground(executor: Executor, store: Store, config: ServeConfig, *,
                         gpu_backend: str = "auto", preflight: bool = True,
                         progress: Progress | None = None,
-                        on_ready: OnReady | None = None) -> ForegroundResult:
+                        on_ready: OnReady | None = None,
+                        snapshot: bool = False) -> ForegroundResult:
     """:func:`serve_foreground` in a new event loop, with SIGINT and SIGTERM meaning "tear it
     down" from this call on (the process's handlers of both are replaced). For a command line's
     main thread."""
@@ -84,21 +85,24 @@ def serve_in_foreground(executor: Executor, store: Store, config: ServeConfig, *
         signal.signal(sig, lambda _s, _f: interrupted.set())
     return asyncio.run(serve_foreground(executor, store, config, gpu_backend=gpu_backend,
                                         preflight=preflight, progress=progress,
-                                        on_ready=on_ready, interrupted=interrupted))
+                                        on_ready=on_ready, interrupted=interrupted,
+                                        snapshot=snapshot))
 
 
 async def serve_foreground(executor: Executor, store: Store, config: ServeConfig, *,
                            gpu_backend: str = "auto", preflight: bool = True,
                            progress: Progress | None = None, on_ready: OnReady | None = None,
-                           interrupted: threading.Event | None = None) -> ForegroundResult:
+                           interrupted: threading.Event | None = None,
+                           snapshot: bool = False) -> ForegroundResult:
     """Start the server (:func:`~cleanslate.launch.lifecycle.start_server`); when it is up, call
     ``on_ready`` and serve until SIGINT / SIGTERM (or ``interrupted`` being set, from another
     thread or a signal handler) or the engine's exit; then tear down and verify
     (:func:`~cleanslate.launch.lifecycle.stop_server`), the record updated with how it ended.
-    A start that failed is returned with ``end`` ``None`` (it was torn down already)."""
+    A start that failed is returned with ``end`` ``None`` (it was torn down already).
+    ``snapshot``: record a doctor snapshot of the host with the run (``start_server``)."""
     say = progress or (lambda _m: None)
     outcome = await start_server(executor, store, config, gpu_backend=gpu_backend,
-                                 preflight=preflight, progress=say)
+                                 preflight=preflight, progress=say, snapshot=snapshot)
     if not outcome.ok:
         return ForegroundResult(outcome)
     run = outcome.run

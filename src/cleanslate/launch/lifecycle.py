@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleanslate.doctor.snapshot import HostSnapshot, snapshot_host
 from cleanslate.engines import (
     EngineAdapter,
     Leftovers,
@@ -50,6 +51,7 @@ from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, re
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
 from cleanslate.store import RunRecord, Store
+from cleanslate.store._hosts import HostRecord, local_machine
 from cleanslate.teardown.teardown import (
     ScopeSpec,
     TeardownReport,
@@ -86,6 +88,7 @@ class StartOutcome:
     validation_note: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
     cgroup_note: str | None = None
+    host_snapshot: HostSnapshot | None = None
 
 
 def adapter_for(config: ServeConfig, executor: Executor) -> EngineAdapter:
@@ -175,11 +178,15 @@ async def start_server(
     verify_deadline_s: float = 60.0,
     run_id: str | None = None,
     exclusions: Exclusions | None = None,
+    snapshot: bool = False,
 ) -> StartOutcome:
     """Preflight, launch, wait ready, smoke-test. On any failure: tear down, verify, record.
 
     ``run_id``: the run's id (its marker), when the caller recorded it before the launch;
-    ``exclusions``: markers of runs the checks leave alone (:func:`verify_options`)."""
+    ``exclusions``: markers of runs the checks leave alone (:func:`verify_options`);
+    ``snapshot``: take a doctor snapshot of the host before the preflight check and record it
+    with the run once launched (``cleanslate serve``; a study records its own per host). A
+    snapshot that fails is recorded with why; it never stops the launch."""
     say = progress or (lambda _m: None)
     phases: dict[str, float] = {}
     adapter = adapter_for(config, executor)
@@ -205,11 +212,19 @@ async def start_server(
                     exclude_roots=frozenset({os.getpid()})),
         ports=(port,), gpu_backend=run_gpu_backend(gpu_backend, config.engine, env),
         exclusions=exclusions)
+    host: HostSnapshot | None = None
+    if snapshot:
+        # Before the check, not beside it: the doctor's nvidia-smi holds the GPUs' device
+        # files while it runs, and the check would see a holder that is not the run's.
+        say("doctor snapshot of the host")
+        host = await snapshot_host(executor)
+        phases["doctor_s"] = round(time.monotonic() - t0, 3)
+        t0 = time.monotonic()
     before = await check_hosts([executor], options)
     phases["verify_before_s"] = round(time.monotonic() - t0, 3)
     if preflight and before.verdict != Verdict.CLEAN:
         return StartOutcome(run=None, ok=False, refused=before, validation_note=note,
-                            phases=phases)
+                            phases=phases, host_snapshot=host)
 
     run_dir = f"{artifacts}/{run_id}" if executor.is_local else f".cleanslate/runs/{run_id}"
     request = LaunchRequest(run_id=run_id, adapter=adapter, model=config.model, port=port,
@@ -238,6 +253,8 @@ async def start_server(
         "shm_before": tuple(str(f.evidence.get("name")) for f in snapshot_shm),
     })
     try:
+        if host is not None:
+            _save_host(store, executor, run, host, say)
         outcome = await _after_launch(executor, store, adapter, run, config, phases, note,
                                       gpu_backend, verify_deadline_s, say, exclusions)
     except BaseException as exc:
@@ -245,7 +262,22 @@ async def start_server(
                                    verify_deadline_s, say, exclusions)
         raise
     outcome.cgroup_note = launched.cgroup_error
+    outcome.host_snapshot = host
     return outcome
+
+
+def _save_host(store: Store, executor: Executor, run: RunRecord, host: HostSnapshot,
+               say: Progress) -> None:
+    """Record a run's host snapshot; a store that refuses it is said, not raised (the run's
+    own record is what matters, and it is written next)."""
+    try:
+        store.save_host(HostRecord(run_id=run.id, host=executor.name,
+                                   machine=local_machine() if executor.is_local else "",
+                                   snapshot=host))
+    except InputError as exc:
+        say(f"the doctor snapshot of {executor.name} was not recorded: {exc.message}")
+        return
+    say(f"{executor.name}: {host.summary()}")
 
 
 async def _after_launch(executor: Executor, store: Store, adapter: EngineAdapter,

@@ -1,14 +1,15 @@
 """Reports of studies: rich tables, PNG plots, one self-contained HTML page, CSV/JSON exports.
 
 Everything is drawn from a :class:`StudyReport` that :func:`load_report` reads from the store
-(``cs_studies``, ``cs_trials``, ``cs_runs``). matplotlib is imported only by the plotting
-functions.
+(``cs_studies``, ``cs_trials``, ``cs_runs``, ``cs_leases``, ``cs_slots``, ``cs_hosts``).
+matplotlib is imported only by the plotting functions.
 """
 
 from __future__ import annotations
 
 from cleanslate.report._console import (
     comparison_table,
+    hosts_table,
     print_report,
     print_table,
     slots_table,
@@ -38,6 +39,7 @@ __all__ = [
     "StudyReport",
     "TrialView",
     "comparison_table",
+    "hosts_table",
     "load_report",
     "pareto",
     "print_report",

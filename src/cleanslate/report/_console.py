@@ -91,12 +91,57 @@ def slots_table(report: StudyReport) -> Table:
     return table
 
 
+_SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "dim"}
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "?"
+    return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
+
+
+def hosts_table(report: StudyReport) -> Table:
+    """Per host of the study, its doctor snapshot: driver, GPUs with their PCIe links, where
+    it runs, kernel, ``/dev/shm``, and the findings (error and warning with their consequence),
+    or why the snapshot failed."""
+    table = Table(title=_t(f"hosts of {report.name} (doctor snapshots)"), title_justify="left",
+                  header_style="bold")
+    for column in ("host", "driver", "GPUs", "runs in", "kernel", "/dev/shm", "findings"):
+        table.add_column(column, overflow="fold")
+    for record in report.hosts:
+        snap = record.snapshot
+        if snap.error is not None:
+            table.add_row(_t(record.label), "", "", "", "", "",
+                          _t(f"snapshot failed: {snap.error}", "red"))
+            continue
+        gpus = _t(snap.gpu_summary())
+        for gpu in snap.gpus:
+            gpus.append(f"\n  {gpu.index}: PCIe {gpu.pcie_text()}")
+        findings = Text()
+        for finding in snap.findings:
+            if findings:
+                findings.append("\n")
+            findings.append(str(finding.severity), _SEVERITY_STYLE.get(finding.severity, ""))
+            findings.append(f": {finding.message}")
+            if finding.severity != "info":
+                findings.append(f" ({finding.consequence})", "dim")
+        table.add_row(
+            _t(record.label),
+            _t(f"{snap.driver} (CUDA {snap.cuda or '?'})" if snap.driver else "-"), gpus,
+            _t(" in ".join(w for w in (snap.container, snap.virtualization) if w) or
+               "bare metal or not seen"),
+            _t(snap.kernel or "?"), _t(_size(snap.shm_bytes)), findings or _t("none"))
+    return table
+
+
 def print_report(console: Console, report: StudyReport) -> None:
-    """The trials table, the slots (when the study ran on several, or one was not ok), then
-    the best configuration and its launch command."""
+    """The trials table, the slots (when the study ran on several, or one was not ok), the
+    hosts' doctor snapshots, then the best configuration and its launch command."""
     print_table(console, trials_table(report))
     if len(report.slots) > 1 or any(s.state != "ok" for s in report.slots):
         print_table(console, slots_table(report))
+    if report.hosts:
+        print_table(console, hosts_table(report))
     if report.simulated:
         console.print("[yellow]simulated engine:[/] numbers from cleanslate's sim performance "
                       "model, not from a GPU")

@@ -16,6 +16,7 @@ from cleanslate.bench import ClosedLoop, LevelResult
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.errors import InputError
 from cleanslate.store import RunRecord, Store
+from cleanslate.store._hosts import HostRecord
 from cleanslate.store._trials import (
     LevelVerdict,
     StudyStatus,
@@ -212,7 +213,8 @@ class StudyReport:
 
     ``trials`` holds every trial record of the study, finished or not; ``results`` only the
     feasible and infeasible ones (the study's results; infrastructure failures are retried and
-    are not results).
+    are not results). ``hosts``: the doctor snapshot of each host the study ran on (none for a
+    study recorded before snapshots were).
     """
 
     name: str
@@ -224,6 +226,7 @@ class StudyReport:
     store_url: str
     notes: tuple[str, ...] = field(default_factory=tuple)
     slots: tuple[SlotSummary, ...] = ()
+    hosts: tuple[HostRecord, ...] = ()
 
     # -- the spec ------------------------------------------------------------------------------
 
@@ -405,7 +408,8 @@ def load_report(store: Store, name: str) -> StudyReport:
     return StudyReport(name=name, spec=dict(study.spec), status=study.status,
                        created_at=study.created_at, elapsed_s=study.elapsed_s,
                        trials=trials, store_url=store.display_url,
-                       slots=slot_summaries(store, name))
+                       slots=slot_summaries(store, name),
+                       hosts=tuple(store.hosts(study=name)))
 
 
 def safe_url(url: str) -> str:

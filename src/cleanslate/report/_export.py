@@ -48,8 +48,9 @@ def to_csv(reports: list[StudyReport]) -> str:
 
 def study_document(report: StudyReport) -> dict[str, Any]:
     """A study as JSON: its spec, its best trial, every trial record (levels, phases, verdicts,
-    log tail) with its launch command, the ablation effects, and per slot its trials,
-    infrastructure failures and state (quarantined and why)."""
+    log tail) with its launch command, the ablation effects, per slot its trials,
+    infrastructure failures and state (quarantined and why), and per host its doctor snapshot
+    with a one-line summary."""
     best = report.best
     return {
         "study": report.name,
@@ -69,6 +70,9 @@ def study_document(report: StudyReport) -> dict[str, Any]:
                       "better": e.better, "cause": e.cause}
                      for e in report.ablation_effects()],
         "slots": [slot.document() for slot in report.slots],
+        "hosts": [{"host": h.host, "machine": h.machine, "label": h.label,
+                   "summary": h.snapshot.summary(), **h.snapshot.model_dump(mode="json")}
+                  for h in report.hosts],
     }
 
 

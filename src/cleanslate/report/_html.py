@@ -16,6 +16,7 @@ from html import escape
 from typing import Any
 
 from cleanslate import __version__
+from cleanslate.doctor.snapshot import GpuRow, HostSnapshot
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
     StudyReport,
@@ -65,6 +66,10 @@ code { font: 12px ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; 
 .b-unknown, .b-slo_miss, .b-infra_failed, .b-running, .b-warning, .b-interrupted, .b-none {
   background: var(--warn-bg); color: var(--warn); }
 .b-error { background: var(--bad-bg); color: var(--bad); }
+.b-info { background: var(--panel); color: var(--muted); }
+.host { border-left: 4px solid var(--line); padding: 2px 0 2px 12px; margin: 14px 0; }
+.host.failed { border-left-color: var(--bad); }
+.consequence { color: var(--muted); }
 figure { margin: 12px 0 24px; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
 figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
@@ -289,6 +294,87 @@ def _hosts(report: StudyReport) -> str:
             + _table(["trial", "host", "run", "before", "after"], rows))
 
 
+def _yes(value: bool | None) -> str:
+    return "?" if value is None else ("on" if value else "off")
+
+
+def _bytes(count: int | None) -> str:
+    if count is None:
+        return "?"
+    return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
+
+
+def _gpu_cells(gpu: GpuRow) -> list[str]:
+    narrow = (gpu.pcie_width is not None and gpu.pcie_width_max is not None
+              and gpu.pcie_width < gpu.pcie_width_max)
+    pcie = _e(gpu.pcie_text())
+    ecc = _yes(gpu.ecc)
+    if gpu.ecc_uncorrected_volatile:
+        ecc += f", {gpu.ecc_uncorrected_volatile} uncorrected"
+    memory = ", ".join(gpu.memory_problems)
+    power = "?" if gpu.power_limit_w is None else f"{gpu.power_limit_w:g} W"
+    if gpu.power_default_w is not None:
+        power += f" of {gpu.power_default_w:g} W"
+    events = "?" if gpu.clock_events is None else (", ".join(gpu.clock_events) or "none")
+    return [str(gpu.index), _e(gpu.name or "?"), f"<code>{_e(gpu.uuid or '?')}</code>",
+            f"<code>{_e(gpu.pci_bus_id or '?')}</code>",
+            f'<span class="down">{pcie}</span>' if narrow else pcie,
+            _e(_yes(gpu.persistence)), _e(_yes(gpu.mig)),
+            _e(ecc) + (f' <span class="down">{_e(memory)}</span>' if memory else ""),
+            _e(events), _e(power)]
+
+
+def _snapshot_html(snap: HostSnapshot) -> str:
+    """One host's snapshot: its header line, GPUs, pairs and findings (every text escaped)."""
+    if snap.error is not None:
+        return (f'<p class="down">The doctor snapshot failed after {snap.elapsed_s:.1f} s: '
+                f"{_e(snap.error)}</p>")
+    where = " in ".join(w for w in (snap.container, snap.virtualization) if w)
+    parts = [
+        f'<p class="meta"><b>driver</b> {_e(snap.driver or "none")} · <b>CUDA</b> '
+        f"{_e(snap.cuda or '-')} · <b>GPUs</b> {_e(snap.gpu_summary())} · <b>runs in</b> "
+        f"{_e(where or 'no VM or container seen')} · <b>kernel</b> "
+        f"<code>{_e(snap.kernel or '?')}</code> · <b>/dev/shm</b> {_e(_bytes(snap.shm_bytes))}"
+        f" · <b>taken</b> {_e(_when(snap.taken_at))} in {snap.elapsed_s:.2f} s</p>"]
+    if snap.gpus:
+        parts.append(_table(["GPU", "name", "UUID", "PCI bus", "PCIe (current of max)",
+                             "persistence", "MIG", "ECC", "clock events", "power limit"],
+                            [_gpu_cells(g) for g in snap.gpus], numeric={0}))
+    if snap.pairs:
+        parts.append(_table(["pair", "link", "P2P read", "P2P write"],
+                            [[_e(f"{p.a}-{p.b}"), _e(p.link or "?"), _badge(p.p2p_read or "?"),
+                              _badge(p.p2p_write or "?")] for p in snap.pairs]))
+    if snap.findings:
+        items = []
+        for f in snap.findings:
+            evidence = "".join(f"<br><code>{_e(line)}</code>" for line in f.evidence)
+            gpus = f" (GPU {_e(', '.join(map(str, f.gpus)))})" if f.gpus else ""
+            items.append(f"<li>{_badge(f.severity)} <b>{_e(f.message)}</b>{gpus}"
+                         f'<br><span class="consequence">{_e(f.consequence)}</span>'
+                         f"{evidence}</li>")
+        parts.append(f'<ul class="findings">{"".join(items)}</ul>')
+    else:
+        parts.append("<p>No findings.</p>")
+    if snap.truncated:
+        parts.append(f'<p class="meta">cut to the snapshot\'s bounds: '
+                     f"{_e(', '.join(snap.truncated))}</p>")
+    return "".join(parts)
+
+
+def _hosts_section(report: StudyReport) -> str:
+    """The doctor snapshot of each host the study ran on."""
+    if not report.hosts:
+        return ('<p class="meta">No doctor snapshot is recorded for this study (it ran before '
+                "cleanslate recorded them).</p>")
+    out = ['<p class="meta">What <code>cleanslate doctor</code> found on each host before its '
+           "first trial (quick mode: no bandwidth measured).</p>"]
+    for i, record in enumerate(report.hosts):
+        failed = " failed" if record.snapshot.error is not None else ""
+        out.append(f'<div class="host{failed}" id="{_id("host", report.name, i)}">'
+                   f"<h3>{_e(record.label)}</h3>{_snapshot_html(record.snapshot)}</div>")
+    return "".join(out)
+
+
 def _levels_detail(report: StudyReport, t: TrialView) -> str:
     r = t.record
     keys = [("output_throughput", "output tok/s"), ("total_token_throughput", "total tok/s"),
@@ -369,6 +455,7 @@ def _study_sections(report: StudyReport, multi: bool, plots_html: str = "") -> s
         parts += [title("Ablation"), _ablation_table(report)]
     parts += [
         title("Failures"), _failures(report),
+        title("Hosts"), _hosts_section(report),
         title("Host verdicts"), _hosts(report),
         title("Trial details"),
         "".join(_levels_detail(report, t) for t in sorted(report.trials,
@@ -400,7 +487,7 @@ def render_html(reports: list[StudyReport], *, plots: list[Plot] | None = None,
         if r.strategy == "ablation":
             nav.append(f'<a href="#{_id("Ablation", r.name)}">Ablation</a>')
         nav += [f'<a href="#{_id(s, r.name)}">{s}</a>' for s in
-                ("Failures", "Host verdicts", "Trial details")]
+                ("Failures", "Hosts", "Host verdicts", "Trial details")]
     head = (f"<h1>cleanslate study report: {_e(names)}</h1>"
             + ("" if multi else _header(reports[0]))
             + _sim_banner(reports) + f"<nav>{''.join(nav)}</nav>")

@@ -5,7 +5,8 @@ A SQLite file ``./cleanslate.db`` by default, ``--store URL`` or ``CLEANSLATE_ST
 Artifacts (logs) live in a folder beside the database (:func:`artifacts_root`).
 
 What crosses the store is a frozen record with a schema version: :class:`RunRecord`,
-:class:`TrialRecord`, :class:`StudyRecord` (``_records``, ``_trials``), their statuses
+:class:`TrialRecord`, :class:`StudyRecord`, :class:`HostRecord` (a host's doctor snapshot)
+(``_records``, ``_trials``, ``_hosts``), their statuses
 :class:`StrEnum` values. The JSON a record dumps is the JSON a row holds.
 
 The store never holds a secret: every record is redacted on the way in and again on the way out
@@ -35,6 +36,7 @@ from cleanslate.store._store import (
 )
 
 if TYPE_CHECKING:
+    from cleanslate.store._hosts import HostRecord
     from cleanslate.store._trials import (
         LevelVerdict,
         StudyRecord,
@@ -46,15 +48,17 @@ if TYPE_CHECKING:
 
 # A trial's levels need the benchmark client, which the commands that read only runs
 # (``check``, ``stop``) never load: the names of ``_trials`` load when first used.
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(
-    ("LevelVerdict", "StudyRecord", "StudyStatus", "TrialRecord", "TrialStatus", "level_metric"),
-    "cleanslate.store._trials"))
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **dict.fromkeys(("LevelVerdict", "StudyRecord", "StudyStatus", "TrialRecord", "TrialStatus",
+                     "level_metric"), "cleanslate.store._trials"),
+    "HostRecord": "cleanslate.store._hosts"})
 
 
 __all__ = [
     "DEFAULT_STORE_URL",
     "SCHEMA_VERSION",
     "STORE_ENV",
+    "HostRecord",
     "LevelVerdict",
     "NewerSchemaError",
     "Record",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from pydantic import ValidationError
 from sqlalchemy import create_engine, insert, inspect, select, text, update
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cleanslate.errors import InputError
@@ -37,9 +37,18 @@ from cleanslate.store._leases import (
     config_key,
 )
 from cleanslate.store._records import NewerSchemaError, RunRecord, RunStatus
-from cleanslate.store._tables import Base, LeaseRow, RunRow, SlotRow, StudyRow, TrialRow
+from cleanslate.store._tables import (
+    Base,
+    HostRow,
+    LeaseRow,
+    RunRow,
+    SlotRow,
+    StudyRow,
+    TrialRow,
+)
 
 if TYPE_CHECKING:  # the benchmark client (a trial's levels) is imported when trials are read
+    from cleanslate.store._hosts import HostRecord
     from cleanslate.store._trials import StudyRecord, StudyStatus, TrialRecord, TrialStatus
 
 STORE_ENV = "CLEANSLATE_STORE"
@@ -674,6 +683,59 @@ class Store:
             rows = session.scalars(select(SlotRow).where(SlotRow.study == study).order_by(
                 SlotRow.slot))
             return [SlotRecord.from_document(self.redacted(r.data)) for r in rows]
+
+    # -- host snapshots -------------------------------------------------------------------------
+
+    @_guarded("saving a host snapshot")
+    def save_host(self, record: HostRecord) -> HostRecord | None:
+        """Insert a host's doctor snapshot, redacted (:meth:`redacted`); returns it with its id.
+        A study keeps one per host and machine: when it has one already (another worker on the
+        host recorded it first), nothing is written and ``None`` is returned."""
+        data = self.redacted(record.to_document())
+        try:
+            with Session(self.engine) as session, session.begin():
+                row = HostRow(study=record.study, run_id=record.run_id, host=record.host,
+                              machine=record.machine, taken_at=record.snapshot.taken_at,
+                              data=data)
+                session.add(row)
+                session.flush()
+                row.data = {**data, "id": row.id}
+                row_id = row.id
+        except IntegrityError:
+            if record.study is None or not self.has_host(record.study, record.host,
+                                                         record.machine):
+                raise
+            return None
+        return record.model_copy(update={"id": row_id})
+
+    @_guarded("reading host snapshots")
+    def has_host(self, study: str, host: str, machine: str = "") -> bool:
+        """Whether the study has a snapshot of this host (and machine) already."""
+        if self._empty or not inspect(self.engine).has_table(HostRow.__tablename__):
+            return False
+        with Session(self.engine) as session:
+            return session.scalar(select(HostRow.id).where(
+                HostRow.study == study, HostRow.host == host,
+                HostRow.machine == machine).limit(1)) is not None
+
+    @_guarded("reading host snapshots")
+    def hosts(self, *, study: str | None = None, run_id: str | None = None
+              ) -> list[HostRecord]:
+        """Host snapshots in the order they were taken, redacted: a study's, a run's, or
+        (neither given) all of them. A store written before snapshots were recorded has
+        none."""
+        from cleanslate.store._hosts import HostRecord
+
+        if self._empty or not inspect(self.engine).has_table(HostRow.__tablename__):
+            return []
+        with Session(self.engine) as session:
+            query = select(HostRow).order_by(HostRow.taken_at, HostRow.id)
+            if study is not None:
+                query = query.where(HostRow.study == study)
+            if run_id is not None:
+                query = query.where(HostRow.run_id == run_id)
+            return [HostRecord.from_document({**self.redacted(r.data), "id": r.id})
+                    for r in session.scalars(query)]
 
     def close(self) -> None:
         """Close the database connections (the store is not used after this)."""

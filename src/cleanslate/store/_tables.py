@@ -92,3 +92,24 @@ class SlotRow(Base):
     state: Mapped[str] = mapped_column(String(16))
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class HostRow(Base):
+    """A doctor snapshot of a host (``store/_hosts.py``): one per host of a study (``study``
+    set; a partial unique index on study, host and machine, on SQLite and PostgreSQL alike),
+    or one per ``serve`` run (``run_id`` set)."""
+
+    __tablename__ = "cs_hosts"
+    __table_args__ = (
+        Index("cs_hosts_one_per_study", "study", "host", "machine", unique=True,
+              sqlite_where=text("study IS NOT NULL"),
+              postgresql_where=text("study IS NOT NULL")),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    machine: Mapped[str] = mapped_column(String(255), default="")
+    taken_at: Mapped[float] = mapped_column(Float)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -18,6 +18,10 @@ its own on any machine (``cleanslate worker``); both claim work the same way, fr
 - **Quarantine.** A slot still dirty after ``retries`` cleanings is ``quarantined`` with the
   findings; its trial goes back to the queue for another slot and the study goes on. Only
   when every slot is quarantined does the study stop with ``quarantine``.
+- **Host snapshots.** Before a host's first trial, one doctor snapshot of it is recorded for
+  the study (``cs_hosts``): the slots of a host wait for the one probe, and a worker on a host
+  the study has a snapshot of already takes none. A probe that fails or times out is recorded
+  with why, and the study goes on.
 - **Scope.** A slot's checks are about its GPUs and its port; the processes of this study's
   runs on the host's other slots are not strays there (their markers are excluded), but memory
   they hold on this slot's GPUs is a finding.
@@ -36,12 +40,14 @@ from typing import Any
 
 import optuna
 
+from cleanslate.doctor.snapshot import snapshot_host
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.launcher import new_run_id
 from cleanslate.launch.lifecycle import Exclusions, stop_server
 from cleanslate.store import RunStatus, Store
+from cleanslate.store._hosts import HostRecord, local_machine
 from cleanslate.store._leases import (
     LeaseOutcome,
     LeaseRecord,
@@ -172,6 +178,7 @@ class Fleet:
     labels: bool = False
     _clock: float = field(default_factory=time.monotonic)
     _executors: dict[str, Executor] = field(default_factory=dict)
+    _snapshots: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dists = distributions(self.spec)
@@ -223,6 +230,11 @@ class Fleet:
 
     async def close(self) -> None:
         """Close the hosts' connections (after the slots have ended)."""
+        snapshots, self._snapshots = list(self._snapshots.values()), {}
+        for task in snapshots:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         executors, self._executors = list(self._executors.values()), {}
         for executor in executors:
             with contextlib.suppress(Exception):
@@ -233,10 +245,38 @@ class Fleet:
             return self.view.phase
         return lambda message: self.view.phase(f"[{slot.key}] {message}")
 
+    async def host_snapshot(self, executor: Executor, say: Callable[[str], None]) -> None:
+        """Record the study's doctor snapshot of ``executor``'s host unless the study has one
+        (:mod:`cleanslate.store._hosts`): one probe per host for every slot on it, waited for
+        by each. Never raises (except ``CancelledError``): a failed probe is recorded with why,
+        and a store that refuses it is said."""
+        task = self._snapshots.get(executor.name)
+        if task is None:
+            task = asyncio.ensure_future(self._record_snapshot(executor, say))
+            self._snapshots[executor.name] = task
+        # Shielded: a slot cancelled while it waits does not cancel the probe of the others.
+        await asyncio.shield(task)
+
+    async def _record_snapshot(self, executor: Executor, say: Callable[[str], None]) -> None:
+        machine = local_machine() if executor.is_local else ""
+        try:
+            if self.store.has_host(self.spec.name, executor.name, machine):
+                return
+            say(f"doctor snapshot of {executor.name}")
+            snapshot = await snapshot_host(executor)
+            saved = self.store.save_host(HostRecord(study=self.spec.name, host=executor.name,
+                                                    machine=machine, snapshot=snapshot))
+        except InputError as exc:
+            say(f"the doctor snapshot of {executor.name} was not recorded: {exc.message}")
+            return
+        if saved is not None:
+            say(f"{executor.name}: {snapshot.summary()}")
+
     async def _work(self, slot: Slot, executor: Executor) -> SlotEnd:
         say = self._say(slot)
         spec = self.spec.for_slot(slot)
         end = SlotEnd(slot=slot, why=DONE)
+        await self.host_snapshot(executor, say)
         exclusions = other_slots_markers(self.store, spec.name, executor.name, slot)
         template = LeaseRecord(study=spec.name, key="", worker=self.worker, host=executor.name,
                                gpus=slot.gpus, port=slot.port, slot=slot.key)
