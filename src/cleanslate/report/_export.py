@@ -70,9 +70,8 @@ def study_document(report: StudyReport) -> dict[str, Any]:
                       "better": e.better, "cause": e.cause}
                      for e in report.ablation_effects()],
         "slots": [slot.document() for slot in report.slots],
-        "hosts": [{"host": h.host, "machine": h.machine, "label": h.label,
-                   "summary": h.snapshot.summary(), **h.snapshot.model_dump(mode="json")}
-                  for h in report.hosts],
+        "hosts": [{**h.snapshot.model_dump(mode="json"), "host": h.host, "machine": h.machine,
+                   "label": h.label, "summary": h.snapshot.summary()} for h in report.hosts],
     }
 
 
