@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from cleanslate.doctor import HostDoctor, analyze
-from cleanslate.doctor.report import Finding, Severity
+from cleanslate.doctor.analyze import analyze
+from cleanslate.doctor.report import Finding, HostDoctor, Severity
 from cleanslate.doctor.snapshot import (
     MAX_FINDINGS,
     MAX_TEXT,
