@@ -254,8 +254,14 @@ class Fleet:
         if task is None:
             task = asyncio.ensure_future(self._record_snapshot(executor, say))
             self._snapshots[executor.name] = task
-        # Shielded: a slot cancelled while it waits does not cancel the probe of the others.
-        await asyncio.shield(task)
+        # Until the probe ends or the study is asked to stop (a hung nvidia-smi does not hold
+        # Ctrl-C up to the deadline); a slot cancelled while it waits leaves the probe to the
+        # others (asyncio.wait cancels neither).
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
 
     async def _record_snapshot(self, executor: Executor, say: Callable[[str], None]) -> None:
         machine = local_machine() if executor.is_local else ""
@@ -268,6 +274,10 @@ class Fleet:
                                                     machine=machine, snapshot=snapshot))
         except InputError as exc:
             say(f"the doctor snapshot of {executor.name} was not recorded: {exc.message}")
+            return
+        except Exception as exc:  # a bug here must not end the study: said, not raised
+            say(f"the doctor snapshot of {executor.name} was not recorded: "
+                f"{type(exc).__name__}: {exc}")
             return
         if saved is not None:
             say(f"{executor.name}: {snapshot.summary()}")
