@@ -25,14 +25,39 @@ import os
 import re
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # not at run time: the collector starts in every check, typing is slow to
+    from typing import Any  # import
 
 _XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
 
+# /proc is read with os.open and os.read relative to a descriptor of /proc/PID: open() costs
+# three more system calls per file (fstat, ioctl, lseek) and a path walk of /proc/PID each
+# time, which made the census three times slower (benchmarks/check_latency.py). A descriptor
+# of /proc/PID also keeps naming that process: once it exits, reads fail instead of reading a
+# new process that got the same PID.
+_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_DIR = _RDONLY | getattr(os, "O_DIRECTORY", 0)
+_CHUNK = 1 << 17
 
-def _read(path: str, limit: int = 1 << 20) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read(limit)
+
+def _read(path: str, limit: int = 1 << 20, dir_fd: int | None = None) -> bytes:
+    """Up to ``limit`` bytes of ``path`` (relative to ``dir_fd`` when given), reading until
+    the end of the file: a file of /proc may come in several reads."""
+    fd = os.open(path, _RDONLY, dir_fd=dir_fd)
+    try:
+        chunks = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, min(_CHUNK, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _boot_time() -> float | None:
@@ -53,59 +78,72 @@ def _processes(marker: str, errors: list[int]) -> list[dict[str, Any]]:
         if not name.isdigit():
             continue
         pid = int(name)
-        base = "/proc/" + name
         try:
-            stat = _read(base + "/stat").decode("utf-8", "replace")
-            st_uid = os.stat(base).st_uid
+            base = os.open("/proc/" + name, _DIR)
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited while we looked
         except OSError:
             errors.append(pid)
             continue
-        # comm may contain spaces and parentheses: it lies between the first '(' and last ')'.
-        lpar = stat.find("(")
-        rpar = stat.rfind(")")
-        comm = stat[lpar + 1 : rpar]
-        fields = stat[rpar + 2 :].split()
         try:
-            cmdline_raw = _read(base + "/cmdline")
+            entry = _process(pid, base, needle, ticks, boot)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
         except OSError:
-            cmdline_raw = b""
-        cmdline = [a.decode("utf-8", "replace") for a in cmdline_raw.split(b"\0")]
-        while cmdline and cmdline[-1] == "":
-            cmdline.pop()
-        run_marker: str | None = None
-        environ_readable = False
-        try:
-            env = _read(base + "/environ", 1 << 22)
-            environ_readable = True
-            at = env.find(needle)
-            while at > 0 and env[at - 1] != 0:
-                at = env.find(needle, at + 1)
-            if at >= 0:
-                end = env.find(b"\0", at)
-                run_marker = env[at + len(needle) : end if end >= 0 else None].decode(
-                    "utf-8", "replace"
-                )
-        except OSError:
-            pass
-        out.append(
-            {
-                "pid": pid,
-                "ppid": int(fields[1]),
-                "pgid": int(fields[2]),
-                "sid": int(fields[3]),
-                "state": fields[0],
-                "comm": comm,
-                "cmdline": cmdline,
-                "create_time": round(boot + int(fields[19]) / ticks, 2),
-                "uid": st_uid,
-                "run_marker": run_marker,
-                "environ_readable": environ_readable,
-                "threads": int(fields[17]),
-            }
-        )
+            errors.append(pid)
+            continue
+        finally:
+            os.close(base)
+        out.append(entry)
     return out
+
+
+def _process(pid: int, base: int, needle: bytes, ticks: int, boot: float) -> dict[str, Any]:
+    """One process, from its /proc/PID (the descriptor ``base``). Raises OSError when its
+    stat or owner cannot be read."""
+    stat = _read("stat", dir_fd=base).decode("utf-8", "replace")
+    st_uid = os.fstat(base).st_uid
+    # comm may contain spaces and parentheses: it lies between the first '(' and last ')'.
+    lpar = stat.find("(")
+    rpar = stat.rfind(")")
+    comm = stat[lpar + 1 : rpar]
+    fields = stat[rpar + 2 :].split()
+    try:
+        cmdline_raw = _read("cmdline", dir_fd=base)
+    except OSError:
+        cmdline_raw = b""
+    cmdline = [a.decode("utf-8", "replace") for a in cmdline_raw.split(b"\0")]
+    while cmdline and cmdline[-1] == "":
+        cmdline.pop()
+    run_marker: str | None = None
+    environ_readable = False
+    try:
+        env = _read("environ", 1 << 22, dir_fd=base)
+        environ_readable = True
+        at = env.find(needle)
+        while at > 0 and env[at - 1] != 0:
+            at = env.find(needle, at + 1)
+        if at >= 0:
+            end = env.find(b"\0", at)
+            run_marker = env[at + len(needle) : end if end >= 0 else None].decode(
+                "utf-8", "replace"
+            )
+    except OSError:
+        pass
+    return {
+        "pid": pid,
+        "ppid": int(fields[1]),
+        "pgid": int(fields[2]),
+        "sid": int(fields[3]),
+        "state": fields[0],
+        "comm": comm,
+        "cmdline": cmdline,
+        "create_time": round(boot + int(fields[19]) / ticks, 2),
+        "uid": st_uid,
+        "run_marker": run_marker,
+        "environ_readable": environ_readable,
+        "threads": int(fields[17]),
+    }
 
 
 def _listening() -> dict[int, tuple[int, str]]:
@@ -148,30 +186,39 @@ def _fd_scan(
     owners: dict[int, set[int]] = {}
     unreadable: list[int] = []
     for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
         try:
-            fds = os.listdir(fd_dir)
+            fd_dir = os.open(f"/proc/{pid}/fd", _DIR)
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited
         except OSError:
             unreadable.append(pid)
             continue
-        devices: set[str] = set()
-        denied = False
-        for fd in fds:
+        try:
             try:
-                target = os.readlink(fd_dir + "/" + fd)
+                fds = os.listdir(fd_dir)
             except (FileNotFoundError, ProcessLookupError):
-                continue  # closed, or exited, meanwhile
+                continue  # exited
             except OSError:
-                denied = True
+                unreadable.append(pid)
                 continue
-            if target.startswith("/dev/nvidia"):
-                devices.add(target)
-            elif socket_inodes and target.startswith("socket:["):
-                inode = int(target[8:-1])
-                if inode in socket_inodes:
-                    owners.setdefault(inode, set()).add(pid)
+            devices: set[str] = set()
+            denied = False
+            for fd in fds:
+                try:
+                    target = os.readlink(fd, dir_fd=fd_dir)
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # closed, or exited, meanwhile
+                except OSError:
+                    denied = True
+                    continue
+                if target.startswith("/dev/nvidia"):
+                    devices.add(target)
+                elif socket_inodes and target.startswith("socket:["):
+                    inode = int(target[8:-1])
+                    if inode in socket_inodes:
+                        owners.setdefault(inode, set()).add(pid)
+        finally:
+            os.close(fd_dir)
         if devices:
             holders.append({"pid": pid, "devices": sorted(devices)})
         if denied:
@@ -376,8 +423,8 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     options = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    json.dump(collect(options), sys.stdout, separators=(",", ":"))
-    sys.stdout.write("\n")
+    # One write: json.dump writes each small piece of the document on its own.
+    sys.stdout.write(json.dumps(collect(options), separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.collect import run_collector
-from cleanslate.probe.fallback import needs_fallback, run_fallback
 from cleanslate.probe.gpu.base import GpuBackend
 from cleanslate.probe.snapshot import GpuReading, Snapshot, SourceStatus
 
@@ -59,12 +58,17 @@ async def probe_host(
         _read_gpus(executor, backend, timeout),
     )
     data, result = collected
-    if data is None and needs_fallback(result):
-        # No python3 on the host: parse ps, ls and /proc/net/tcp instead, in the time left.
-        left = max(1.0, timeout - (time.monotonic() - started))
-        data, result = await run_fallback(executor, ports=in_scope, timeout=left,
-                                          shm_dir=shm_dir, listeners=listeners,
-                                          shm_patterns=shm_patterns)
+    if data is None and not result.ok:
+        # Loaded only when the collector failed: most hosts have python3, and a check's
+        # start-up is part of what an operator waits for.
+        from cleanslate.probe.fallback import needs_fallback, run_fallback
+
+        if needs_fallback(result):
+            # No python3 on the host: parse ps, ls and /proc/net/tcp instead, in the time left.
+            left = max(1.0, timeout - (time.monotonic() - started))
+            data, result = await run_fallback(executor, ports=in_scope, timeout=left,
+                                              shm_dir=shm_dir, listeners=listeners,
+                                              shm_patterns=shm_patterns)
     gpu_status = SourceStatus(
         name=f"gpu:{gpu.backend}", ok=gpu.ok, critical=True, error=gpu.error,
         elapsed_s=gpu.elapsed_s,
