@@ -189,3 +189,63 @@ def test_zero_settle_accepts_the_first_clean_reading(monkeypatch: pytest.MonkeyP
     report = asyncio.run(check_until_clean([], CheckOptions(), deadline_s=5, interval_s=0.01,
                                            settle_s=0))
     assert report.verdict == Verdict.CLEAN and len(taken) == 2
+
+
+# --- a release under way opens the window -----------------------------------------------------
+
+
+HELD_BY = Finding(kind=FindingKind.GPU_MEMORY_HELD, severity=Severity.ERROR, gpu=0,
+                  message="GPU 0: 900 MiB in use; held by PIDs 42", evidence={"pids": [42]})
+
+
+def test_memory_released_while_the_window_runs_costs_no_extra_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last process is gone and the driver is still releasing its memory: those readings
+    open the window, so CLEAN comes with the first clean reading once the window has lasted
+    ``settle_s``, not ``settle_s`` after it."""
+    taken = _scripted(monkeypatch, [*[_report(MEMORY)] * 15, *[CLEAN] * 200], pause_s=0.02)
+    report = asyncio.run(check_until_clean([], CheckOptions(), deadline_s=10, interval_s=0.25,
+                                           settle_s=0.2))
+    assert report.verdict == Verdict.CLEAN
+    uc = report.until_clean
+    assert uc is not None and uc.window_after_s is not None and uc.clean_after_s is not None
+    assert uc.window_after_s < uc.clean_after_s
+    assert len(taken) == 16  # 15 releasing readings (back to back) held the window; one clean
+    assert uc.clean_for_s >= 0.2 and uc.clean_readings == 16
+
+
+def test_memory_that_comes_back_after_a_clean_reading_closes_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = _scripted(monkeypatch, [_report(MEMORY), CLEAN, _report(MEMORY), *[CLEAN] * 200],
+                      pause_s=0.02)
+    report = asyncio.run(check_until_clean([], CheckOptions(), deadline_s=10, interval_s=0.05,
+                                           settle_s=0.2))
+    assert report.verdict == Verdict.CLEAN
+    uc = report.until_clean
+    assert uc is not None and uc.window_after_s == uc.clean_after_s  # a new window, opened clean
+    assert len(taken) > 3 + MIN_SETTLE_READINGS - 1
+
+
+@pytest.mark.parametrize("finding", [HELD_BY, STRAY])
+def test_a_visible_holder_is_not_a_release(monkeypatch: pytest.MonkeyPatch,
+                                           finding: Finding) -> None:
+    """Memory that a process holds, or a stray, never opens the window; readings keep their
+    interval."""
+    taken = _scripted(monkeypatch, [_report(finding)] * 3 + [CLEAN] * 200)
+    report = asyncio.run(check_until_clean([], CheckOptions(), deadline_s=10, interval_s=0.1,
+                                           settle_s=0.2))
+    uc = report.until_clean
+    assert report.verdict == Verdict.CLEAN and uc is not None and not uc.respawned
+    assert uc.window_after_s == uc.clean_after_s
+    assert uc.window_after_s is not None and uc.window_after_s >= 0.3  # three 0.1 s intervals
+    assert len(taken) >= 3 + MIN_SETTLE_READINGS
+
+
+def test_a_stray_after_a_release_reading_is_a_respawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reading with no process at all, then an engine process: something started it."""
+    _scripted(monkeypatch, [_report(MEMORY), _report(STRAY), *[CLEAN] * 200])
+    report = asyncio.run(check_until_clean([], CheckOptions(), deadline_s=10, interval_s=0.01))
+    assert report.verdict == Verdict.DIRTY
+    assert report.until_clean is not None and report.until_clean.respawned

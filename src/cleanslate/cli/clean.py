@@ -8,6 +8,7 @@ targets table shows each process's owner; process names and command lines are pr
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 from typing import TYPE_CHECKING, Annotated
@@ -21,6 +22,7 @@ from cleanslate.cli.stop import stop_run
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
+from cleanslate.verdict.check import DEFAULT_SETTLE_S
 
 if TYPE_CHECKING:
     from cleanslate.teardown.teardown import Target
@@ -40,6 +42,9 @@ def clean(
                         ] = 60.0,
     store_url: Annotated[str | None, typer.Option("--store", help="Store URL (--run).")] = None,
     gpu_backend: Annotated[str, typer.Option(help="GPU backend for verification.")] = "auto",
+    settle: Annotated[float, typer.Option(
+        help="Seconds the verification's settle window lasts (no process may appear in it; "
+        "GPU memory still being released keeps it open).")] = DEFAULT_SETTLE_S,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
 ) -> None:
@@ -51,8 +56,12 @@ def clean(
     if len(chosen) != 1:
         raise InputError("give exactly one of --run, --engine, --pid",
                          where=" ".join(chosen) or "clean")
+    if not math.isfinite(settle) or settle < 0:
+        raise InputError(f"must be zero or a positive number of seconds, got {settle:g}",
+                         where="--settle")
     if run:
-        raise typer.Exit(stop_run(run, store_url, grace, deadline, gpu_backend, json_out))
+        raise typer.Exit(stop_run(run, store_url, grace, deadline, gpu_backend, json_out,
+                                  settle=settle))
     if engine:
         get_signature(engine)
     bad = [p for p in pid or () if p <= 0]
@@ -101,7 +110,7 @@ def clean(
                     exclude_roots=frozenset({os.getpid()})),
         gpu_backend=gpu_backend)
     report = asyncio.run(teardown(executor, spec, grace_s=grace, verify=verify,
-                                  verify_deadline_s=deadline,
+                                  verify_deadline_s=deadline, verify_settle_s=settle,
                                   progress=progress_printer(quiet=json_out)))
     if json_out:
         typer.echo(report.model_dump_json())

@@ -8,6 +8,7 @@ machine is refused (exit 2). Errors never show a store URL's password.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Annotated
 
 import typer
@@ -18,6 +19,7 @@ from cleanslate.cli._render import print_teardown
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
 from cleanslate.redact import redact_text
+from cleanslate.verdict.check import DEFAULT_SETTLE_S
 
 
 def stop(
@@ -27,17 +29,24 @@ def stop(
     deadline: Annotated[float, typer.Option(help="Seconds to wait for a clean verdict.")
                         ] = 60.0,
     gpu_backend: Annotated[str, typer.Option(help="GPU backend for verification.")] = "auto",
+    settle: Annotated[float, typer.Option(
+        help="Seconds the verification's settle window lasts (no process may appear in it; "
+        "GPU memory still being released keeps it open).")] = DEFAULT_SETTLE_S,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
 ) -> None:
     """Tear down a recorded run and verify the host is clean (same as `clean --run ID`)."""
-    raise typer.Exit(stop_run(run_id, store_url, grace, deadline, gpu_backend, json_out))
+    raise typer.Exit(stop_run(run_id, store_url, grace, deadline, gpu_backend, json_out,
+                              settle=settle))
 
 
 def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
-             gpu_backend: str, json_out: bool) -> int:
+             gpu_backend: str, json_out: bool, *, settle: float = DEFAULT_SETTLE_S) -> int:
     """``cleanslate stop`` / ``clean --run``: the exit code. Errors never show a store URL's
     password."""
+    if not math.isfinite(settle) or settle < 0:
+        raise InputError(f"must be zero or a positive number of seconds, got {settle:g}",
+                         where="--settle")
     from cleanslate.launch.lifecycle import stop_server
     from cleanslate.store import Store
 
@@ -49,7 +58,7 @@ def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
                          hint=redact_text(exc.hint) if exc.hint else None) from None
     executor = executor_for(None if run.host == "local" else run.host)
     report = asyncio.run(stop_server(executor, store, run, grace_s=grace, gpu_backend=gpu_backend,
-                                     verify_deadline_s=deadline,
+                                     verify_deadline_s=deadline, verify_settle_s=settle,
                                      progress=progress_printer(quiet=json_out)))
     if json_out:
         from cleanslate.cli._documents import emit, stopped

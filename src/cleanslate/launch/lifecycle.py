@@ -394,6 +394,7 @@ async def stop_server(
     grace_s: float = 30.0,
     gpu_backend: str = "auto",
     verify_deadline_s: float = 60.0,
+    verify_settle_s: float | None = None,
     status: str = "stopped",
     cause: str | None = None,
     detail: str | None = None,
@@ -408,8 +409,11 @@ async def stop_server(
     machine (a shared store, the same host name) is refused with exit code 2 and left as it is:
     the run may be alive there. The teardown always runs to its end before the store is
     written; a store error is raised after it. ``exclusions``: see :func:`verify_options`.
+    ``verify_settle_s``: the verification's settle window (``None``: the default,
+    :data:`~cleanslate.verdict.check.DEFAULT_SETTLE_S`).
     """
     say = progress or (lambda _m: None)
+    settle = {"verify_settle_s": verify_settle_s} if verify_settle_s is not None else {}
     scrub = scrubber_for(run.id)
     leftovers = engine_class(run.engine).leftovers
     verify = verify_options(run, gpu_backend=gpu_backend, exclusions=exclusions)
@@ -422,7 +426,8 @@ async def stop_server(
         reason = (f"run {run.id} was launched on boot {run.boot_id} of {executor.name}, which "
                   f"has rebooted since (boot {boot_id}): its processes cannot exist any more")
         report = await skip_teardown(executor, reason, None, verify=verify,
-                                     verify_deadline_s=verify_deadline_s, progress=say)
+                                     verify_deadline_s=verify_deadline_s, progress=say,
+                                     **settle)
         status, cause, detail = "stopped", cause or "host_rebooted", detail or reason
     else:
         if status == "stopped" and cause is None and run.status in ("starting", "ready"):
@@ -447,7 +452,7 @@ async def stop_server(
         )
         report = await teardown(
             executor, spec, grace_s=grace_s, verify=verify,
-            verify_deadline_s=verify_deadline_s,
+            verify_deadline_s=verify_deadline_s, **settle,
             remove_shm=shm_remover(run, leftovers), progress=say, gpu=backend,
         )
     if status == "stopped" and cause is None and run.status in ("starting", "ready") \

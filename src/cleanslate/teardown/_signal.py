@@ -7,15 +7,27 @@ its start time still equals T (the PID was not reused by another process since t
 Input (argv[1], JSON): ``{"signal": "SIGTERM", "targets": [{"pid": .., "create_time": ..}]}``.
 Output (stdout, JSON): ``{"sent": [..], "gone": [..], "reused": [..], "zombie": [..],
 "d_state": [..], "errors": {pid: message}}``.
+
+With ``"signal": "0"`` and ``"wait_s": S`` it first waits, up to S seconds, until every target has
+exited, and then reports as above. The wait is event-driven where the kernel allows it: a pidfd
+per target (Linux 5.3 and later) becomes readable the moment its process exits, zombie
+included, and one ``poll`` waits on all of them. A pidfd is opened by PID, so the target's start
+time is read again after the open: a PID reused in between is not waited on. Without pidfds
+(older kernels, a seccomp filter) it polls ``/proc`` every 10 ms.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
+import time
 from typing import Any
+
+#: Seconds between ``/proc`` readings when the kernel gives no pidfd.
+POLL_S = 0.01
 
 
 def _boot_time() -> float:
@@ -37,12 +49,61 @@ def identity(pid: int, boot: float, ticks: int) -> tuple[float, str] | None:
     return round(boot + int(fields[19]) / ticks, 2), fields[0]
 
 
+def _same(target: dict[str, Any], boot: float, ticks: int) -> bool:
+    """Is the target still alive (not a zombie) and the process we were given?"""
+    found = identity(int(target["pid"]), boot, ticks)
+    if found is None or found[1] == "Z":
+        return False
+    expected = target.get("create_time")
+    return expected is None or abs(found[0] - expected) <= 0.02
+
+
+def wait_exit(targets: list[dict[str, Any]], seconds: float, boot: float, ticks: int) -> None:
+    """Return once every target has exited (or was never the process given), or after
+    ``seconds``."""
+    deadline = time.monotonic() + seconds
+    fds: list[int] = []
+    polled: list[dict[str, Any]] = []
+    try:
+        for target in targets:
+            if not _same(target, boot, ticks):
+                continue
+            try:
+                fd = os.pidfd_open(int(target["pid"]))
+            except ProcessLookupError:
+                continue
+            except (AttributeError, OSError):
+                polled.append(target)
+                continue
+            fds.append(fd)
+            if not _same(target, boot, ticks):  # exited or reused before the open
+                os.close(fds.pop())
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        waiting = set(fds)
+        while waiting or polled:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            step = min(left, POLL_S) if polled else left
+            for fd, _event in poller.poll(step * 1000):
+                waiting.discard(fd)
+                poller.unregister(fd)
+            polled = [t for t in polled if _same(t, boot, ticks)]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def main() -> None:
     spec: dict[str, Any] = json.loads(sys.argv[1])
     name = spec.get("signal", "SIGTERM")
     signum = 0 if name == "0" else getattr(signal, name)
     boot = _boot_time()
     ticks = os.sysconf("SC_CLK_TCK")
+    if signum == 0 and float(spec.get("wait_s") or 0) > 0:
+        wait_exit(spec.get("targets", []), float(spec["wait_s"]), boot, ticks)
     out: dict[str, Any] = {"sent": [], "gone": [], "reused": [], "zombie": [], "d_state": [],
                            "errors": {}}
     for target in spec.get("targets", []):

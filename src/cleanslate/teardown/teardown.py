@@ -61,7 +61,13 @@ from cleanslate.probe.gpu.base import GpuBackend
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
 from cleanslate.probe.snapshot import ProcessInfo, Snapshot
-from cleanslate.verdict.check import CheckOptions, CheckReport, check_until_clean
+from cleanslate.verdict.check import (
+    DEFAULT_SETTLE_S,
+    CheckOptions,
+    CheckReport,
+    check_one,
+    check_until_clean,
+)
 from cleanslate.verdict.rules import excluded_pids
 
 #: Why a process is in scope.
@@ -224,14 +230,20 @@ def _signal_source() -> bytes:
 
 
 async def send_signal(executor: Executor, targets: Iterable[Target], signal: str,
-                      timeout: float = 15.0) -> dict[str, Any]:
-    """Signal targets that are still the same processes; ``signal`` ``"0"`` only tests them."""
-    spec = {"signal": signal,
-            "targets": [{"pid": t.pid, "create_time": t.create_time} for t in targets]}
+                      timeout: float = 15.0, *, wait_s: float = 0.0) -> dict[str, Any]:
+    """Signal targets that are still the same processes; ``signal`` ``"0"`` only tests them,
+    after waiting up to ``wait_s`` seconds for all of them to exit (on the host, event-driven:
+    see ``_signal.py``)."""
+    spec: dict[str, Any] = {
+        "signal": signal, "targets": [{"pid": t.pid, "create_time": t.create_time}
+                                      for t in targets]}
     if not spec["targets"]:
         return {"sent": [], "gone": [], "reused": [], "zombie": [], "d_state": [], "errors": {}}
+    if signal == "0" and wait_s > 0:
+        spec["wait_s"] = wait_s
     result = await executor.run([executor.python, "-I", "-S", "-", json.dumps(spec)],
-                                timeout=timeout, stdin=_signal_source())
+                                timeout=timeout + (wait_s if signal == "0" else 0.0),
+                                stdin=_signal_source())
     if not result.ok:
         raise OSError(f"could not signal processes on {executor.name}: "
                       f"{result.describe_failure()}")
@@ -480,14 +492,30 @@ class _Scan:
     targets: list[Target]
     protected: list[Target]
     members: frozenset[int] | None
+    snapshot: Snapshot
+    reading: CheckReport | None = None  # the verification's reading of the same snapshot
+
+    def living(self, targets: Iterable[Target]) -> list[Target]:
+        """The targets that this scan saw alive (same start time, not a zombie)."""
+        by_pid = {p.pid: p for p in self.snapshot.processes}
+        return [t for t in targets if (p := by_pid.get(t.pid)) is not None and p.state != "Z"
+                and _same(p, t.create_time)]
 
 
 async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None = None,
-                users: dict[int, str | None] | None = None) -> _Scan:
+                users: dict[int, str | None] | None = None,
+                verify: CheckOptions | None = None) -> _Scan:
+    """The scope now. With ``verify`` (and no port to read that verification does not read),
+    the snapshot is the one a verification reading judges, and that reading comes with it."""
     if not executor.is_local:
         spec = replace(spec, exclude_roots=frozenset())  # our PIDs mean nothing there
     ports = [spec.port] if spec.port is not None and (spec.pgid or spec.sid) else []
-    snapshot = await probe_host(executor, NoGpuBackend(), ports=ports, timeout=15.0)
+    verified: CheckReport | None = None
+    taken: Snapshot | None = None
+    if verify is not None and set(ports) <= set(verify.ports):
+        verified, taken = await check_one(executor, verify)
+    snapshot = taken if taken is not None else \
+        await probe_host(executor, NoGpuBackend(), ports=ports, timeout=15.0)
     if not snapshot.sources or not all(s.ok for s in snapshot.sources if s.name == "processes"):
         raise OSError(f"could not list processes on {executor.name}: "
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
@@ -507,7 +535,7 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
                    for t in targets]
         protected = [replace(t, user=users.get(t.uid) if t.uid is not None else None)
                      for t in protected]
-    return _Scan(targets, protected, members)
+    return _Scan(targets, protected, members, snapshot, verified if taken else None)
 
 
 async def scan_scope(executor: Executor, spec: ScopeSpec) -> tuple[list[Target], list[Target]]:
@@ -516,19 +544,15 @@ async def scan_scope(executor: Executor, spec: ScopeSpec) -> tuple[list[Target],
     return scan.targets, scan.protected
 
 
-async def _wait_gone(executor: Executor, targets: list[Target], seconds: float,
-                     interval: float = 0.1) -> list[Target]:
-    """Wait until every target is gone (or a zombie) or ``seconds`` pass; return the living."""
-    deadline = time.monotonic() + seconds
-    alive = list(targets)
-    while alive:
-        state = await send_signal(executor, alive, "0")
-        dead = set(state["gone"]) | set(state["reused"]) | set(state["zombie"])
-        alive = [t for t in alive if t.pid not in dead]
-        if not alive or time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(interval)
-    return alive
+async def _wait_gone(executor: Executor, targets: list[Target], seconds: float
+                     ) -> list[Target]:
+    """Wait until every target is gone (or a zombie) or ``seconds`` pass; return the living.
+    One command on the host, which returns the moment the last target exits."""
+    if not targets:
+        return []
+    state = await send_signal(executor, targets, "0", wait_s=max(seconds, 0.0))
+    dead = set(state["gone"]) | set(state["reused"]) | set(state["zombie"])
+    return [t for t in targets if t.pid not in dead]
 
 
 async def _cgroup_kill(executor: Executor, cgroup: str) -> bool:
@@ -556,6 +580,7 @@ async def teardown(
     kill_wait_s: float = 10.0,
     verify: CheckOptions | None = None,
     verify_deadline_s: float = 60.0,
+    verify_settle_s: float = DEFAULT_SETTLE_S,
     remove_shm: Callable[[Snapshot], list[str]] | None = None,
     progress: Callable[[str], None] | None = None,
     gpu: GpuBackend | None = None,
@@ -604,19 +629,23 @@ async def teardown(
     d_state: set[int] = set()
     cgroup_killed = False
     members = first.members
-    for _attempt in range(5):
-        rescan = await _scan(executor, spec, gpu=gpu, users=users)
+    last: _Scan | None = None  # the last rescan, while nothing was signalled after it
+    for attempt in range(5):
+        # The first rescan is also the verification's first reading when nothing is left.
+        rescan = await _scan(executor, spec, gpu=gpu, users=users,
+                             verify=verify if attempt == 0 else None)
+        last = rescan
         members = rescan.members
         for t in rescan.targets:
             every.setdefault(t.pid, t)
         for t in rescan.protected:
             left_alone.setdefault(t.pid, t)
-        alive = await _wait_gone(executor, list({**{t.pid: t for t in scope},
-                                                  **{t.pid: t for t in rescan.targets}}.values()),
-                                 0.0)
+        alive = rescan.living({**{t.pid: t for t in scope},
+                               **{t.pid: t for t in rescan.targets}}.values())
         workers = [t for t in alive if t.why != SUPERVISOR]
         if not workers and not members:
             break
+        last = None
         # Race-free against forks: the kernel kills every member, new children included.
         if spec.cgroup and members and not members & set(left_alone) \
                 and await _cgroup_kill(executor, spec.cgroup):
@@ -625,7 +654,7 @@ async def teardown(
             killed += [pid for pid in sorted(members) if pid not in killed]
             say(f"cgroup.kill on {spec.cgroup} ({len(members)} members)")
         if not workers:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # members not yet reaped (after a cgroup.kill)
             continue
         sent = await send_signal(executor, workers, "SIGKILL")
         stamp("SIGKILL", sent["sent"])
@@ -639,21 +668,29 @@ async def teardown(
         scope = rescan.targets
     # The supervisor (subreaper) exits by itself once its children are reaped; end it if not.
     supervisors = [t for t in every.values() if t.why == SUPERVISOR]
+    if last is not None:
+        supervisors = last.living(supervisors)
     if supervisors and await _wait_gone(executor, supervisors, 2.0):
         sent = await send_signal(executor, supervisors, "SIGKILL")
         stamp("SIGKILL", sent["sent"])
-    survivors = await _wait_gone(executor, list(every.values()), 0.0)
+        last = None
+    # The last rescan saw every target gone but the supervisors, which are waited on above.
+    survivors = await _wait_gone(executor, list(every.values()), 0.0) if last is None \
+        else []
     cgroup_removed = False
     cgroup_left: frozenset[int] = frozenset()
     if spec.cgroup:
         # Members leave a cgroup when they are reaped: give the last ones a moment.
         deadline = time.monotonic() + 5.0
+        left = members if last is not None else None
         while True:
-            left = await read_cgroup_members(executor, spec.cgroup)
+            if left is None or left:
+                left = await read_cgroup_members(executor, spec.cgroup)
             cgroup_left = left or frozenset()
             if not cgroup_left or time.monotonic() > deadline:
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.02)
+            left = None
         if not cgroup_left and left is not None:
             cgroup_removed = await _cgroup_remove(executor, spec.cgroup)
         if cgroup_left:
@@ -661,7 +698,9 @@ async def teardown(
     shm_removed: list[str] = []
     held: list[str] = []
     if remove_shm is not None:
-        snapshot = await probe_host(executor, NoGpuBackend(), timeout=15.0)
+        # The last rescan is current when nothing was signalled after it.
+        snapshot = last.snapshot if last is not None \
+            else await probe_host(executor, NoGpuBackend(), timeout=15.0)
         candidates = remove_shm(snapshot)
         # The scope is gone: a candidate still mapped or open is another process's live file.
         try:
@@ -679,8 +718,13 @@ async def teardown(
     report: CheckReport | None = None
     if verify is not None:
         say(f"verifying (until clean, deadline {verify_deadline_s:g} s)")
+        # The last rescan's reading is current if it saw nothing of the scope alive (not even a
+        # supervisor about to exit) and nothing was signalled or removed since.
+        current = last.reading if last is not None and not shm_removed \
+            and not last.living(every.values()) else None
         report = await check_until_clean([executor], verify, deadline_s=verify_deadline_s,
-                                         interval_s=0.25)
+                                         interval_s=0.25, settle_s=verify_settle_s,
+                                         first=current)
     return TeardownReport(
         targets=tuple(t.record() for t in every.values()),
         left_alone=tuple(t.record() for t in left_alone.values()),
@@ -707,6 +751,7 @@ async def skip_teardown(
     *,
     verify: CheckOptions | None = None,
     verify_deadline_s: float = 60.0,
+    verify_settle_s: float = DEFAULT_SETTLE_S,
     progress: Callable[[str], None] | None = None,
 ) -> TeardownReport:
     """A teardown that signals nothing (the record names no process of this host), with the
@@ -718,7 +763,7 @@ async def skip_teardown(
     if verify is not None:
         say(f"verifying (until clean, deadline {verify_deadline_s:g} s)")
         report = await check_until_clean([executor], verify, deadline_s=verify_deadline_s,
-                                         interval_s=0.25)
+                                         interval_s=0.25, settle_s=verify_settle_s)
     return TeardownReport(targets=(), refused=reason, refused_code=code,
                           elapsed_s=round(time.monotonic() - started, 3), verify=report)
 

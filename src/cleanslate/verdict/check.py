@@ -38,6 +38,15 @@ MIN_SETTLE_READINGS = 3
 #: only between two slow readings is still seen.
 SETTLE_PAUSE_S = 0.02
 
+#: Seconds for which readings stay back to back while only a release is awaited (GPU memory
+#: held by no process, a zombie not yet reaped); after that they come every ``interval_s``.
+FAST_RELEASE_S = 10.0
+
+#: Findings that a host's own release clears without anyone acting: after the last process of
+#: a run is gone, the driver returns its memory and its parent reaps its zombies. GPU memory
+#: that a visible process holds is not a release (``evidence["pids"]``).
+RELEASING = frozenset({FindingKind.GPU_MEMORY_HELD, FindingKind.ZOMBIE})
+
 
 @dataclass(frozen=True)
 class CheckOptions:
@@ -62,11 +71,13 @@ class UntilClean(BaseModel):
     """How ``--until-clean`` went.
 
     ``attempts``: readings taken. ``clean_after_s``: seconds from the start to the first clean
-    reading of the window that held (``None``: it never held). ``settle_s``: how long clean
-    readings had to hold; ``clean_for_s`` and ``clean_readings``: how long (between the first
-    and the last clean reading) and over how many readings they held at the end (0 when the
-    last reading was not clean). ``respawned``: an engine process appeared after the host had
-    read clean (the verdict is then DIRTY, with a ``respawned`` finding).
+    reading of the window that held (``None``: it never held). ``settle_s``: how long the window
+    had to hold; ``window_after_s``: when its first reading ended (earlier than
+    ``clean_after_s`` when it opened on a release still under way); ``clean_for_s`` and
+    ``clean_readings``: how long (from the window's first reading to its last) and over how
+    many readings it held at the end (0 when the last reading was not clean). ``respawned``: an
+    engine process appeared after the window had opened (the verdict is then DIRTY, with a
+    ``respawned`` finding).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -78,6 +89,7 @@ class UntilClean(BaseModel):
     settle_s: float = 0.0
     clean_for_s: float = 0.0
     clean_readings: int = 0
+    window_after_s: float | None = None
     respawned: bool = False
 
 
@@ -120,11 +132,16 @@ async def check_host(executor: Executor, options: CheckOptions) -> tuple[HostVer
 
 
 async def _checked(executor: Executor, options: CheckOptions) -> HostVerdict:
+    return (await _checked_with_snapshot(executor, options))[0]
+
+
+async def _checked_with_snapshot(executor: Executor, options: CheckOptions
+                                 ) -> tuple[HostVerdict, Snapshot | None]:
     """:func:`check_host`, where a failure of the checker itself (a bug, a backend that raised)
     makes the host UNKNOWN with the reason instead of ending the whole check."""
     started = time.monotonic()
     try:
-        return (await check_host(executor, options))[0]
+        return await check_host(executor, options)
     except CleanslateError:
         raise  # bad input: the caller reports it
     except Exception as exc:
@@ -137,7 +154,7 @@ async def _checked(executor: Executor, options: CheckOptions) -> HostVerdict:
                               evidence={"error": f"{type(exc).__name__}: {exc}"}),),
             probed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             probe_elapsed_s=round(time.monotonic() - started, 4),
-        )
+        ), None
 
 
 async def check_hosts(executors: list[Executor], options: CheckOptions) -> CheckReport:
@@ -145,12 +162,26 @@ async def check_hosts(executors: list[Executor], options: CheckOptions) -> Check
     started = time.monotonic()
     checked_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     hosts = tuple(await asyncio.gather(*(_checked(e, options) for e in executors)))
+    return _report(hosts, checked_at, started)
+
+
+def _report(hosts: tuple[HostVerdict, ...], checked_at: str, started: float) -> CheckReport:
     return CheckReport(
         verdict=Verdict.worst([h.verdict for h in hosts]),
         checked_at=checked_at,
         elapsed_s=round(time.monotonic() - started, 3),
         hosts=hosts,
     )
+
+
+async def check_one(executor: Executor, options: CheckOptions
+                    ) -> tuple[CheckReport, Snapshot | None]:
+    """One host's check report, with the snapshot it judged (``None`` when the check itself
+    failed): a teardown reads its scope from the same snapshot that verifies it."""
+    started = time.monotonic()
+    checked_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    host, snapshot = await _checked_with_snapshot(executor, options)
+    return _report((host,), checked_at, started), snapshot
 
 
 def _strays(report: CheckReport) -> list[tuple[str, Finding]]:
@@ -184,26 +215,36 @@ def _mark_respawned(report: CheckReport, clean_for_s: float) -> CheckReport:
 async def check_until_clean(
     executors: list[Executor], options: CheckOptions, *, deadline_s: float,
     interval_s: float = 0.5, settle_s: float = DEFAULT_SETTLE_S,
+    first: CheckReport | None = None,
 ) -> CheckReport:
-    """Re-probe until every host has read CLEAN for ``settle_s`` seconds, or ``deadline_s``
-    seconds have passed.
+    """Re-probe until every host has read CLEAN at the end of a settle window of ``settle_s``
+    seconds, or ``deadline_s`` seconds have passed.
 
     Memory is released asynchronously after a kill (milliseconds to minutes), so one reading
     proves nothing, and one clean reading proves little: a parent that keeps restarting a stray
-    leaves gaps in which the host reads clean. So a first clean reading opens a *settle window*:
-    readings follow back to back, every one must be clean, and the window must last
-    ``settle_s`` seconds (between the first and the last clean reading's end) over at least
-    :data:`MIN_SETTLE_READINGS` readings. A reading that is not clean closes the window (the
-    next clean one opens a new one); an engine process (a ``stray_process`` error) seen while a
-    window is open ends the wait at once as DIRTY, with a ``respawned`` finding.
+    leaves gaps in which the host reads clean. So a *settle window* must hold before CLEAN:
+    readings follow back to back, none may show a process or anything else wrong, and the
+    window must last ``settle_s`` seconds (from the end of its first reading to the end of its
+    last) over at least :data:`MIN_SETTLE_READINGS` readings, the last one CLEAN.
+
+    The window watches for processes, so a reading whose only errors are a release still
+    under way (:data:`RELEASING`: GPU memory held by no process, a zombie) opens it or keeps it
+    open, as long as no CLEAN reading came before it: memory that is given back while the
+    window runs costs no extra time, while memory that comes back after a clean reading closes
+    the window (the next clean reading opens a new one). Any other error closes it too; an
+    engine process (a ``stray_process`` error) seen while a window is open ends the wait at
+    once as DIRTY, with a ``respawned`` finding. While only a release is awaited, readings stay
+    back to back for :data:`FAST_RELEASE_S` seconds, then come every ``interval_s``.
 
     Readings start only before the deadline; a window they open may finish after it, by at
     most ``settle_s`` plus one reading. ``settle_s=0`` accepts the first clean reading (not
-    recommended). Returns the last report, with :class:`UntilClean` saying how it went.
+    recommended). ``first``: a reading of every host taken just before the call, used as the
+    first one. Returns the last report, with :class:`UntilClean` saying how it went.
     """
     started = time.monotonic()
     attempts = 0
-    window_start: float | None = None  # when the window's first clean reading ended
+    window_start: float | None = None  # when the window's first reading ended
+    first_clean: float | None = None  # when the window's first CLEAN reading ended
     readings = 0
 
     def done(report: CheckReport, elapsed: float, *, respawned: bool = False) -> CheckReport:
@@ -212,23 +253,28 @@ async def check_until_clean(
             "elapsed_s": round(elapsed, 3),
             "until_clean": UntilClean(
                 deadline_s=deadline_s, interval_s=interval_s, attempts=attempts,
-                clean_after_s=round(window_start, 3) if clean and window_start is not None
+                clean_after_s=round(first_clean, 3) if clean and first_clean is not None
                 else None,
                 settle_s=settle_s,
                 clean_for_s=round(elapsed - window_start, 3) if clean and window_start
                 is not None else 0.0,
                 clean_readings=readings if clean else 0,
+                window_after_s=round(window_start, 3) if clean and window_start is not None
+                else None,
                 respawned=respawned,
             ),
         })
 
     while True:
         attempts += 1
-        report = await check_hosts(executors, options)
+        report = first if first is not None and attempts == 1 \
+            else await check_hosts(executors, options)
         elapsed = time.monotonic() - started
         if report.verdict == Verdict.CLEAN:
             if window_start is None:
                 window_start, readings = elapsed, 0
+            if first_clean is None:
+                first_clean = elapsed
             readings += 1
             if elapsed - window_start >= settle_s and (
                     settle_s <= 0 or readings >= MIN_SETTLE_READINGS):
@@ -238,7 +284,25 @@ async def check_until_clean(
         if window_start is not None and _strays(report):
             return done(_mark_respawned(report, elapsed - window_start), elapsed,
                         respawned=True)
-        window_start, readings = None, 0
+        if first_clean is None and _releasing(report):
+            if window_start is None:
+                window_start, readings = elapsed, 0
+            readings += 1
+            if elapsed + SETTLE_PAUSE_S > deadline_s:
+                return done(report, elapsed)
+            fast = elapsed - window_start < FAST_RELEASE_S
+            await asyncio.sleep(min(interval_s, SETTLE_PAUSE_S) if fast else interval_s)
+            continue
+        window_start, first_clean, readings = None, None, 0
         if elapsed + interval_s > deadline_s:
             return done(report, elapsed)
         await asyncio.sleep(interval_s)
+
+
+def _releasing(report: CheckReport) -> bool:
+    """Is every error of this reading a release still under way (and every host read)?"""
+    return report.verdict == Verdict.DIRTY and all(
+        host.verdict != Verdict.UNKNOWN
+        and all(f.kind in RELEASING and not f.evidence.get("pids")
+                for f in host.findings if f.severity == Severity.ERROR)
+        for host in report.hosts)
