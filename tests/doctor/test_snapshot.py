@@ -83,10 +83,13 @@ def test_a_snapshot_is_bounded_and_says_what_was_cut() -> None:
     many = tuple(Finding(code="x", severity=Severity.WARNING, message="m" * 5000,
                          consequence="c", evidence=tuple(f"e{i}" for i in range(10)))
                  for _ in range(MAX_FINDINGS + 10))
-    report = _h200x1_report().model_copy(update={"findings": many})
+    error = Finding(code="ecc_uncorrected", severity=Severity.ERROR, message="e",
+                    consequence="c")
+    report = _h200x1_report().model_copy(update={"findings": (*many, error)})
     snap = HostSnapshot.of(report, taken_at=1.0)
     assert len(snap.findings) == MAX_FINDINGS and snap.truncated == ("findings",)
-    assert all(len(f.message) == MAX_TEXT and len(f.evidence) == 3 for f in snap.findings)
+    assert snap.findings[0].code == "ecc_uncorrected"  # errors first: a cut keeps them
+    assert all(len(f.message) == MAX_TEXT and len(f.evidence) == 3 for f in snap.findings[1:])
     assert len(snap.model_dump_json()) < 64 * 1024
 
 

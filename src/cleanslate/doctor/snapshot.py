@@ -41,6 +41,10 @@ SNAPSHOT_TIMEOUT_ENV = "CLEANSLATE_DOCTOR_SNAPSHOT_TIMEOUT_S"
 MAX_GPUS, MAX_PAIRS, MAX_FINDINGS, MAX_EVIDENCE, MAX_TEXT = 64, 256, 64, 3, 400
 
 
+#: The order of findings in a snapshot.
+_RANK = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
 def _cut(value: str | None, limit: int = MAX_TEXT) -> str | None:
     if value is None:
         return None
@@ -173,7 +177,8 @@ class HostSnapshot(_Frozen):
 
     @classmethod
     def of(cls, report: HostDoctor, *, taken_at: float | None = None) -> HostSnapshot:
-        """The compact form of a doctor report (its bandwidth section, if any, left out)."""
+        """The compact form of a doctor report (its bandwidth section, if any, left out); the
+        findings errors first, then warnings, then info (so that a cut keeps the errors)."""
         env = report.environment
         truncated = [what for what, items, limit in (
             ("gpus", report.devices, MAX_GPUS), ("pairs", report.pairs, MAX_PAIRS),
@@ -190,7 +195,8 @@ class HostSnapshot(_Frozen):
             container=_cut(env.container, 80) if env else None,
             kernel=_cut(env.kernel, 200) if env else None,
             shm_bytes=env.shm_bytes if env else None,
-            findings=tuple(SnapshotFinding.of(f) for f in report.findings[:MAX_FINDINGS]),
+            findings=tuple(SnapshotFinding.of(f) for f in sorted(
+                report.findings, key=lambda f: _RANK[f.severity])[:MAX_FINDINGS]),
             truncated=tuple(truncated))
 
     @classmethod
