@@ -2,10 +2,12 @@
 
 For each configuration (the quick-start best and its neighbours along each flag) it starts
 ``cleanslate sim serve`` with the quick-start fixed flags, runs closed-loop streaming levels at
-concurrency 64 and 256 with the quick-start workload (1024 prompt tokens, 128 output tokens,
-``ignore_eos``) with the benchmark client (``cleanslate.bench``), stops the server, and prints a
-Markdown table: output tokens/s and mean / p50 TTFT per level, or how the configuration failed
-(OOM at start, crash). Takes about 6 minutes at ``--time-scale 1``.
+the quick-start concurrencies (32, 128, 256; three times as many requests, at most 512) with
+the quick-start workload (1024 prompt tokens, 128 output tokens, ``ignore_eos``) with the
+benchmark client (``cleanslate.bench``), stops the server, and prints a Markdown table: output
+tokens/s and mean TTFT per level, each beside the model's steady-state estimate
+(``SimModel.estimate``), or how the configuration failed (OOM at start, crash). Takes about
+10 minutes at ``--time-scale 1``.
 
     python benchmarks/sim_model_table.py [--time-scale 1.0] [--json results.json]
 """
@@ -25,27 +27,34 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cleanslate.sim.model import QUICKSTART_FIXED, QUICKSTART_WORKLOAD
+from cleanslate.sim.model import (
+    QUICKSTART_CONCURRENCY,
+    QUICKSTART_FIXED,
+    QUICKSTART_WORKLOAD,
+    SimModel,
+    settings_from_flags,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sim_capacity import closed_level, free_port, summary
 
 MODEL = "cleanslate/sim-70b"
 BEST = {
-    "mem-fraction-static": 0.92,
+    "mem-fraction-static": 0.88,
     "disable-cuda-graph": False,
-    "max-running-requests": 256,
-    "chunked-prefill-size": 4096,
+    "max-running-requests": 128,
+    "chunked-prefill-size": 16384,
 }
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
-    ("best (interior)", {}),
+    ("best", {}),
     ("mem 0.85", {"mem-fraction-static": 0.85}),
-    ("mem 0.95", {"mem-fraction-static": 0.95}),
+    ("mem 0.92", {"mem-fraction-static": 0.92}),
+    ("mem 0.92, chunk 4096", {"mem-fraction-static": 0.92, "chunked-prefill-size": 4096}),
     ("no CUDA graph", {"disable-cuda-graph": True}),
-    ("max-running 128", {"max-running-requests": 128}),
-    ("max-running 512", {"max-running-requests": 512}),
+    ("max-running 64", {"max-running-requests": 64}),
+    ("max-running 256", {"max-running-requests": 256}),
+    ("chunk 4096", {"chunked-prefill-size": 4096}),
     ("chunk 1024", {"chunked-prefill-size": 1024}),
-    ("chunk 16384", {"chunked-prefill-size": 16384}),
     (
         "corner: 0.80, eager, 64, 1024",
         {
@@ -56,7 +65,7 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
 ]
-LEVELS = [(64, 192), (256, 512)]
+LEVELS = [(c, min(512, 3 * c)) for c in QUICKSTART_CONCURRENCY]
 
 
 def flags_argv(flags: dict[str, Any]) -> list[str]:
@@ -131,7 +140,18 @@ def run_config(flags: dict[str, Any], time_scale: float, tmp: str) -> dict[str, 
             proc.wait(30)
 
 
+def estimate(flags: dict[str, Any], concurrency: int) -> dict[str, float] | None:
+    """The model's steady-state estimate of a level (``None`` where the server cannot start)."""
+    model = SimModel(settings_from_flags(flags))
+    plan = model.memory_plan()
+    if plan.oom_at_start or plan.not_enough_for_kv:
+        return None
+    return model.estimate(concurrency, QUICKSTART_WORKLOAD["input_len"],
+                          QUICKSTART_WORKLOAD["output_len"])
+
+
 def cell(result: dict[str, Any], concurrency: int) -> tuple[str, str]:
+    """(tok/s measured (model), mean TTFT s measured (model)) of one level."""
     if "failed" in result:
         return result["failed"], "-"
     level = result["levels"].get(concurrency)
@@ -139,9 +159,12 @@ def cell(result: dict[str, Any], concurrency: int) -> tuple[str, str]:
         return "-", "-"
     if "failed" in level:
         return level["failed"], "-"
+    est = estimate(result["flags"], concurrency)
+    model_tps = f" ({est['output_throughput']:,.0f})" if est else ""
+    model_ttft = f" ({est['ttft_s']:.1f})" if est else ""
     return (
-        f"{level['output_throughput']:,.0f}",
-        f"{level['ttft_mean_s']:.2f} / {level['ttft_p50_s']:.2f}",
+        f"{level['output_throughput']:,.0f}{model_tps}",
+        f"{level['ttft_mean_s']:.2f}{model_ttft}",
     )
 
 
@@ -167,20 +190,16 @@ def main() -> int:
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(
-        "| configuration | mem | graph | max-run | chunk | tok/s c=64 | TTFT mean/p50 s c=64 "
-        "| tok/s c=256 | TTFT mean/p50 s c=256 |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = " | ".join(f"tok/s c={c} | TTFT mean s c={c}" for c, _ in LEVELS)
+    print(f"| configuration | mem | graph | max-run | chunk | {head} |")
+    print("|---|---|---|---|---|" + "---|---|" * len(LEVELS))
     for r in rows:
         f = r["flags"]
-        c64, t64 = cell(r, 64)
-        c256, t256 = cell(r, 256)
+        cells = " | ".join(" | ".join(cell(r, c)) for c, _ in LEVELS)
         graph = "off" if f["disable-cuda-graph"] else "on"
         print(
             f"| {r['name']} | {f['mem-fraction-static']} | {graph} | "
-            f"{f['max-running-requests']} | {f['chunked-prefill-size']} | {c64} | {t64} | "
-            f"{c256} | {t256} |"
+            f"{f['max-running-requests']} | {f['chunked-prefill-size']} | {cells} |"
         )
     if args.json:
         with open(args.json, "w") as fh:

@@ -25,11 +25,11 @@ DEFAULT_GPU_MIB = 143_771
 WEIGHTS_MIB = 80_000.0  # whole model; each TP rank holds WEIGHTS_MIB / tp
 KV_MIB_PER_TOKEN = 0.3125  # whole model (80 layers x 8 KV heads x 128 x 2 x 2 bytes); / tp
 CONTEXT_MIB = 1024.0  # CUDA context + allocator state, outside the static pool
-REQ_SLOT_MIB = 24.0  # request-to-token table per `max-running-requests` slot, inside the pool
-ACT_MIB_PER_CHUNK_TOKEN = 1.5  # prefill activation workspace per chunk token, inside; / tp
+REQ_TABLE_BYTES_PER_TOKEN = 4  # request-to-token table: one int32 per slot and context token
+ACT_MIB_PER_CHUNK_TOKEN = 0.25  # prefill activations per chunk token, outside the pool; / tp
 GRAPH_BASE_MIB = 1024.0  # CUDA graph memory pool, outside the static pool ...
 GRAPH_MIB_PER_BS = 8.0  # ... plus this per captured batch size up to `cuda-graph-max-bs`
-RUNTIME_RESERVE_FRACTION = 0.045  # NCCL buffers, fragmentation: share of the GPU kept free
+RUNTIME_RESERVE_FRACTION = 0.035  # NCCL buffers, fragmentation: share of the GPU kept free
 
 # --- time (milliseconds) ---------------------------------------------------------------------
 LAUNCH_GRAPH_MS = 1.5  # per-step launch overhead when the decode batch replays a CUDA graph
@@ -43,16 +43,18 @@ ALLREDUCE_MS = 0.6  # per step and per doubling of tp (0 at tp 1)
 STEP_NOISE_SIGMA = 0.03  # log-normal noise of each step
 RUN_NOISE_SIGMA = 0.02  # log-normal factor drawn once per server from the seed
 
-#: The memory fraction above which start-up fails, for the default settings, is about 0.93
-#: with CUDA graphs and 0.947 without them (see :meth:`SimModel.oom_at_start`).
+#: The memory fraction above which start-up fails depends on CUDA graphs and the prefill chunk
+#: (both live outside the static pool): for the default settings about 0.928 with CUDA graphs
+#: and 0.944 without them (see :meth:`SimModel.memory_plan`).
 
 #: The default search space of the quick start (flag -> values, SGLang spelling), meant with
-#: :data:`QUICKSTART_FIXED` and :data:`QUICKSTART_WORKLOAD`. Its best configuration at
-#: concurrency 256 (0.92, CUDA graphs on, 256, 4096) is interior: the largest memory fraction
-#: (0.95) runs out of memory at start, a larger ``max-running-requests`` eats KV cache with its
-#: request table, a larger ``chunked-prefill-size`` with its workspace, a smaller one pays more
-#: fixed prefill cost; and with CUDA graphs, configurations whose decode batch grows above
-#: ``cuda-graph-max-bs`` (112) crash at concurrency 256 but not at 64.
+#: :data:`QUICKSTART_FIXED`, :data:`QUICKSTART_WORKLOAD`, :data:`QUICKSTART_CONCURRENCY` and
+#: :data:`QUICKSTART_TTFT_SLO_S` (:func:`steady_value` scores it). Its best configuration
+#: (0.88, CUDA graphs on, 128 or more running, chunk 16384) needs several factors at once: more
+#: memory for the KV cache means a larger batch, until 0.92 with that chunk's activations and
+#: the graphs does not start; CUDA graphs speed every decode step; a larger chunk pays fewer
+#: fixed prefill costs; 64 running requests cap the batch; and with CUDA graphs, a decode batch
+#: above ``cuda-graph-max-bs`` (128) crashes at concurrency 256 but not at 128.
 QUICKSTART_SPACE: dict[str, list[Any]] = {
     "mem-fraction-static": [0.80, 0.85, 0.88, 0.92, 0.95],
     "disable-cuda-graph": [True, False],
@@ -61,9 +63,11 @@ QUICKSTART_SPACE: dict[str, list[Any]] = {
 }
 
 #: The fixed flags and workload the quick-start space is meant for.
-QUICKSTART_FIXED: dict[str, Any] = {"tp-size": 1, "cuda-graph-max-bs": 112}
+QUICKSTART_FIXED: dict[str, Any] = {"tp-size": 1, "cuda-graph-max-bs": 128}
 QUICKSTART_WORKLOAD: dict[str, Any] = {"kind": "random", "input_len": 1024, "output_len": 128}
-QUICKSTART_CONCURRENCY: list[int] = [64, 256]
+QUICKSTART_CONCURRENCY: list[int] = [32, 128, 256]
+#: The latency bound the quick-start surface is judged under: mean TTFT, seconds.
+QUICKSTART_TTFT_SLO_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -117,11 +121,25 @@ class SimModel:
         c = self.s.chunked_prefill_size
         return self.s.context_length if c <= 0 else c
 
+    def captured_bs(self) -> int:
+        """The largest batch captured in a CUDA graph: ``cuda-graph-max-bs``, but never more
+        than ``max-running-requests`` (SGLang captures no batch its request pool cannot hold);
+        0 with ``disable-cuda-graph``."""
+        if self.s.disable_cuda_graph:
+            return 0
+        return max(1, min(self.s.cuda_graph_max_bs, self.s.max_running_requests))
+
     def graph_mib(self) -> float:
         """CUDA graph memory per GPU (0 with ``disable-cuda-graph``)."""
         if self.s.disable_cuda_graph:
             return 0.0
-        return GRAPH_BASE_MIB + GRAPH_MIB_PER_BS * self.s.cuda_graph_max_bs
+        return GRAPH_BASE_MIB + GRAPH_MIB_PER_BS * self.captured_bs()
+
+    def workspace_mib(self) -> float:
+        """Prefill activations for one full chunk, per GPU. They are allocated outside the
+        static pool (as SGLang's are), so a large chunk at a large memory fraction runs out of
+        memory; the sim reserves them at start (SGLang would fail at the first large prefill)."""
+        return ACT_MIB_PER_CHUNK_TOKEN * self.chunk_tokens() / max(1, self.s.tp_size)
 
     def memory_plan(self) -> MemoryPlan:
         s = self.s
@@ -129,12 +147,13 @@ class SimModel:
         total = float(s.gpu_memory_mib)
         static = s.mem_fraction_static * total
         weights = WEIGHTS_MIB / tp
-        slots = REQ_SLOT_MIB * s.max_running_requests
-        act = ACT_MIB_PER_CHUNK_TOKEN * self.chunk_tokens() / tp
-        kv = static - weights - slots - act
+        slots = (REQ_TABLE_BYTES_PER_TOKEN * s.max_running_requests * s.context_length
+                 / (1024 * 1024))
+        kv = static - weights - slots
+        act = self.workspace_mib()
         graph = self.graph_mib()
         reserve = RUNTIME_RESERVE_FRACTION * total
-        needed = static + CONTEXT_MIB + graph + reserve
+        needed = static + CONTEXT_MIB + act + graph + reserve
         kv_tokens = int(kv / (KV_MIB_PER_TOKEN / tp)) if kv > 0 else 0
         return MemoryPlan(
             context_mib=CONTEXT_MIB,
@@ -142,7 +161,7 @@ class SimModel:
             static_pool_mib=static,
             kv_cache_mib=max(0.0, kv),
             graph_mib=graph,
-            total_mib=CONTEXT_MIB + static + graph,
+            total_mib=CONTEXT_MIB + static + act + graph,
             available_mib=total,
             kv_capacity_tokens=kv_tokens,
             oom_at_start=needed > total,
@@ -217,8 +236,10 @@ class SimModel:
         # batches of up to `chunk` tokens.
         cycle_s = output_len * decode_s + prefill_s * b
         throughput = b * output_len / cycle_s
+        # Prefill comes first, so a finished batch's successors arrive together and are
+        # prefilled one after another: on average a request waits for half of them.
         waiting = max(0, concurrency - b)
-        ttft = prefill_s + waiting * cycle_s / b if b else math.inf
+        ttft = prefill_s * (b + 1) / 2 + waiting * cycle_s / b
         return {"output_throughput": throughput, "ttft_s": ttft, "batch": float(b)}
 
 
@@ -231,3 +252,28 @@ def settings_from_flags(flags: dict[str, Any]) -> SimSettings:
         if name in SimSettings.__dataclass_fields__:
             kw[name] = value
     return SimSettings(**kw)
+
+
+def steady_value(flags: dict[str, Any], concurrency: list[int] | None = None,
+                 ttft_slo_s: float = QUICKSTART_TTFT_SLO_S,
+                 workload: dict[str, Any] | None = None) -> float | None:
+    """What a study's trial of these flags would score, from the steady-state estimate: the
+    output tokens/s of its best level, the levels climbing in ascending order and stopping at
+    the first crash (CUDA graphs above ``cuda-graph-max-bs``) or mean TTFT above the SLO, as
+    ``cleanslate tune`` does. ``None`` when the server does not start or no level passes.
+    Defaults: the quick-start levels, SLO and workload (flags are added to
+    :data:`QUICKSTART_FIXED` by the caller when meant)."""
+    model = SimModel(settings_from_flags(flags))
+    plan = model.memory_plan()
+    if plan.oom_at_start or plan.not_enough_for_kv:
+        return None
+    work = workload or QUICKSTART_WORKLOAD
+    best: float | None = None
+    for level in sorted(concurrency or QUICKSTART_CONCURRENCY):
+        est = model.estimate(level, int(work["input_len"]), int(work["output_len"]))
+        if est["batch"] <= 0 or model.crashes_at_batch(int(est["batch"])):
+            break
+        if est["ttft_s"] > ttft_slo_s:
+            break
+        best = est["output_throughput"] if best is None else max(best, est["output_throughput"])
+    return best

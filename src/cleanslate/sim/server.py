@@ -279,6 +279,7 @@ class Launcher:
                 "kv_cache_mib": plan.kv_cache_mib,
                 "kv_capacity_tokens": plan.kv_capacity_tokens,
                 "graph_mib": plan.graph_mib,
+                "workspace_mib": plan.fields["activation_mib"],
                 "cuda_graph_max_bs": s.cuda_graph_max_bs,
                 "oom": plan.oom_at_start or (faults.oom_at_start and rank == 0),
                 "forced_oom": faults.oom_at_start and not plan.oom_at_start,

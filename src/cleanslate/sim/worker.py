@@ -219,6 +219,10 @@ def run_scheduler() -> NoReturn:
     static = float(plan["static_pool_mib"])
     log(tag, f"KV Cache is allocated. #tokens: {plan['kv_capacity_tokens']}, KV size: {_gb(kv)} GB")
     alloc(ctx + static)
+    # Prefill activations live outside the static pool (docs/sim-model.md, memory model).
+    workspace = float(plan.get("workspace_mib") or 0.0)
+    static += workspace
+    alloc(ctx + static)
     graph = float(plan["graph_mib"])
     if graph > 0:
         log(
