@@ -26,6 +26,7 @@ server is never the limit; on a 2-core machine the one server core usually is).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -36,6 +37,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -306,7 +308,7 @@ def make_tokenizer(path: Path) -> None:
 
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # type: ignore[assignment]
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
@@ -320,7 +322,8 @@ def make_tokenizer(path: Path) -> None:
     )
 
 
-def itl_accuracy(server_cpus: list[int], client_cpu: int, itl_ms: float, work: Path) -> str:
+def itl_accuracy(server_cpus: list[int], client_cpu: int, itl_ms: float, work: Path
+                 ) -> dict[str, float]:
     server = start_server(server_cpus, itl_ms=itl_ms)
     try:
         out = work / "itl.json"
@@ -338,11 +341,29 @@ def itl_accuracy(server_cpus: list[int], client_cpu: int, itl_ms: float, work: P
         truth = server.stats()["mean_itl_s"] * 1000
     finally:
         server.stop()
-    err = (client - truth) / truth * 100
-    return (
-        f"ITL at a {itl_ms:g} ms gap (c=64, 50-150 tokens): server mean {truth:.3f} ms, "
-        f"cleanslate mean {client:.3f} ms, error {err:+.2f}%"
-    )
+    return {"gap_ms": itl_ms, "server_mean_ms": round(truth, 4),
+            "client_mean_ms": round(client, 4),
+            "error_pct": round((client - truth) / truth * 100, 3)}
+
+
+def ratios(results: list[Measure]) -> list[dict[str, Any]]:
+    """Per concurrency: this client's tokens/s per busy core against each peer's, measured in
+    the same run (> 1: this client needs less CPU per token)."""
+    rows = []
+    for conc in sorted({r.concurrency for r in results}):
+        ours = next((r for r in results if r.client == "cleanslate" and r.concurrency == conc
+                     and r.ok), None)
+        for peer in ("aiperf", "guidellm", "bare"):
+            other = next((r for r in results if r.client == peer and r.concurrency == conc
+                          and r.ok), None)
+            if ours is None or other is None:
+                continue
+            rows.append({"concurrency": conc, "anchor": peer,
+                         "ours_tok_s_per_core": round(1000 / ours.cpu_per_1k),
+                         "anchor_tok_s_per_core": round(1000 / other.cpu_per_1k),
+                         "ratio": round(other.cpu_per_1k / ours.cpu_per_1k, 3),
+                         "ours_tok_s": round(ours.tok_s), "anchor_tok_s": round(other.tok_s)})
+    return rows
 
 
 def main() -> None:
@@ -357,6 +378,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per client run")
     ap.add_argument("--peers-dir", type=Path, default=REPO / "scratch" / "bench-peers")
     ap.add_argument("--install-peers", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = ap.parse_args()
     server_cpus = parse_cpus(args.server_cpus)
     os.sched_setaffinity(0, set(server_cpus))  # this harness stays off the client's core
@@ -388,7 +410,20 @@ def main() -> None:
                     f"{1000 / res.cpu_per_1k if res.cpu_per_1k == res.cpu_per_1k else 0:>9,.0f}"
                     f" tok/s per busy core  {res.note}"
                 )
-        report(itl_accuracy(server_cpus, args.client_cpu, args.itl_ms, work))
+        itl = itl_accuracy(server_cpus, args.client_cpu, args.itl_ms, work)
+        report(f"ITL at a {itl['gap_ms']:g} ms gap (c=64, 50-150 tokens): server mean "
+               f"{itl['server_mean_ms']:.3f} ms, cleanslate mean {itl['client_mean_ms']:.3f} ms, "
+               f"error {itl['error_pct']:+.2f}%")
+    compared = ratios(results)
+    for row in compared:
+        report(f"c={row['concurrency']}: cleanslate {row['ours_tok_s_per_core']:,} tok/s per "
+               f"busy core, {row['anchor']} {row['anchor_tok_s_per_core']:,}: "
+               f"ratio {row['ratio']:.2f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "measures": [{**dataclasses.asdict(r), "tok_s": round(r.tok_s),
+                          "cpu_per_1k": r.cpu_per_1k} for r in results],
+            "ratios": compared, "itl": itl}, indent=1))
 
 
 if __name__ == "__main__":

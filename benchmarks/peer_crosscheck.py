@@ -255,7 +255,9 @@ def main() -> None:
     # server's decode steps are long against that noise and its figures repeat.
     ap.add_argument("--sim-args", default="--time-scale 3",
                     help="extra flags for cleanslate sim serve")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = ap.parse_args()
+    out: list[dict[str, object]] = []
     isl, osl, n = args.input_len, args.output_len, args.requests
     failures = 0
     with tempfile.TemporaryDirectory(prefix="cleanslate-crosscheck-") as tmp:
@@ -296,6 +298,20 @@ def main() -> None:
                 f" {'server TTFT p50':>16} {'in flight':>9}   vs cleanslate"
             )
             for name, (fig, truth) in rows.items():
+                out.append({
+                    "concurrency": c, "client": name,
+                    "throughput": round(fig.output_throughput, 1),
+                    "ttft_p50_ms": round(fig.ttft_p50_ms, 2),
+                    "server_throughput": round(truth.output_throughput, 1),
+                    "server_ttft_p50_ms": round(truth.ttft_p50_ms, 2),
+                    "in_flight": round(truth.in_flight, 2),
+                    # error against the server's own log (the ground truth)
+                    "throughput_error_pct": round(
+                        (fig.output_throughput - truth.output_throughput)
+                        / truth.output_throughput * 100, 2),
+                    "ttft_p50_error_pct": round(
+                        (fig.ttft_p50_ms - truth.ttft_p50_ms) / truth.ttft_p50_ms * 100, 2),
+                })
                 cmp = ""
                 if name != "cleanslate":
                     d_tp = (ours.output_throughput - fig.output_throughput) / fig.output_throughput
@@ -311,6 +327,8 @@ def main() -> None:
                     f" {truth.output_throughput:>13,.0f} {truth.ttft_p50_ms:>16.1f}"
                     f" {truth.in_flight:>9.1f}   {cmp}"
                 )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": out, "failures": failures}, indent=1))
     sys.exit(1 if failures else 0)
 
 

@@ -247,6 +247,20 @@ def table(results: list[dict[str, Any]], cases: list[str], settles: list[float |
     return rows
 
 
+def markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The table of :func:`table`'s rows (also ``benchmarks/results.py``'s)."""
+    lines = ["| case | settle window | runs | stop -> processes gone | stop -> physical release "
+             "| stop -> verified CLEAN | gap (median, max) | CLEAN | target |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['settle_s']:g} s | {r['runs']} | {r['stop_to_gone_s']:.3f} s "
+            f"| {r['stop_to_release_s']:.3f} s | {r['stop_to_clean_s']:.3f} s "
+            f"| {r['gap_median_s']:.3f} s, {r['gap_max_s']:.3f} s | {r['clean']}/{r['runs']} "
+            f"| {'met' if r['target_met'] else 'not met'} |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="stops per sim case and window")
@@ -276,14 +290,7 @@ def main() -> int:
     rows = table(results, [c.name for c in cases + real], settles)
     print(f"Machine: {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}. Target: median gap "
           f"<= {TARGET_GAP_S:g} s.\n")
-    print("| case | settle window | runs | stop -> processes gone | stop -> physical release "
-          "| stop -> verified CLEAN | gap (median, max) | CLEAN | target |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['case']} | {r['settle_s']:g} s | {r['runs']} | {r['stop_to_gone_s']:.3f} s "
-              f"| {r['stop_to_release_s']:.3f} s | {r['stop_to_clean_s']:.3f} s "
-              f"| {r['gap_median_s']:.3f} s, {r['gap_max_s']:.3f} s | {r['clean']}/{r['runs']} "
-              f"| {'met' if r['target_met'] else 'not met'} |")
+    print("\n".join(markdown(rows)))
     for note in notes:
         print(f"\n{note}")
     if args.json:

@@ -1,0 +1,316 @@
+"""Regenerate ``benchmarks/RESULTS.md``: every benchmark's figure as a ratio against its anchor
+measured in the same run (issue: performance).
+
+    python benchmarks/results.py                  # run them all (about 40 minutes on 2 cores)
+    python benchmarks/results.py --only teardown  # rerun one, keep the others' last results
+    python benchmarks/results.py --render         # rewrite RESULTS.md from the saved results
+    python benchmarks/results.py --adopt teardown=out.json  # a run made by hand with --json
+
+Each benchmark is run as its own process with ``--json`` into ``benchmarks/results/NAME.json``
+(kept, so that one part can be rerun); the page is then written from every saved result, each
+with the date it was measured. Parts:
+
+========== ======================================= ===========================================
+name       figure                                  anchor (same run)
+========== ======================================= ===========================================
+client     tokens/s per busy client core           AIPerf and GuideLLM (and a bare aiohttp loop)
+accuracy   throughput and TTFT p50 of each client  the sim server's own log (ground truth)
+teardown   stop -> verified CLEAN                  the physical release (an independent poller)
+search     trials to within 2 % of the optimum     the full grid
+check      ``check`` wall time and probe time      the seeds' one-liner, ``ps -eo``
+overhead   the tool's seconds per trial            the engine's seconds in the same trial
+========== ======================================= ===========================================
+
+A benchmark that fails is reported as such on the page (its last good result is not shown as
+current). Peer clients are installed on demand into ``scratch/bench-peers`` (PyPI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+SAVED = HERE / "results"
+PAGE = HERE / "RESULTS.md"
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    title: str
+    argv: Callable[[Path, bool], list[str]]  # (json path, quick) -> argv
+    render: Callable[[dict[str, Any]], list[str]]
+    timeout_s: float = 2400.0
+
+
+def _py(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(HERE / script), *args]
+
+
+def _met(flag: object) -> str:
+    if flag is None:
+        return "no target"
+    return "**met**" if flag else "**not met**"
+
+
+# -- renderers: one Markdown block per part, from its JSON ------------------------------------
+
+
+def render_client(data: dict[str, Any]) -> list[str]:
+    lines = ["| concurrency | anchor | cleanslate tok/s per busy core | anchor tok/s per busy core "
+             "| ratio (> 1: cleanslate cheaper) | tok/s (cleanslate, anchor) |",
+             "|---|---|---|---|---|---|"]
+    for r in data.get("ratios", []):
+        lines.append(f"| {r['concurrency']} | {r['anchor']} | {r['ours_tok_s_per_core']:,} "
+                     f"| {r['anchor_tok_s_per_core']:,} | {r['ratio']:.2f} "
+                     f"| {r['ours_tok_s']:,}, {r['anchor_tok_s']:,} |")
+    missing = {"aiperf", "guidellm"} - {r["anchor"] for r in data.get("ratios", [])}
+    if missing:
+        lines.append("")
+        lines.append(f"Not measured in this run: {', '.join(sorted(missing))} (not installed).")
+    itl = data.get("itl")
+    if itl:
+        lines += ["", f"ITL against the server's own gaps ({itl['gap_ms']:g} ms): server mean "
+                  f"{itl['server_mean_ms']:.3f} ms, cleanslate {itl['client_mean_ms']:.3f} ms, "
+                  f"error {itl['error_pct']:+.2f} %."]
+    return lines
+
+
+def render_accuracy(data: dict[str, Any]) -> list[str]:
+    lines = ["| concurrency | client | output tok/s (client / server) | error | TTFT p50 ms "
+             "(client / server) | error | requests in flight (server) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in data.get("rows", []):
+        lines.append(f"| {r['concurrency']} | {r['client']} | {r['throughput']:,.0f} / "
+                     f"{r['server_throughput']:,.0f} | {r['throughput_error_pct']:+.1f} % "
+                     f"| {r['ttft_p50_ms']:.1f} / {r['server_ttft_p50_ms']:.1f} "
+                     f"| {r['ttft_p50_error_pct']:+.1f} % | {r['in_flight']:.1f} |")
+    lines += ["", "Target (issue 6): throughput within 5 % and TTFT p50 within 10 % of the "
+              f"peers': {_met(data.get('failures') == 0)} ({data.get('failures', '?')} "
+              "comparisons outside)."]
+    return lines
+
+
+def render_teardown(data: dict[str, Any]) -> list[str]:
+    from teardown_latency import markdown
+
+    target = data.get("target_gap_s", 0.1)
+    lines = [*markdown(data.get("rows", [])), "",
+             f"Target: median gap at most {target:g} s. The settle window (0.5 s by default; "
+             "`docs/check.md`) is part of the gap by design; `--settle 0` shows the rest of the "
+             "tool's cost."]
+    return lines + [f"- {n}" for n in data.get("notes", [])]
+
+
+def render_search(data: dict[str, Any]) -> list[str]:
+    lines = ["| strategy | median trials | worst | median share of the grid |",
+             "|---|---|---|---|"]
+    for r in data.get("rows", []):
+        worst = r.get("worst")
+        share = r.get("share")
+        lines.append(f"| {r.get('strategy')} | {r.get('median')} | "
+                     f"{'never' if worst is None else worst} | "
+                     f"{'-' if share is None else f'{share * 100:.0f} %'} |")
+    lines += ["", f"Target: tpe median at most 25 % of the grid's trials: "
+              f"{_met(data.get('target_met'))}."]
+    extra = {k: v for k, v in data.items() if k not in ("rows", "target_met", "runs")
+             and not isinstance(v, (list, dict))}
+    if extra:
+        lines.append("Settings: " + ", ".join(f"{k} {v}" for k, v in extra.items()) + ".")
+    return lines
+
+
+def render_check(data: dict[str, Any]) -> list[str]:
+    rows = data.get("rows", [])
+    if not rows:
+        return ["(no rows)"]
+    keys = [k for k in ("what", "procs", "hosts", "p50_ms", "p95_ms", "p50", "p95", "anchor",
+                        "anchor_p50_ms", "ratio", "target", "met") if any(k in r for r in rows)]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        cells = []
+        for k in keys:
+            v = r.get(k, "")
+            if k == "met":
+                v = _met(v) if v != "" else ""
+            elif isinstance(v, float):
+                v = f"{v:.3g}" if k == "ratio" else f"{v:.1f}"
+            cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_overhead(data: dict[str, Any]) -> list[str]:
+    from trial_overhead import table
+
+    return [*table(data), "", f"Study `{data.get('study')}`, {data.get('wall_s')} s in all. "
+            "Medians per trial; no target was set for this figure."]
+
+
+PARTS = [
+    Part("client", "Client capacity against AIPerf and GuideLLM",
+         lambda out, quick: _py("client_capacity.py", "--json", str(out), "--install-peers",
+                                *(["--concurrency", "64", "--requests", "600"] if quick else [])),
+         render_client),
+    Part("accuracy", "Metric error against the server's ground truth",
+         lambda out, quick: _py("peer_crosscheck.py", "--json", str(out), "--peers", "aiperf",
+                                *(["--concurrency", "16", "--requests", "150"] if quick else [])),
+         render_accuracy),
+    Part("teardown", "Teardown: verified CLEAN against the physical release",
+         lambda out, quick: _py("teardown_latency.py", "--json", str(out),
+                                *(["--repeats", "3", "--real-repeats", "0"] if quick else [])),
+         render_teardown),
+    Part("search", "Search efficiency: trials against the full grid",
+         lambda out, quick: _py("search_efficiency.py", "--json", str(out),
+                                *(["--seeds", "5"] if quick else [])),
+         render_search),
+    Part("check", "Check latency against ps and the seeds' one-liner",
+         lambda out, quick: _py("check_latency.py", "--json", str(out), *(["--quick"] if quick
+                                                                         else [])),
+         render_check),
+    Part("overhead", "Tool overhead per trial against engine time",
+         lambda out, quick: _py("trial_overhead.py", "--json", str(out)), render_overhead),
+]
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kib / 1024 / 1024:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{os.cpu_count()} CPUs ({cpu}){mem}, Linux {platform.release()}, Python " \
+           f"{platform.python_version()}"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_part(part: Part, quick: bool) -> None:
+    SAVED.mkdir(exist_ok=True)
+    out = SAVED / f"{part.name}.json"
+    tmp = out.with_suffix(".new.json")
+    tmp.unlink(missing_ok=True)
+    started = time.monotonic()
+    print(f"== {part.name}: {' '.join(part.argv(tmp, quick)[1:])}", flush=True)
+    try:
+        done = subprocess.run(part.argv(tmp, quick), cwd=REPO, timeout=part.timeout_s,
+                              check=False, capture_output=True, text=True)
+        code: int | str = done.returncode
+        tail = (done.stdout + done.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        code, tail = "timeout", ""
+    elapsed = round(time.monotonic() - started, 1)
+    meta = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
+            "machine": machine(), "seconds": elapsed, "exit": code, "quick": quick}
+    if tmp.exists():
+        data = json.loads(tmp.read_text())
+        tmp.unlink()
+        out.write_text(json.dumps({"meta": meta, "data": data}, indent=1) + "\n")
+        print(f"   done in {elapsed} s (exit {code})", flush=True)
+    else:
+        out.write_text(json.dumps({"meta": meta, "data": None, "error": tail}, indent=1) + "\n")
+        print(f"   FAILED in {elapsed} s (exit {code}): {tail[-600:]}", flush=True)
+
+
+def render() -> str:
+    lines = ["# Benchmark results",
+             "",
+             "Written by `python benchmarks/results.py` from `benchmarks/results/*.json`; do not "
+             "edit by hand. Every figure is set against an anchor measured in the same run of "
+             "its benchmark, on the machine named in its section (these machines are shared and "
+             "noisy: read ratios, not absolute times).",
+             ""]
+    for part in PARTS:
+        path = SAVED / f"{part.name}.json"
+        lines += [f"## {part.title}", ""]
+        if not path.exists():
+            lines += ["Not measured yet.", ""]
+            continue
+        saved = json.loads(path.read_text())
+        meta = saved["meta"]
+        took = f"; {meta['seconds']} s" if meta.get("seconds") is not None else \
+            " (run by hand and adopted)"
+        lines.append(f"Measured {meta['measured']} at commit {meta['commit']} on "
+                     f"{meta['machine']}{took}"
+                     + (" (quick settings)" if meta.get("quick") else "") + ".")
+        lines.append("")
+        if saved.get("data") is None:
+            lines += ["**The benchmark failed** (exit " + str(meta["exit"]) + "):", "", "```",
+                      *str(saved.get("error", "")).splitlines()[-15:], "```", ""]
+            continue
+        lines += part.render(saved["data"])
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="",
+                        help="comma-separated parts to run: " + ",".join(p.name for p in PARTS))
+    parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    parser.add_argument("--adopt", action="append", default=[], metavar="NAME=FILE",
+                        help="save the --json output of a benchmark run by hand as this part's "
+                        "result (measured now, at this commit)")
+    args = parser.parse_args()
+    for item in args.adopt:
+        name, _, file = item.partition("=")
+        if name not in {p.name for p in PARTS} or not Path(file).is_file():
+            print(f"results.py: --adopt {item!r}: give NAME=FILE with a part name and an "
+                  "existing file", file=sys.stderr)
+            return 2
+        try:
+            data = json.loads(Path(file).read_text())
+        except ValueError as exc:
+            print(f"results.py: --adopt {file}: not JSON ({exc})", file=sys.stderr)
+            return 2
+        SAVED.mkdir(exist_ok=True)
+        meta = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
+                    Path(file).stat().st_mtime)), "commit": commit(), "machine": machine(),
+                "seconds": None, "exit": 0, "quick": False, "by_hand": True}
+        (SAVED / f"{name}.json").write_text(json.dumps({"meta": meta, "data": data}, indent=1)
+                                            + "\n")
+    names = [n for n in args.only.split(",") if n]
+    unknown = set(names) - {p.name for p in PARTS}
+    if unknown:
+        print(f"results.py: --only: unknown part {sorted(unknown)[0]!r}; choose from "
+              + ", ".join(p.name for p in PARTS), file=sys.stderr)
+        return 2
+    if not args.render:
+        for part in PARTS:
+            if not names or part.name in names:
+                run_part(part, args.quick)
+    PAGE.write_text(render())
+    print(f"wrote {PAGE.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
