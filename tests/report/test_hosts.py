@@ -130,6 +130,23 @@ def test_json_carries_every_snapshot_with_its_summary(hosts_store: str) -> None:
     json.dumps(document)  # plain JSON
 
 
+def test_a_snapshot_taken_on_a_real_h200_renders_its_gpu_row(tmp_path: Path) -> None:
+    """``h200x1/snapshot.json``: what ``snapshot_host`` recorded on an H200 VM."""
+    snap = HostSnapshot.model_validate_json((H200X1 / "snapshot.json").read_text())
+    assert snap.error is None and snap.driver == "580.159.04" and len(snap.gpus) == 1
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    load_recorded(url)
+    store = Store(url)
+    store.save_host(HostRecord(study="report-tiny", host="h200", snapshot=snap))
+    store.close()
+    html = _page(url, "report-tiny")
+    row = html.split('id="host-report-tiny-0"', 1)[1].split("</table>", 1)[0]
+    for cell in ("<td>NVIDIA H200</td>", "GPU-19badb04-fda7-e8f7-c7f7-f988d5b56128",
+                 "<td>gen 5 x16 of gen 5 x16</td>", "<td>on</td>", "<td>Idle</td>",
+                 "<td>700 W of 700 W</td>"):
+        assert cell in row, cell
+
+
 def test_a_study_without_snapshots_says_so(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     load_recorded(url)
