@@ -176,6 +176,11 @@ class _Resolved:
     user: str
     known_hosts: tuple[str, ...]
     connect_timeout: float | None = None
+    #: The options these were read from: the base of the connection's options, so that the
+    #: config files are parsed once per host, not twice (with many hosts, parsing every
+    #: host's config twice was a tenth of the checker's CPU time).
+    options: asyncssh.SSHClientConnectionOptions | None = field(default=None, compare=False,
+                                                                  repr=False)
 
 
 def _resolve(target: SSHTarget, config: list[str]) -> _Resolved:
@@ -195,7 +200,7 @@ def _resolve(target: SSHTarget, config: list[str]) -> _Resolved:
     timeout = options.connect_timeout
     return _Resolved(host=str(options.host), port=int(options.port),
                      user=str(options.username or getpass.getuser()), known_hosts=known,
-                     connect_timeout=float(timeout) if timeout else None)
+                     connect_timeout=float(timeout) if timeout else None, options=options)
 
 
 def resolve_address(spec: str, *, where: str = "--host") -> tuple[str, int]:
@@ -390,7 +395,9 @@ class SSHExecutor:
                     self.target.host,
                     port=self.target.port if self.target.port is not None else (),
                     username=self.target.user if self.target.user is not None else (),
-                    config=config,
+                    # The config as _resolve read it for this host (no second parse).
+                    options=resolved.options,
+                    config=config if resolved.options is None else (),
                     known_hosts=_known_hosts_arg(resolved.known_hosts),
                     client_factory=lambda: client,
                     connect_timeout=self.connect_timeout,
