@@ -255,11 +255,13 @@ def render() -> str:
             continue
         saved = json.loads(path.read_text())
         meta = saved["meta"]
-        took = f"; {meta['seconds']} s" if meta.get("seconds") is not None else \
-            " (run by hand and adopted)"
-        lines.append(f"Measured {meta['measured']} at commit {meta['commit']} on "
-                     f"{meta['machine']}{took}"
-                     + (" (quick settings)" if meta.get("quick") else "") + ".")
+        if meta.get("by_hand"):
+            lines.append(f"Measured {meta['measured']} on {meta['machine']}, run by hand and "
+                         f"adopted at commit {meta['commit']}.")
+        else:
+            lines.append(f"Measured {meta['measured']} at commit {meta['commit']} on "
+                         f"{meta['machine']}; {meta['seconds']} s"
+                         + (" (quick settings)" if meta.get("quick") else "") + ".")
         lines.append("")
         if saved.get("data") is None:
             lines += ["**The benchmark failed** (exit " + str(meta["exit"]) + "):", "", "```",

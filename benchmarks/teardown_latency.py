@@ -49,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _isolate import reexec_isolated
 
 POLL_S = 0.005
+#: A real GPU is back at its baseline within this many MiB (the driver's own jitter).
+NVML_TOLERANCE_MIB = 64
 #: The issue's target: verified CLEAN within this many seconds of the physical release.
 TARGET_GAP_S = 0.1
 
@@ -64,14 +66,25 @@ def cli(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-class Poller(threading.Thread):
-    """Watches a process tree and a GPU's simulated memory; records when both are released."""
+def nvml_used_mib(index: int = 0) -> int:
+    """GPU ``index``'s used memory, read through NVML directly (not through cleanslate)."""
+    import pynvml
 
-    def __init__(self, procs: list[psutil.Process], ledger: str | None, baseline_mib: int
-                 ) -> None:
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) // (1 << 20)
+
+
+class Poller(threading.Thread):
+    """Watches a process tree and a GPU's memory (the sim's ledger, or NVML for a real GPU);
+    records when both are released."""
+
+    def __init__(self, procs: list[psutil.Process], ledger: str | None, baseline_mib: int,
+                 *, nvml: bool = False) -> None:
         super().__init__(daemon=True)
         self.procs = procs
         self.ledger = ledger
+        self.nvml = nvml
         self.baseline = baseline_mib
         self.released_at: float | None = None
         self.gone_at: float | None = None
@@ -92,7 +105,11 @@ class Poller(threading.Thread):
             alive = self._alive()
             if not alive and self.gone_at is None:
                 self.gone_at = now
-            if not alive and self.ledger is None:  # no GPU: the processes are the release
+            if not alive and self.nvml:
+                if nvml_used_mib() <= self.baseline + NVML_TOLERANCE_MIB:
+                    self.released_at = time.monotonic()
+                    return
+            elif not alive and self.ledger is None:  # no GPU: the processes are the release
                 self.released_at = now
                 return
             if not alive and self.ledger is not None:
@@ -114,6 +131,7 @@ class Case:
 
     name: str
     gpu: bool
+    nvml: bool = False  # a real GPU 0, read through NVML
     options: tuple[str, ...] = ()  # serve's options (the port is added)
     engine_flags: tuple[str, ...] = ()  # after ``--``
     config: dict[str, Any] | None = None  # a server config file instead (the port is added)
@@ -167,6 +185,23 @@ def real_cases(tmp: Path) -> tuple[list[Case], list[str]]:
     return cases, notes
 
 
+def gpu_case(tmp: Path, model: str | None) -> Case:
+    """``transformers serve`` on CUDA GPU 0 (a real GPU: NVML is the poller's reading), on
+    ``model`` or a 0.79 B random-weight Llama built here."""
+    if model is None:
+        from cleanslate.testing.tiny_model import build_tiny_llama
+
+        model = str(build_tiny_llama(tmp / "gpu-model", hidden_size=2048, num_hidden_layers=16,
+                                     num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                     intermediate_size=5632, max_position_embeddings=2048))
+    script = Path(sys.executable).parent / "transformers"
+    command = str(script) if script.exists() else (shutil.which("transformers") or "transformers")
+    return Case("transformers serve (GPU 0, NVML)", gpu=False, nvml=True, ready_timeout_s=300,
+                config={"engine": "transformers", "model": model, "launch": [command, "serve"],
+                        "gpus": [0], "flags": {"device": "cuda", "dtype": "bfloat16"},
+                        "ready_timeout_s": 240, "smoke_timeout_s": 60})
+
+
 def tree(root: psutil.Process, run_id: str) -> list[psutil.Process]:
     """The server's processes: the root's descendants and every process carrying the run's
     marker (vLLM's workers are reparented when their parent goes; the supervisor is above)."""
@@ -185,7 +220,8 @@ def tree(root: psutil.Process, run_id: str) -> list[psutil.Process]:
 def one(env: dict[str, str], ledger: str, case: Case, settle: float | None, tmp: Path
         ) -> dict[str, Any]:
     port = free_port()
-    baseline = read_ledger(ledger)["gpus"][0]["memory_used_mib"] if case.gpu else 0
+    baseline = read_ledger(ledger)["gpus"][0]["memory_used_mib"] if case.gpu else \
+        nvml_used_mib() if case.nvml else 0
     served = cli("serve", *case.serve_args(port, tmp), env=env, timeout=case.ready_timeout_s)
     if served.returncode != 0:
         raise RuntimeError(f"serve failed: {served.stdout[-2000:]} {served.stderr[-2000:]}")
@@ -193,7 +229,7 @@ def one(env: dict[str, str], ledger: str, case: Case, settle: float | None, tmp:
     root = psutil.Process(int(doc["pid"]))
     supervisor = psutil.Process(int(doc["supervisor_pid"]))
     poller = Poller([supervisor, *tree(root, doc["run_id"])], ledger if case.gpu else None,
-                    baseline)
+                    baseline, nvml=case.nvml)
     poller.start()
     args = ["stop", doc["run_id"], "--json"] + (["--settle", f"{settle:g}"] if settle is not None
                                                 else [])
@@ -266,6 +302,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="stops per sim case and window")
     parser.add_argument("--real-repeats", type=int, default=2,
                         help="stops per real engine and window (0: no real engines)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="add transformers serve on CUDA GPU 0 (a machine with a GPU)")
+    parser.add_argument("--gpu-repeats", type=int, default=3)
+    parser.add_argument("--gpu-model", default=None, help="a model folder for --gpu")
+    parser.add_argument("--no-sim", action="store_true", help="leave the sim cases out")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     reexec_isolated("CLEANSLATE_TEARDOWN_BENCH_ISOLATED", "teardown_latency")
@@ -277,13 +318,16 @@ def main() -> int:
         env = {**os.environ, "CLEANSLATE_SIM_GPU_DIR": ledger,
                "CLEANSLATE_STORE": f"sqlite:///{tmp}/cs.db",
                "CLEANSLATE_ARTIFACTS": f"{tmp}/artifacts"}
-        cases = [sim_case(s) for s in (0.0, 0.5, 3.0)]
+        cases = [] if args.no_sim else [sim_case(s) for s in (0.0, 0.5, 3.0)]
         notes: list[str] = []
         real: list[Case] = []
         if args.real_repeats > 0:
             real, notes = real_cases(Path(tmp))
+        if args.gpu:
+            real.append(gpu_case(Path(tmp), args.gpu_model))
         for case in cases + real:
-            repeats = args.repeats if case.gpu else args.real_repeats
+            repeats = args.repeats if case.gpu else args.gpu_repeats if case.nvml \
+                else args.real_repeats
             for _ in range(repeats):
                 for settle in settles:  # alternating, so that drift hits both alike
                     results.append(one(env, ledger, case, settle, Path(tmp)))

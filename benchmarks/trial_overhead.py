@@ -6,7 +6,8 @@ phases and splits its wall time in two:
 
 - **engine time**: what the server itself needs: ``ready_s`` (from launch until it answers),
   ``smoke_s`` (the smoke request) and every benchmark level (``level_*_s``);
-- **tool time**: everything else in the trial's ``total_s``: the check before
+- **tool time**: everything else in the trial's ``total_s`` (the sum of its phases for a
+  configuration that did not start): the check before
   (``verify_before_s``), the host snapshot (``doctor_s``), starting the supervisor and the
   engine (``launch_s``), teardown with its verification (``teardown_s``, which includes the
   engine's own exit and the settle window), and what lies between the phases.
@@ -46,7 +47,8 @@ def split(phases: dict[str, float]) -> dict[str, float]:
     """A trial's seconds: engine, tool (the rest of ``total_s``) and the tool's named phases."""
     engine = sum(phases.get(k, 0.0) for k in ENGINE_PHASES) + sum(
         v for k, v in phases.items() if k.startswith("level_"))
-    total = phases["total_s"]
+    # A configuration that did not start has no ``total_s``: its phases are all there is.
+    total = phases.get("total_s") or round(sum(phases.values()), 3)
     out = {"total_s": total, "engine_s": round(engine, 3),
            "tool_s": round(total - engine, 3)}
     named = 0.0
@@ -116,10 +118,10 @@ def main() -> int:
         records = store.trials(name)
         store.close()
     feasible = [split(dict(t.phases)) | {"number": t.number, "status": str(t.status)}
-                for t in records if t.phases.get("total_s") and any(
+                for t in records if t.phases and any(
                     k.startswith("level_") for k in t.phases)]
     failed = [split(dict(t.phases)) | {"number": t.number, "status": str(t.status)}
-              for t in records if t.phases.get("total_s") and not any(
+              for t in records if t.phases and not any(
                   k.startswith("level_") for k in t.phases)]
     summary: dict[str, Any] = {
         "study": name, "wall_s": round(wall, 1),
