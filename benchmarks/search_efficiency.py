@@ -18,13 +18,13 @@ more than the strategy's trials (``> 120``). ``tpe`` and ``random`` are the samp
 startup trials; the baseline first); the ablation runs its plan in order; the grid runs its
 120 in order, baseline first.
 
-    python benchmarks/search_efficiency.py [--seeds 10] [--within 0.02] [--noise 0.02]
+    python benchmarks/search_efficiency.py [--seeds 30] [--within 0.02] [--noise 0.02]
                                            [--json out.json]
 
 Prints a Markdown table: median and worst trials per strategy, the median as a share of the
 grid, and whether the target (tpe median at most 25 % of the grid) is met. ``--json`` writes
-the same: ``rows`` (strategy, median, worst, share, not_reached; ``null`` where never reached)
-and ``target_met``.
+the same: ``rows`` (strategy, median, worst, share, not_reached; a count is ``"> N"`` where
+seeds never got there within the strategy's N trials) and ``target_met``.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def _count(value: float, cap: int) -> str:
     return f"{value:g}" if math.isfinite(value) else f"> {cap}"
 
 
+def _json_count(value: float, cap: int) -> int | float | str:
+    """A trial count for JSON: a number, or ``"> cap"`` when some seed never got there."""
+    if not math.isfinite(value):
+        return f"> {cap}"
+    return int(value) if value == int(value) else value
+
+
 def key(config: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, repr(v)) for k, v in config.items()))
 
@@ -93,12 +100,24 @@ class Run:
         self.best_seen: tuple[float, float] | None = None  # (measured, true) of the best
         self.trials = 0
         self.reached: int | None = None
+        # Where the trials went: on configurations that do not start or score nothing, on
+        # configurations measured before, and when a close one was first measured.
+        self.infeasible = 0
+        self.repeats = 0
+        self.first_close: int | None = None
+        self._seen: set[tuple[tuple[str, str], ...]] = set()
 
     def measure(self, config: dict[str, Any]) -> float | None:
         self.trials += 1
-        value = self.truth[key(config)]
+        k = key(config)
+        self.repeats += k in self._seen
+        self._seen.add(k)
+        value = self.truth[k]
         if value is None:
+            self.infeasible += 1
             return None
+        if self.first_close is None and value >= self.target:
+            self.first_close = self.trials
         measured = value * math.exp(self.rng.gauss(0.0, self.noise))
         if self.best_seen is None or measured > self.best_seen[0]:
             self.best_seen = (measured, value)
@@ -132,7 +151,7 @@ def run_plan(strategy: str, seed: int, run: Run) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--within", type=float, default=0.02)
     parser.add_argument("--noise", type=float, default=0.02,
                         help="sigma of the log-normal noise of a measurement (0: none)")
@@ -154,9 +173,11 @@ def main() -> int:
           f"{len(feasible)} feasible, optimum {optimum:.0f} tok/s at {optimum_config}; "
           f"{close} configuration(s) within {args.within:.0%} of it\n")
     results: dict[str, list[int | None]] = {}
+    profiles: dict[str, list[Run]] = {}
     plan_sizes: dict[str, int] = {}
     for strategy in ("tpe", "random", "ablation", "grid"):
         results[strategy] = []
+        profiles[strategy] = []
         for seed in range(args.seeds):
             run = Run(truth, optimum, args.within, seed, args.noise)
             if strategy in ("tpe", "random"):
@@ -164,6 +185,7 @@ def main() -> int:
             else:
                 plan_sizes[strategy] = run_plan(strategy, seed, run)
             results[strategy].append(run.reached)
+            profiles[strategy].append(run)
     print(f"| strategy | median trials | worst | median / grid ({len(grid)}) | not reached |")
     print("|---|---|---|---|---|")
     rows: list[dict[str, Any]] = []
@@ -177,11 +199,28 @@ def main() -> int:
         share = median / len(grid) if math.isfinite(median) else None
         print(f"| {strategy} | {_count(median, cap)} | {_count(worst, cap)} | "
               f"{f'{share:.0%}' if share is not None else '-'} | {missing} of {len(reached)} |")
-        rows.append({"strategy": strategy, "median": median if math.isfinite(median) else None,
-                     "worst": worst if math.isfinite(worst) else None, "share": share,
-                     "not_reached": missing, "cap": cap, "reached": reached})
+        runs = profiles[strategy]
+        first = statistics.median(r.first_close or math.inf for r in runs)
+        profile = {"infeasible": statistics.median(r.infeasible for r in runs),
+                   "repeats": statistics.median(r.repeats for r in runs),
+                   "first_close": _json_count(first, cap)}
+        rows.append({"strategy": strategy, "median": _json_count(median, cap),
+                     "worst": _json_count(worst, cap), "share": share,
+                     "not_reached": missing, "cap": cap, "reached": reached,
+                     "profile": profile})
+    print("\nWhere the trials went (medians over seeds, up to the trial that got close or the "
+          "cap): trials on configurations that do not start or meet no level; trials repeating "
+          "a configuration already measured; the trial that first measured a configuration "
+          "within reach (the noise can make a strategy report another one as its best)\n")
+    print("| strategy | infeasible | repeats | first measured within reach |")
+    print("|---|---|---|---|")
+    for row in rows:
+        prof = row["profile"]
+        print(f"| {row['strategy']} | {prof['infeasible']:g} | {prof['repeats']:g} | "
+              f"{prof['first_close']} |")
     tpe = next(r for r in rows if r["strategy"] == "tpe")
-    target_met = tpe["median"] is not None and tpe["median"] <= TARGET_SHARE * len(grid)
+    target_met = (isinstance(tpe["median"], (int, float))
+                  and tpe["median"] <= TARGET_SHARE * len(grid))
     print(f"\ntarget (tpe median <= {TARGET_SHARE:.0%} of the grid's {len(grid)} trials): "
           f"{'met' if target_met else 'not met'}; {time.monotonic() - t0:.1f} s")
     if args.json:

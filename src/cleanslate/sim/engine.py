@@ -5,14 +5,22 @@ One asyncio task runs the loop; each iteration is one *step* whose duration come
 
 1. **Prefill** (priority, as SGLang's default): while requests wait, fewer than
    ``max-running-requests`` run, and the KV cache has room for a waiting request's prompt plus
-   its output, admit it; up to ``chunked-prefill-size`` prompt tokens go into one prefill step
-   (a longer prompt is split over several steps). A request whose prompt is done gets its first
-   token at the end of the step.
-2. Otherwise **decode**: every running request gets one token at the end of the step. A request
-   that reached its length finishes and frees its KV cache.
+   a guess of its output, admit it; up to ``chunked-prefill-size`` prompt tokens go into one
+   prefill step (a longer prompt is split over several steps). A request whose prompt is done
+   gets its first token at the end of the step.
+2. Otherwise **decode**: every running request gets one token (one more token of KV cache) at
+   the end of the step. A request that reached its length finishes and frees its KV cache.
 
-Requests that do not fit wait in a FIFO queue (TTFT grows with the queue). KV reservation is
-exact (prompt + the tokens the request will write): the sim never retracts.
+Admission is optimistic, as SGLang's: the guess of what a request will still write is
+``new_token_ratio`` x its remaining ``max_tokens``, for the waiting request and for every
+running one; the ratio starts at 0.7 and decays to 0.098 over 600 decode steps. When a decode
+step finds fewer free KV tokens than running requests, the scheduler **retracts** requests
+(those with the fewest generated tokens first, never the last one) until the rest have room
+for 20 more steps: their KV cache is freed, they go back to the head of the queue and, once
+admitted again, prefill their prompt and the tokens they had generated again (their stream
+pauses; nothing already sent is lost); the ratio is raised to what the batch really needs
+(see ``docs/sim-model.md``). Requests that do not fit wait in a FIFO queue (TTFT grows with the
+queue).
 
 **Prefix cache** (SGLang's radix cache, on by default; ``--disable-radix-cache`` turns it off):
 a prompt whose leading words were seen before skips their prefill. :class:`PrefixCache` keeps
@@ -31,7 +39,14 @@ import contextlib
 from collections.abc import Callable
 
 from cleanslate.sim.faults import Faults
-from cleanslate.sim.model import SimModel
+from cleanslate.sim.model import (
+    CLIP_MAX_NEW_TOKENS,
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO,
+    NEW_TOKEN_RATIO_DECAY_STEPS,
+    RETRACT_DECODE_STEPS,
+    SimModel,
+)
 from cleanslate.sim.text import natural_length, next_state, token_of
 
 NAN_TOKEN_ID = -1
@@ -83,6 +98,7 @@ class SimRequest:
         "finish_reason",
         "finished",
         "generated",
+        "held",
         "interval",
         "kv_tokens",
         "max_new",
@@ -116,7 +132,8 @@ class SimRequest:
             self.stop_at = max(natural, min(min_new, max_new))
             self.finish_reason = "length" if self.stop_at >= max_new else "stop"
         self.state = state
-        self.kv_tokens = prompt_tokens + self.stop_at
+        self.kv_tokens = prompt_tokens + self.stop_at  # what it needs at most, at the end
+        self.held = 0  # KV tokens it holds now (prompt and generated tokens once admitted)
         self.prefilled = 0
         self.cached = 0
         self.generated = 0
@@ -161,6 +178,10 @@ class Engine:
         plan = model.memory_plan()
         self.kv_capacity = plan.kv_capacity_tokens
         self.kv_free = plan.kv_capacity_tokens
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self._ratio_decay = ((INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO)
+                             / NEW_TOKEN_RATIO_DECAY_STEPS)
+        self.retracted = 0  # retractions since start (a request retracted twice counts twice)
         self.max_running = max(1, model.s.max_running_requests)
         self.chunk = model.chunk_tokens()
         self.prefix_cache: PrefixCache | None = (
@@ -204,10 +225,9 @@ class Engine:
                 self.waiting.remove(req)
             elif req is self.partial:
                 self.partial = None
-                self.kv_free += req.kv_tokens
             elif req in self.running:
                 self.running.remove(req)
-                self.kv_free += req.kv_tokens
+            self._release(req)
 
     def _crash(self, batch: int) -> None:
         if not self.crashed:
@@ -216,6 +236,43 @@ class Engine:
 
     def fits_ever(self, prompt_tokens: int, output_tokens: int) -> bool:
         return prompt_tokens + output_tokens <= self.kv_capacity
+
+    def _release(self, req: SimRequest) -> None:
+        self.kv_free += req.held
+        req.held = 0
+
+    def _future(self, req: SimRequest) -> float:
+        """The KV tokens a request is guessed to still need: ratio x its remaining max_tokens
+        (at most 4096 of them, as SGLang clips the estimate)."""
+        return min(CLIP_MAX_NEW_TOKENS, max(0, req.max_new - req.generated)) * self.new_token_ratio
+
+    def _retract(self) -> None:
+        """Free KV cache for the next decode steps by sending requests back to the queue."""
+        order = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens), reverse=True)
+        retracted: list[SimRequest] = []
+        first = True
+        while len(order) > 1 and (
+            first or self.kv_free < len(order) * RETRACT_DECODE_STEPS
+        ):
+            first = False
+            req = order.pop()
+            self._release(req)
+            req.prefilled = 0
+            retracted.append(req)
+        if not retracted:
+            return
+        self.running = [r for r in self.running if r not in retracted]
+        # Back to the head of the queue: they arrived before anyone who waits.
+        self.waiting.extendleft(reversed(retracted))
+        self.retracted += len(retracted)
+        decoded = sum(r.generated for r in order)
+        max_new = sum(r.max_new for r in order) or 1
+        old = self.new_token_ratio
+        self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / max_new)
+        if self.log is not None:
+            self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: "
+                     f"{len(retracted)}, #new_token_ratio: {old:.4f} -> "
+                     f"{self.new_token_ratio:.4f}")
 
     # --- loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -252,13 +309,15 @@ class Engine:
                     continue
                 for req in done_prompts:
                     if req.finished:  # aborted during the step: give its KV cache back
-                        self.kv_free += req.kv_tokens
+                        self._release(req)
                         continue
                     self.running.append(req)
                     self._emit(req, nan)
                 self._reap()
                 continue
 
+            if self.kv_free < len(self.running):
+                self._retract()
             batch = len(self.running)
             if model.crashes_at_batch(batch):
                 self._crash(batch)
@@ -266,6 +325,10 @@ class Engine:
             context = 0
             for req in self.running:
                 context += req.prompt_tokens + req.generated
+                req.held += 1  # this step's token
+            self.kv_free -= batch
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO,
+                                       self.new_token_ratio - self._ratio_decay)
             last_end = start + model.noisy_seconds(model.decode_step_ms(batch, context))
             await asyncio.sleep(max(0.0, last_end - loop.time()))
             if self.hung or self.crashed:
@@ -305,42 +368,51 @@ class Engine:
             keep = []
             for req in self.running:
                 if req.finished:
-                    self.kv_free += req.kv_tokens
+                    self._release(req)
                     self.completed += 1
                 else:
                     keep.append(req)
             self.running = keep
 
     def _build_prefill(self) -> tuple[int, list[SimRequest]]:
-        """Pick the next prefill step: (prompt tokens in it, requests whose prompt completes)."""
+        """Pick the next prefill step: (prompt tokens in it, requests whose prompt completes).
+        A request's prompt here is its prompt plus what it had generated before a retraction."""
         budget = self.chunk
         tokens = 0
         done: list[SimRequest] = []
         req = self.partial
         if req is not None:
-            take = min(budget, req.prompt_tokens - req.prefilled)
+            take = min(budget, req.prompt_tokens + req.generated - req.prefilled)
             req.prefilled += take
             tokens += take
             budget -= take
-            if req.prefilled >= req.prompt_tokens:
+            if req.prefilled >= req.prompt_tokens + req.generated:
                 self.partial = None
                 done.append(req)
             else:
                 return tokens, done
+        future = sum(self._future(r) for r in self.running)
+        future += sum(self._future(r) for r in done)
         while self.waiting and budget > 0:
             if len(self.running) + len(done) + (self.partial is not None) >= self.max_running:
                 break
             req = self.waiting[0]
-            if req.kv_tokens > self.kv_free:
+            fill = req.prompt_tokens + req.generated
+            alone = not self.running and not done and self.partial is None
+            if fill > self.kv_free or (
+                not alone and fill + self._future(req) > self.kv_free - future
+            ):
                 break
             self.waiting.popleft()
-            self.kv_free -= req.kv_tokens
+            self.kv_free -= fill
+            req.held = fill
+            future += self._future(req)
             # A cached prefix is not computed again: only the rest of the prompt is prefilled.
-            take = min(budget, req.prompt_tokens - req.cached)
+            take = min(budget, fill - req.cached)
             req.prefilled = req.cached + take
             tokens += take
             budget -= take
-            if req.prefilled >= req.prompt_tokens:
+            if req.prefilled >= fill:
                 done.append(req)
             else:
                 self.partial = req

@@ -43,6 +43,13 @@ ALLREDUCE_MS = 0.6  # per step and per doubling of tp (0 at tp 1)
 STEP_NOISE_SIGMA = 0.03  # log-normal noise of each step
 RUN_NOISE_SIGMA = 0.02  # log-normal factor drawn once per server from the seed
 
+# --- scheduling (SGLang's defaults) -----------------------------------------------------------
+INIT_NEW_TOKEN_RATIO = 0.7  # share of a request's remaining max_tokens guessed at admission ...
+MIN_NEW_TOKEN_RATIO = 0.098  # ... decaying to this (0.7 x 0.14) ...
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # ... over this many decode steps
+CLIP_MAX_NEW_TOKENS = 4096  # the guess counts at most this many remaining tokens
+RETRACT_DECODE_STEPS = 20  # a retraction frees room for this many decode steps of the batch
+
 #: The memory fraction above which start-up fails depends on CUDA graphs and the prefill chunk
 #: (both live outside the static pool): for the default settings about 0.928 with CUDA graphs
 #: and 0.944 without them (see :meth:`SimModel.memory_plan`).
