@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ class Part:
     argv: Callable[[Path, bool], list[str]]  # (json path, quick) -> argv
     render: Callable[[dict[str, Any]], list[str]]
     timeout_s: float = 2400.0
+    gpu: bool = False  # needs an NVIDIA GPU: run only when one is here, or named by --only
 
 
 def _py(script: str, *args: str) -> list[str]:
@@ -172,6 +174,11 @@ PARTS = [
          lambda out, quick: _py("teardown_latency.py", "--json", str(out),
                                 *(["--repeats", "3", "--real-repeats", "0"] if quick else [])),
          render_teardown),
+    Part("teardown_gpu", "Teardown on a real GPU: transformers serve, NVML",
+         lambda out, quick: _py("teardown_latency.py", "--json", str(out), "--no-sim",
+                                "--real-repeats", "0", "--gpu",
+                                *(["--gpu-repeats", "2"] if quick else [])),
+         render_teardown, gpu=True),
     Part("search", "Search efficiency: trials against the full grid",
          lambda out, quick: _py("search_efficiency.py", "--json", str(out),
                                 *(["--seeds", "5"] if quick else [])),
@@ -280,7 +287,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     parser.add_argument("--adopt", action="append", default=[], metavar="NAME=FILE",
                         help="save the --json output of a benchmark run by hand as this part's "
-                        "result (measured now, at this commit)")
+                        "result (measured when the file was written, adopted at this commit)")
+    parser.add_argument("--machine", default=None,
+                        help="with --adopt: the machine it ran on (default: this one)")
     args = parser.parse_args()
     for item in args.adopt:
         name, _, file = item.partition("=")
@@ -295,7 +304,8 @@ def main() -> int:
             return 2
         SAVED.mkdir(exist_ok=True)
         meta = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
-                    Path(file).stat().st_mtime)), "commit": commit(), "machine": machine(),
+                    Path(file).stat().st_mtime)), "commit": commit(),
+                "machine": args.machine or machine(),
                 "seconds": None, "exit": 0, "quick": False, "by_hand": True}
         (SAVED / f"{name}.json").write_text(json.dumps({"meta": meta, "data": data}, indent=1)
                                             + "\n")
@@ -305,9 +315,10 @@ def main() -> int:
         print(f"results.py: --only: unknown part {sorted(unknown)[0]!r}; choose from "
               + ", ".join(p.name for p in PARTS), file=sys.stderr)
         return 2
+    has_gpu = shutil.which("nvidia-smi") is not None
     if not args.render:
         for part in PARTS:
-            if not names or part.name in names:
+            if part.name in names or (not names and (has_gpu or not part.gpu)):
                 run_part(part, args.quick)
     PAGE.write_text(render())
     print(f"wrote {PAGE.relative_to(REPO)}")
