@@ -22,9 +22,7 @@ import sys
 from typing import Any
 
 import typer
-from rich.markup import escape
 
-from cleanslate.cli._common import console_err
 from cleanslate.errors import ExitCode, InputError
 
 #: The commands, in the order `cleanslate --help` lists them: name -> (module, options of
@@ -79,6 +77,10 @@ def _command_in(argv: list[str]) -> str | None:
 
 
 def _error(text: str) -> None:
+    from rich.markup import escape  # rich only when there is something to say
+
+    from cleanslate.cli._common import console_err
+
     console_err.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 

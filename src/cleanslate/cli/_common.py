@@ -10,12 +10,17 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, TextIO
 
 from cleanslate.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    #: Standard output and standard error, as rich consoles (made on first use: a command
+    #: that prints only JSON, such as ``check --json``, does not import rich).
+    console: Console
+    console_err: Console
 
 #: The width of a console whose output is not a terminal (a file or a pipe): tables are printed
 #: at their natural width (rich never widens a table to the console), not folded or cut at
@@ -31,8 +36,23 @@ def _width(stream: TextIO) -> int | None:
         return PIPE_WIDTH
 
 
-console = Console(highlight=False, width=_width(sys.stdout))
-console_err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+def _console(name: str) -> Console:
+    """The console ``name`` (``console`` or ``console_err``), made the first time."""
+    made = globals().get(name)
+    if made is None:
+        from rich.console import Console
+
+        stream = sys.stdout if name == "console" else sys.stderr
+        made = globals()[name] = Console(stderr=name == "console_err", highlight=False,
+                                         width=_width(stream))
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """``console`` and ``console_err``, made the first time they are used."""
+    if name not in ("console", "console_err"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _console(name)
 
 
 def parse_int_list(value: str | None, *, option: str,
@@ -75,6 +95,8 @@ def progress_printer(quiet: bool = False) -> Callable[[str], None]:
     nothing, for ``--json``)."""
     def say(message: str) -> None:
         if not quiet:
-            console_err.print(Text(message, style="dim"))
+            from rich.text import Text
+
+            _console("console_err").print(Text(message, style="dim"))
 
     return say

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from cleanslate.cli._common import check_writable, console_err, parse_int_list
+from cleanslate.cli._common import check_writable, parse_int_list
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
@@ -134,6 +134,8 @@ def check(
         Baseline.from_snapshot(snapshot).save(save_baseline)
         if not json_out:
             from rich.text import Text
+
+            from cleanslate.cli._common import console_err
 
             console_err.print(Text(f"baseline of {snapshot.host} saved to {save_baseline}"))
             if snapshot.listeners is None:
