@@ -24,7 +24,7 @@ def test_search_efficiency_writes_rows_and_the_target(tmp_path: Path) -> None:
         assert {"median", "worst", "share"} <= set(row)
         for count in (row["median"], row["worst"]):
             assert isinstance(count, (int, float)) or count == f"> {row['cap']}"
-    # The ablation's plan never reaches a best three flags away from its baseline; the grid
+    # The ablation's plan never reaches a best two flags away from its baseline; the grid
     # always measures the best configuration, in the same place of its plan.
     assert rows["ablation"]["median"] == f"> {rows['ablation']['cap']}"
     assert rows["grid"]["profile"]["first_close"] == 66
