@@ -23,7 +23,7 @@ from cleanslate.report import load_report
 from cleanslate.store import Store
 from tests.conftest import Processes, run_cli
 from tests.report.conftest import StudyStore, free_port
-from tests.report.test_browser import CONSOLE, assert_screenshot, run_chromium
+from tests.report.test_browser import assert_screenshot, console_messages, run_chromium
 from tests.report.test_html_plots import assert_real_plot
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_html_renders_in_chromium_without_console_errors(html_page: Path,
     shot = tmp_path / "screenshot.png"
     done = run_chromium(html_page, tmp_path, f"--screenshot={shot}", "--window-size=1280,2000")
     assert done.returncode == 0, done.stderr[-3000:]
-    console = [m.group(1) for m in CONSOLE.finditer(done.stderr)]
+    console = console_messages(done.stderr)
     assert console == [], f"console messages: {console}"
     assert_screenshot(shot)
 
