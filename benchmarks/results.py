@@ -151,7 +151,8 @@ def render_check(data: dict[str, Any]) -> list[str]:
                 v = f"{v:.3g}" if k == "ratio" else f"{v:.1f}"
             cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    notes = data.get("notes") or []
+    return lines + ([""] + [f"- {n}" for n in notes] if notes else [])
 
 
 def render_overhead(data: dict[str, Any]) -> list[str]:
@@ -187,6 +188,10 @@ PARTS = [
          lambda out, quick: _py("check_latency.py", "--json", str(out), *(["--quick"] if quick
                                                                          else [])),
          render_check),
+    Part("check_gpu", "Check latency on a GPU host (NVML)",
+         lambda out, quick: _py("check_latency.py", "--json", str(out), "--gpu-backend", "nvml",
+                                *(["--quick"] if quick else [])),
+         render_check, gpu=True),
     Part("overhead", "Tool overhead per trial against engine time",
          lambda out, quick: _py("trial_overhead.py", "--json", str(out)), render_overhead),
 ]
@@ -303,7 +308,9 @@ def main() -> int:
             print(f"results.py: --adopt {file}: not JSON ({exc})", file=sys.stderr)
             return 2
         SAVED.mkdir(exist_ok=True)
-        meta = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
+        stamp = (data.get("machine") or {}).get("date") if isinstance(data.get("machine"),
+                                                                       dict) else None
+        meta = {"measured": str(stamp)[:16].replace("T", " ") + " UTC" if stamp else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
                     Path(file).stat().st_mtime)), "commit": commit(),
                 "machine": args.machine or machine(),
                 "seconds": None, "exit": 0, "quick": False, "by_hand": True}
