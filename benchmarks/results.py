@@ -308,10 +308,11 @@ def main() -> int:
             print(f"results.py: --adopt {file}: not JSON ({exc})", file=sys.stderr)
             return 2
         SAVED.mkdir(exist_ok=True)
-        stamp = (data.get("machine") or {}).get("date") if isinstance(data.get("machine"),
-                                                                       dict) else None
-        meta = {"measured": str(stamp)[:16].replace("T", " ") + " UTC" if stamp else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
-                    Path(file).stat().st_mtime)), "commit": commit(),
+        about = data.get("machine") if isinstance(data, dict) else None
+        stamp = about.get("date") if isinstance(about, dict) else None
+        when = str(stamp)[:16].replace("T", " ") if stamp else time.strftime(
+            "%Y-%m-%d %H:%M", time.gmtime(Path(file).stat().st_mtime))
+        meta = {"measured": f"{when} UTC", "commit": commit(),
                 "machine": args.machine or machine(),
                 "seconds": None, "exit": 0, "quick": False, "by_hand": True}
         (SAVED / f"{name}.json").write_text(json.dumps({"meta": meta, "data": data}, indent=1)
