@@ -49,7 +49,7 @@ from cleanslate.sim.model import (
     QUICKSTART_WORKLOAD,
     steady_value,
 )
-from cleanslate.tune.space import CONSTRAINT_ATTR, make_sampler, planned_configs
+from cleanslate.tune.space import make_sampler, mark_feasible, planned_configs
 from cleanslate.tune.study import StudySpec
 
 TTFT_SLO_S = QUICKSTART_TTFT_SLO_S  # mean TTFT, as the steady-state estimate gives it
@@ -136,7 +136,7 @@ def run_sampler(strategy: str, seed: int, run: Run, limit: int) -> None:
     while run.reached is None and run.trials < limit:
         trial = study.ask(dists)
         measured = run.measure(dict(trial.params))
-        trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if measured is not None else 1.0)
+        mark_feasible(trial, measured is not None)
         study.tell(trial, measured if measured is not None else 0.0)
 
 

@@ -57,7 +57,7 @@ from cleanslate.store._leases import (
     config_key,
 )
 from cleanslate.store._trials import TrialRecord, TrialStatus
-from cleanslate.tune.space import CONSTRAINT_ATTR, distributions, planned_configs, trial_budget
+from cleanslate.tune.space import distributions, mark_feasible, planned_configs, trial_budget
 from cleanslate.tune.study import Slot, StudySpec
 from cleanslate.tune.trial import HostQuarantined, Interrupted, run_trial, verdict_of
 from cleanslate.tune.view import TuneView
@@ -420,7 +420,7 @@ class Fleet:
 
     def _tell(self, trial: optuna.trial.Trial, record: TrialRecord, spec: StudySpec) -> None:
         feasible = record.status == TrialStatus.FEASIBLE
-        trial.set_user_attr(CONSTRAINT_ATTR, 0.0 if feasible else 1.0)
+        mark_feasible(trial, feasible)
         trial.set_user_attr("status", record.status.value)
         if record.cause:
             trial.set_user_attr("cause", record.cause)

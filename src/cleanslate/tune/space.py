@@ -72,14 +72,29 @@ def _constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
     return (float(trial.user_attrs.get(CONSTRAINT_ATTR, 0.0)),)
 
 
+#: Optuna 5 reads constraints that a trial sets on itself (``Trial.set_constraint``) and
+#: deprecates the sampler's ``constraints_func``; Optuna 4 has only the latter.
+_TRIAL_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def mark_feasible(trial: optuna.trial.Trial, feasible: bool) -> None:
+    """Tell the sampler whether the trial's configuration was feasible (before ``tell``): an
+    infeasible one (did not start, crashed, missed the SLO) is ranked below every feasible one,
+    whatever value it was given. Also kept as a user attribute, for the record."""
+    value = 0.0 if feasible else 1.0
+    trial.set_user_attr(CONSTRAINT_ATTR, value)
+    if _TRIAL_CONSTRAINTS:
+        trial.set_constraint("feasible", value)
+
+
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     """The study's sampler. TPE runs with ``constant_liar``: a trial still running (on another
     slot, in another worker) counts as a bad result, so parallel ``ask()`` calls do not all
     propose the same region (``docs/fleet.md``)."""
     if spec.strategy == "tpe":
-        return optuna.samplers.TPESampler(seed=spec.seed, constraints_func=_constraints,
-                                          n_startup_trials=min(10, max(3, len(spec.space) + 1)),
-                                          constant_liar=True)
+        return optuna.samplers.TPESampler(
+            seed=spec.seed, constraints_func=None if _TRIAL_CONSTRAINTS else _constraints,
+            n_startup_trials=min(10, max(3, len(spec.space) + 1)), constant_liar=True)
     # grid and ablation run an enqueued list; random is random.
     return optuna.samplers.RandomSampler(seed=spec.seed)
 
