@@ -55,6 +55,7 @@ class Part:
     render: Callable[[dict[str, Any]], list[str]]
     timeout_s: float = 2400.0
     gpu: bool = False  # needs an NVIDIA GPU: run only when one is here, or named by --only
+    targets: Callable[[dict[str, Any]], list[tuple[str, bool | None]]] = lambda _d: []
 
 
 def _py(script: str, *args: str) -> list[str]:
@@ -90,6 +91,11 @@ def render_client(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def targets_accuracy(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    return [("throughput within 5 % and TTFT p50 within 10 % of the peer client's",
+             data.get("failures") == 0)]
+
+
 def render_accuracy(data: dict[str, Any]) -> list[str]:
     lines = ["| concurrency | client | output tok/s (client / server) | error | TTFT p50 ms "
              "(client / server) | error | requests in flight (server) |",
@@ -113,7 +119,7 @@ def render_teardown(data: dict[str, Any]) -> list[str]:
              f"Target: median gap at most {target:g} s. The settle window (0.5 s by default; "
              "`docs/check.md`) is part of the gap by design; `--settle 0` shows the rest of the "
              "tool's cost."]
-    return lines + [f"- {n}" for n in data.get("notes", [])]
+    return lines + [f"- {n}" for n in data.get("notes", [])] + profile_teardown(data)
 
 
 def render_search(data: dict[str, Any]) -> list[str]:
@@ -134,6 +140,69 @@ def render_search(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def targets_teardown(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    target = data.get("target_gap_s", 0.1)
+    return [(f"{r['case']}, settle {r['settle_s']:g} s: verified CLEAN within {target:g} s of the "
+             f"release (median {r['gap_median_s']:.3f} s)", r["target_met"])
+            for r in data.get("rows", [])]
+
+
+def profile_teardown(data: dict[str, Any]) -> list[str]:
+    """Where the gap goes, from the runs: the settle window's share (the gap with the default
+    window minus the gap with none) and what is left."""
+    rows = data.get("rows", [])
+    lines = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        by = {r["settle_s"]: r for r in rows if r["case"] == case}
+        if 0.0 in by and len(by) > 1:
+            window = max(by)
+            cost = by[window]["gap_median_s"] - by[0.0]["gap_median_s"]
+            lines.append(f"- {case}: of the {by[window]['gap_median_s']:.3f} s gap with the "
+                         f"{window:g} s window, {cost:.3f} s is the window; the other "
+                         f"{by[0.0]['gap_median_s']:.3f} s is the re-scan that sees the last "
+                         "process gone (also the verification's reading), recording the run "
+                         "and printing the report")
+    return (["", "Where the time goes:", *lines]) if lines else []
+
+
+def targets_search(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    tpe = next((r for r in data.get("rows", []) if r.get("strategy") == "tpe"), None)
+    said = f" (median {tpe.get('median')})" if tpe else ""
+    return [(f"tpe reaches within 2 % of the optimum in at most 25 % of the grid's trials{said}",
+             data.get("target_met"))]
+
+
+def targets_check(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    out: list[tuple[str, bool | None]] = []
+    for r in data.get("rows", []):
+        if "met" not in r:
+            continue
+        where = f"{r['procs']} extra processes" if r.get("procs") is not None else \
+            f"{r.get('hosts')} SSH hosts"
+        out.append((f"{r['what']} at {where}: {r['ratio']:.3g}x {r['anchor']} (target "
+                    f"{r['target']})", bool(r["met"])))
+    return out
+
+
+def profile_check(data: dict[str, Any]) -> list[str]:
+    """Of ``check`` as a process, how much is the check itself (its own ``elapsed_s``) and how
+    much the interpreter's start and imports."""
+    rows = data.get("rows", [])
+    lines = []
+    for r in rows:
+        if r.get("what") != "check (process)":
+            continue
+        inner = next((x for x in rows if x.get("what") == "check elapsed_s"
+                      and x.get("procs") == r.get("procs")), None)
+        if inner is None:
+            continue
+        rest = r["p50_ms"] - inner["p50_ms"]
+        lines.append(f"- {r['procs']} extra processes: {r['p50_ms']:.0f} ms in all, of which the "
+                     f"check itself {inner['p50_ms']:.0f} ms ({inner['ratio']:.2g}x the one-liner)"
+                     f" and {rest:.0f} ms starting Python and importing the command")
+    return (["", "Where the time goes (p50):", *lines]) if lines else []
+
+
 def render_check(data: dict[str, Any]) -> list[str]:
     rows = data.get("rows", [])
     if not rows:
@@ -152,7 +221,7 @@ def render_check(data: dict[str, Any]) -> list[str]:
             cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
     notes = data.get("notes") or []
-    return lines + ([""] + [f"- {n}" for n in notes] if notes else [])
+    return lines + ([""] + [f"- {n}" for n in notes] if notes else []) + profile_check(data)
 
 
 def render_overhead(data: dict[str, Any]) -> list[str]:
@@ -170,28 +239,28 @@ PARTS = [
     Part("accuracy", "Metric error against the server's ground truth",
          lambda out, quick: _py("peer_crosscheck.py", "--json", str(out), "--peers", "aiperf",
                                 *(["--concurrency", "16", "--requests", "150"] if quick else [])),
-         render_accuracy),
+         render_accuracy, targets=targets_accuracy),
     Part("teardown", "Teardown: verified CLEAN against the physical release",
          lambda out, quick: _py("teardown_latency.py", "--json", str(out),
                                 *(["--repeats", "3", "--real-repeats", "0"] if quick else [])),
-         render_teardown),
+         render_teardown, targets=targets_teardown),
     Part("teardown_gpu", "Teardown on a real GPU: transformers serve, NVML",
          lambda out, quick: _py("teardown_latency.py", "--json", str(out), "--no-sim",
                                 "--real-repeats", "0", "--gpu",
                                 *(["--gpu-repeats", "2"] if quick else [])),
-         render_teardown, gpu=True),
+         render_teardown, gpu=True, targets=targets_teardown),
     Part("search", "Search efficiency: trials against the full grid",
          lambda out, quick: _py("search_efficiency.py", "--json", str(out),
                                 *(["--seeds", "5"] if quick else [])),
-         render_search),
+         render_search, targets=targets_search),
     Part("check", "Check latency against ps and the seeds' one-liner",
          lambda out, quick: _py("check_latency.py", "--json", str(out), *(["--quick"] if quick
                                                                          else [])),
-         render_check),
+         render_check, targets=targets_check),
     Part("check_gpu", "Check latency on a GPU host (NVML)",
          lambda out, quick: _py("check_latency.py", "--json", str(out), "--gpu-backend", "nvml",
                                 *(["--quick"] if quick else [])),
-         render_check, gpu=True),
+         render_check, gpu=True, targets=targets_check),
     Part("overhead", "Tool overhead per trial against engine time",
          lambda out, quick: _py("trial_overhead.py", "--json", str(out)), render_overhead),
 ]
@@ -259,6 +328,16 @@ def render() -> str:
              "its benchmark, on the machine named in its section (these machines are shared and "
              "noisy: read ratios, not absolute times).",
              ""]
+    summary: list[str] = []
+    for part in PARTS:
+        path = SAVED / f"{part.name}.json"
+        saved = json.loads(path.read_text()) if path.exists() else None
+        if saved is None or saved.get("data") is None:
+            continue
+        for what, met in part.targets(saved["data"]):
+            summary.append(f"| {part.title} | {what} | {_met(met)} |")
+    if summary:
+        lines += ["## Targets", "", "| part | target | |", "|---|---|---|", *summary, ""]
     for part in PARTS:
         path = SAVED / f"{part.name}.json"
         lines += [f"## {part.title}", ""]
