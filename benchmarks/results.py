@@ -136,7 +136,8 @@ def render_search(data: dict[str, Any]) -> list[str]:
     extra = {k: v for k, v in data.items() if k not in ("rows", "target_met", "runs")
              and not isinstance(v, (list, dict))}
     if extra:
-        lines.append("Settings: " + ", ".join(f"{k} {v}" for k, v in extra.items()) + ".")
+        lines.append("Settings: " + ", ".join(
+            f"{k} {f'{v:.6g}' if isinstance(v, float) else v}" for k, v in extra.items()) + ".")
     return lines
 
 
@@ -157,11 +158,15 @@ def profile_teardown(data: dict[str, Any]) -> list[str]:
         if 0.0 in by and len(by) > 1:
             window = max(by)
             cost = by[window]["gap_median_s"] - by[0.0]["gap_median_s"]
-            lines.append(f"- {case}: of the {by[window]['gap_median_s']:.3f} s gap with the "
-                         f"{window:g} s window, {cost:.3f} s is the window; the other "
-                         f"{by[0.0]['gap_median_s']:.3f} s is the re-scan that sees the last "
-                         "process gone (also the verification's reading), recording the run "
-                         "and printing the report")
+            rest = (f"{by[0.0]['gap_median_s']:.3f} s (the gap without a window) is the re-scan "
+                    "that sees the last process gone (also the verification's reading), "
+                    "recording the run and printing the report")
+            if cost <= 0.01:
+                lines.append(f"- {case}: the {window:g} s window cost nothing (the release "
+                             f"outlasted it); {rest}")
+            else:
+                lines.append(f"- {case}: of the {by[window]['gap_median_s']:.3f} s gap with the "
+                             f"{window:g} s window, about {cost:.3f} s is the window; {rest}")
     return (["", "Where the time goes:", *lines]) if lines else []
 
 
