@@ -249,3 +249,5 @@ def test_a_stray_after_a_release_reading_is_a_respawn(monkeypatch: pytest.Monkey
     report = asyncio.run(check_until_clean([], CheckOptions(), deadline_s=10, interval_s=0.01))
     assert report.verdict == Verdict.DIRTY
     assert report.until_clean is not None and report.until_clean.respawned
+    respawned = [f for f in report.hosts[0].findings if f.kind == FindingKind.RESPAWNED]
+    assert "with no process left" in respawned[0].message  # it never read clean

@@ -521,9 +521,10 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
     members = await read_cgroup_members(executor, spec.cgroup) if spec.cgroup else None
     if gpu is not None and members is None and (spec.pgid or spec.sid) \
-            and not isinstance(gpu, NoGpuBackend):
-        # GPU holdings are evidence for group and session members; read them only when needed.
-        # A failed reading only means no GPU evidence.
+            and not isinstance(gpu, NoGpuBackend) \
+            and not (taken is not None and taken.gpu.ok and taken.gpu.backend == gpu.name):
+        # GPU holdings are evidence for group and session members; read them only when needed
+        # (a verification snapshot has them already). A failed reading only means no evidence.
         with contextlib.suppress(Exception):
             reading = await asyncio.wait_for(gpu.read(executor, 15.0), 17.0)
             if reading.ok:
@@ -680,17 +681,15 @@ async def teardown(
     cgroup_removed = False
     cgroup_left: frozenset[int] = frozenset()
     if spec.cgroup:
-        # Members leave a cgroup when they are reaped: give the last ones a moment.
+        # Members leave a cgroup when they are reaped: give the last ones a moment. The last
+        # rescan's reading of it is current if nothing was signalled since.
         deadline = time.monotonic() + 5.0
-        left = members if last is not None else None
-        while True:
-            if left is None or left:
-                left = await read_cgroup_members(executor, spec.cgroup)
-            cgroup_left = left or frozenset()
-            if not cgroup_left or time.monotonic() > deadline:
-                break
+        left = members if last is not None and members is not None \
+            else await read_cgroup_members(executor, spec.cgroup)
+        while left and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-            left = None
+            left = await read_cgroup_members(executor, spec.cgroup)
+        cgroup_left = left or frozenset()
         if not cgroup_left and left is not None:
             cgroup_removed = await _cgroup_remove(executor, spec.cgroup)
         if cgroup_left:

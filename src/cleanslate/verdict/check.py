@@ -189,8 +189,12 @@ def _strays(report: CheckReport) -> list[tuple[str, Finding]]:
             if f.kind == FindingKind.STRAY_PROCESS and f.severity == Severity.ERROR]
 
 
-def _mark_respawned(report: CheckReport, clean_for_s: float) -> CheckReport:
-    """Add a ``respawned`` finding for each engine process seen after a clean reading."""
+def _mark_respawned(report: CheckReport, clean_for_s: float, *, clean: bool = True
+                    ) -> CheckReport:
+    """Add a ``respawned`` finding for each engine process seen after the settle window
+    opened: on a clean reading (``clean``), or on one where only a release was under way."""
+    since = "the host had read clean" if clean else \
+        "the host had read with no process left (only a release under way)"
     hosts = []
     for host in report.hosts:
         extra = []
@@ -200,8 +204,8 @@ def _mark_respawned(report: CheckReport, clean_for_s: float) -> CheckReport:
             parent = finding.evidence.get("ppid")
             extra.append(Finding(
                 kind=FindingKind.RESPAWNED, severity=Severity.ERROR, pid=finding.pid,
-                message=f"an engine process appeared {clean_for_s:.2f} s after the host had "
-                        f"read clean (PID {finding.pid}, parent PID {parent}): something keeps "
+                message=f"an engine process appeared {clean_for_s:.2f} s after {since} "
+                        f"(PID {finding.pid}, parent PID {parent}): something keeps "
                         "starting it; " + finding.message,
                 evidence={**finding.evidence, "clean_for_s": round(clean_for_s, 3)},
             ))
@@ -282,8 +286,8 @@ async def check_until_clean(
             await asyncio.sleep(min(interval_s, SETTLE_PAUSE_S))
             continue
         if window_start is not None and _strays(report):
-            return done(_mark_respawned(report, elapsed - window_start), elapsed,
-                        respawned=True)
+            return done(_mark_respawned(report, elapsed - window_start,
+                                        clean=first_clean is not None), elapsed, respawned=True)
         if first_clean is None and _releasing(report):
             if window_start is None:
                 window_start, readings = elapsed, 0
