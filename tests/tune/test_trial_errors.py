@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,46 @@ def test_an_exception_right_after_the_launch_tears_down_and_records(
                                         gpu_backend="sim"))
     _check_left_nothing(store, spec)
     assert os.environ.get("CLEANSLATE_SIM_GPU_DIR")
+
+
+@pytest.mark.parametrize("skew_s", [0.0, 0.2])
+def test_a_start_that_fails_after_a_stop_request_is_interrupted_not_infeasible(
+        lab: Any, skew_s: float) -> None:
+    """Slurm's ``scancel`` signals the worker and its engine at once: the engine dies while
+    it starts and the worker is asked to stop, in either order (``skew_s``: the worker's
+    request comes that much after the engine's signal). The failed start is not the configuration's
+    result: the trial is ``infra_failed``/``interrupted`` (run again elsewhere), and
+    :class:`~cleanslate.tune.trial.Interrupted` is raised for the fleet to re-queue it."""
+    spec, store = lab
+    stop = asyncio.Event()
+    signalled: list[int] = []
+
+    async def preempt() -> None:
+        while True:  # the engine root, as soon as the run is recorded
+            runs = [r for r in store.runs(study=spec.name) if r.pid]
+            if runs:
+                os.kill(runs[0].pid, signal.SIGTERM)
+                signalled.append(runs[0].pid)
+                await asyncio.sleep(skew_s)
+                stop.set()
+                return
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        killer = asyncio.create_task(preempt())
+        try:
+            await trial_mod.run_trial(executor_for(None), store, spec, 0, {"fault": None},
+                                      gpu_backend="sim", stop=stop)
+        finally:
+            killer.cancel()
+
+    with pytest.raises(trial_mod.Interrupted):
+        asyncio.run(scenario())
+    assert signalled
+    (trial,) = store.trials(spec.name)
+    assert trial.status == "infra_failed" and trial.cause == "interrupted", trial
+    assert "stopped while the server started" in (trial.detail or ""), trial.detail
+    (run,) = store.runs(study=spec.name)
+    assert run.status not in ("starting", "ready"), run.status
+    assert _marked(run.marker) == [] and not _alive(run.pid)
+    assert trial.verdict_after == "clean"

@@ -17,6 +17,7 @@ or later.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -188,6 +189,17 @@ async def run_trial(
     if not outcome.ok:
         verdict_after, findings_after = _summary(
             outcome.teardown.verify if outcome.teardown else None)
+        if await _stop_requested(stop, outcome):
+            # Asked to stop while the server started: the signal that reached this process
+            # (Slurm's scancel, a preemption) most likely reached the engine and its
+            # supervisor too, so the failure says nothing of the configuration.
+            store.save_trial(record.model_copy(update={
+                "status": TrialStatus.INFRA_FAILED, "cause": "interrupted",
+                "detail": f"stopped while the server started ({outcome.cause}: "
+                          f"{outcome.detail})", "log_tail": outcome.log_tail[-4000:],
+                "phases": phases, "verdict_after": verdict_after,
+                "findings_after": findings_after, "finished_at": time.time()}))
+            raise Interrupted()
         return store.save_trial(record.model_copy(update={
             "status": TrialStatus.INFEASIBLE, "cause": outcome.cause, "detail": outcome.detail,
             "log_tail": outcome.log_tail[-4000:], "phases": phases,
@@ -255,6 +267,23 @@ async def run_trial(
         "log_tail": tail[-4000:] if tail else None,
         "verdict_after": verdict_after, "findings_after": findings_after,
         "finished_at": time.time()}))
+
+
+#: How long a start that a signal may have ended waits for this process's own stop request:
+#: ``scancel`` and a preemption signal every process of the job, in no set order.
+SIGNAL_SKEW_S = 0.5
+
+
+async def _stop_requested(stop: asyncio.Event | None, outcome: StartOutcome) -> bool:
+    """Whether this process was asked to stop by the time its start failed. A start ended by
+    a signal (the engine ``killed``, or the supervisor gone: ``launch_failed``) waits up to
+    :data:`SIGNAL_SKEW_S` for the request that the same signal may bring."""
+    if stop is None:
+        return False
+    if not stop.is_set() and outcome.cause in ("killed", "launch_failed"):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SIGNAL_SKEW_S)
+    return stop.is_set()
 
 
 def _describe(exc: BaseException) -> str:
