@@ -74,6 +74,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                     f"e.g. {noise[0][:160]}); run as root for private namespaces")
 
 
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    """Fail a test that leaves a process running (see :mod:`tests._leftovers`); only in the
+    session's private PID namespace, where every process is this session's."""
+    if not isolated():
+        yield
+        return
+    from tests import _leftovers
+
+    before = _leftovers.processes()
+    yield
+    left = _leftovers.settle(before, os.getpid())
+    if left:
+        pytest.fail(f"the test left {len(left)} process(es) running, now ended: "
+                    + "; ".join(left), pytrace=False)
+
+
 #: Figures the integration tests measured (ready time, throughput, kill-to-CLEAN), printed in a
 #: "figures" section at the end of the run, so that a CI log shows them without ``-s``.
 _FIGURES: list[str] = []
