@@ -177,3 +177,37 @@ def test_a_start_that_fails_after_a_stop_request_is_interrupted_not_infeasible(
     assert run.status not in ("starting", "ready"), run.status
     assert _marked(run.marker) == [] and not _alive(run.pid)
     assert trial.verdict_after == "clean"
+
+
+def test_a_host_that_cannot_start_a_run_is_quarantined_not_a_result(
+        lab: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run folder cannot be created (the artifacts folder is a file): nothing of the
+    configuration ran, so the trial is ``infra_failed``/``launch_failed``, not ``infeasible``,
+    and the slot is quarantined (:class:`~cleanslate.tune.trial.HostQuarantined`) so that the
+    configuration goes to another slot."""
+    spec, store = lab
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("CLEANSLATE_ARTIFACTS", str(blocker))
+    with pytest.raises(trial_mod.HostQuarantined) as raised:
+        asyncio.run(trial_mod.run_trial(executor_for(None), store, spec, 0, {"fault": None},
+                                        gpu_backend="sim", stop=asyncio.Event()))
+    assert "could not start a run: cannot create the run folder" in str(raised.value)
+    (trial,) = store.trials(spec.name)
+    assert trial.status == "infra_failed" and trial.cause == "launch_failed", trial
+    assert "Not a directory" in (trial.detail or ""), trial.detail
+    assert store.runs(study=spec.name) == []  # nothing was launched
+
+
+def test_a_command_the_supervisor_cannot_run_is_the_configurations_result(
+        lab: Any, tmp_path: Path) -> None:
+    """The engine's command line cannot be executed (a missing program): that is the
+    configuration's failure, ``infeasible``, and the slot goes on (no quarantine)."""
+    spec, store = lab
+    spec = spec.model_copy(update={"launch": [str(tmp_path / "no-such-engine")]})
+    record = asyncio.run(trial_mod.run_trial(executor_for(None), store, spec, 0,
+                                             {"fault": None}, gpu_backend="sim",
+                                             stop=asyncio.Event()))
+    assert record.status == "infeasible", record
+    assert record.cause in ("launch_failed", "exited"), record  # no engine process, or 127
+    assert "no-such-engine" in (record.detail or "") + (record.log_tail or ""), record

@@ -63,7 +63,13 @@ def cgroup_disabled() -> str | None:
 
 
 class LaunchError(Exception):
-    """The supervisor could not start the engine (the message says why)."""
+    """The supervisor could not start the engine (the message says why). ``host_side``: the
+    host failed (its run folder, the supervisor itself), not the engine's command line, so the
+    failure says nothing of the configuration."""
+
+    def __init__(self, message: str, *, host_side: bool = True) -> None:
+        super().__init__(message)
+        self.host_side = host_side
 
 
 def new_run_id() -> str:
@@ -143,7 +149,8 @@ async def launch(executor: Executor, request: LaunchRequest, *,
         await _remove_spec(executor, spec_path)
         raise
     if state.get("error") or not state.get("pid"):
-        raise LaunchError(f"the run supervisor could not start the engine: {state.get('error')}")
+        raise LaunchError(f"the run supervisor could not start the engine: {state.get('error')}",
+                          host_side=False)
     snapshot = await probe_host(executor, NoGpuBackend(), timeout=timeout)
     root = snapshot.process(int(state["pid"]))
     supervisor = snapshot.process(int(state["supervisor_pid"]))

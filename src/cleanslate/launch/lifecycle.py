@@ -89,6 +89,8 @@ class StartOutcome:
     phases: dict[str, float] = field(default_factory=dict)
     cgroup_note: str | None = None
     host_snapshot: HostSnapshot | None = None
+    #: The host failed the launch (``LaunchError.host_side``): no result of the configuration.
+    host_failed: bool = False
 
 
 def adapter_for(config: ServeConfig, executor: Executor) -> EngineAdapter:
@@ -238,7 +240,7 @@ async def start_server(
         launched = await launch(executor, request)
     except LaunchError as exc:
         return StartOutcome(run=None, ok=False, cause="launch_failed", detail=scrub(str(exc)),
-                            validation_note=note, phases=phases)
+                            validation_note=note, phases=phases, host_failed=exc.host_side)
     except BaseException:
         # Launched or not, nothing is recorded yet: end whatever carries the run's marker.
         await _abandon_launch(executor, run_id, gpu_backend, say)

@@ -9,9 +9,10 @@ which the next controller cleans up).
 
 A configuration that fails to start, runs out of memory, emits NaN, crashes under load or misses
 every SLO is a *result* (``infeasible``, with its cause and log tail). A host that is dirty
-before the trial and does not come clean, or that cannot be reached, is an *infrastructure*
-failure (:class:`HostQuarantined`): not a result, and the configuration is run again elsewhere
-or later.
+before the trial and does not come clean, that cannot be reached, or that cannot start a run
+(its run folder or the run supervisor fails) is an *infrastructure* failure
+(:class:`HostQuarantined`): not a result, and the configuration is run again elsewhere or later.
+So is a start that fails once this process was asked to stop (:class:`Interrupted`).
 """
 
 from __future__ import annotations
@@ -200,6 +201,14 @@ async def run_trial(
                 "phases": phases, "verdict_after": verdict_after,
                 "findings_after": findings_after, "finished_at": time.time()}))
             raise Interrupted()
+        if outcome.host_failed:
+            # The run folder or the supervisor failed, not the engine's command line: the slot
+            # takes no more trials, and this configuration goes to another slot.
+            store.save_trial(record.model_copy(update={
+                "status": TrialStatus.INFRA_FAILED, "cause": "launch_failed",
+                "detail": outcome.detail, "phases": phases, "verdict_after": verdict_after,
+                "findings_after": findings_after, "finished_at": time.time()}))
+            raise HostQuarantined(f"{executor.name} could not start a run: {outcome.detail}")
         return store.save_trial(record.model_copy(update={
             "status": TrialStatus.INFEASIBLE, "cause": outcome.cause, "detail": outcome.detail,
             "log_tail": outcome.log_tail[-4000:], "phases": phases,
