@@ -43,6 +43,9 @@ def test_secret_names(name: str) -> None:
     "total_token_throughput", "HF_TOKEN_PATH", "--api-key-file", "--ssl-key-file",
     "total_output_tokens", "sid", "pgid", "marker", "--port", "MONKEY", "", "-", "--",
     "--kv-cache-dtype", "--max-prefill-tokens", "keyword", "passage",
+    # SGLang tunables whose names hold TOKEN or PASS before a measure (a study may search them)
+    "--tbo-token-distribution-threshold", "--prefill-delayer-token-usage-low-watermark",
+    "--bucket-inter-token-latency", "--enable-forward-pass-metrics",
 ])
 def test_not_secret_names(name: str) -> None:
     assert not is_secret_name(name)

@@ -46,7 +46,7 @@ _WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", 
 _EXACT = frozenset({"KEY", "AUTH", "PASS", "PW"})
 # A last part that makes the name a place or a measure, not the secret itself.
 _NOT_THE_VALUE = frozenset({"PATH", "FILE", "FILES", "DIR", "THROUGHPUT", "LEN", "LENGTH",
-                            "COUNT", "SIZE"})
+                            "COUNT", "SIZE", "THRESHOLD", "LATENCY", "WATERMARK", "METRICS"})
 _SPLIT = re.compile(r"[_\-.]+")
 
 # Lookbehinds make each pattern start only at the beginning of a word: without them, every
