@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 #: How long a test's new processes get to end on their own after its fixtures are torn down.
-GRACE_S = 5.0
+GRACE_S = 15.0
 
 #: ``(pid, start)`` of the processes that fixtures wider than a test started (sshd, PostgreSQL,
 #: Slurm): services, like those that ran before the test, even when a test set them up first.
