@@ -20,6 +20,10 @@ from cleanslate.launch.launcher import read_state, scrubber_for
 from cleanslate.store import RunRecord
 
 LOG_TAIL_BYTES = 6000
+#: After the log of a server that still runs shows a failure: how long to let it finish writing
+#: (a traceback names its error on its last line) or exit before the log is read again. A
+#: traceback read half-written says ``python_exception`` where its last line says ``oom``.
+LOG_SETTLE_S = 1.0
 
 
 class ReadyResult(BaseModel):
@@ -104,7 +108,8 @@ async def wait_ready(
                                    elapsed_s=round(time.monotonic() - started, 3))
             found = await classify_run_log(executor, adapter, run)
             if found is not None:
-                return ReadyResult(ready=False, cause=found[0], detail=found[1],
+                (cause, line), code = await _settled(executor, adapter, run, state_path, found)
+                return ReadyResult(ready=False, cause=cause, detail=line, exit_code=code,
                                    elapsed_s=round(time.monotonic() - started, 3))
             try:
                 async with session.get(url) as response:
@@ -119,3 +124,17 @@ async def wait_ready(
                                    detail=f"not ready after {timeout:g} s ({last_error})",
                                    elapsed_s=round(time.monotonic() - started, 3))
             await asyncio.sleep(interval)
+
+
+async def _settled(executor: Executor, adapter: EngineAdapter, run: RunRecord, state_path: str,
+                   first: tuple[str, str]) -> tuple[tuple[str, str], int | None]:
+    """The failure a running server's log showed (``first``), read again once the server has
+    exited or :data:`LOG_SETTLE_S` has passed, with its exit status (``None``: still running)."""
+    deadline = time.monotonic() + LOG_SETTLE_S
+    code = None
+    while code is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        state = await read_state(executor, state_path)
+        code = state.get("exit_code") if state else None
+    found = await classify_run_log(executor, adapter, run, returncode=code)
+    return found or first, code
