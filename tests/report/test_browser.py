@@ -25,8 +25,10 @@ from tests.report.conftest import StudyStore
 CONSOLE = re.compile(r":CONSOLE[:(]\d*\)?\]? ?(.*)")
 #: What Chromium itself logs on a loaded machine, whatever the page: its font-loading
 #: intervention ("Slow network is detected ... Fallback font will be used") appears when the
-#: renderer is slow to load a local font, not because the page asked for the network.
-BROWSER_NOISE = re.compile(r"\[Intervention\] Slow network is detected")
+#: renderer is slow to load a local font, not because the page asked for the network, with or
+#: without the "[Intervention]" prefix; and any message from Chromium's own pages' scripts
+#: (``source: chrome://resources/...``). The page's own messages name a ``file://`` source.
+BROWSER_NOISE = re.compile(r"Slow network is detected|source: chrome://")
 
 
 def console_messages(stderr: str) -> list[str]:
