@@ -41,9 +41,11 @@ def _run(tmp_path: Path) -> RunRecord:
                      log_path=f"{folder}/server.log", artifacts_dir=str(folder))
 
 
-def _engine(run: RunRecord, exit_after_s: float | None) -> threading.Thread:
-    """Write the traceback's head now, its last line 0.4 s later, then (optionally) the
-    supervisor's exit status after ``exit_after_s`` more seconds."""
+def _wait_while_the_engine_writes(tmp_path: Path,
+                                  exit_after_s: float | None) -> ready.ReadyResult:
+    """``wait_ready`` on a run whose engine writes the traceback's head now and its last line
+    0.4 s later, then (unless ``None``) its exit status ``exit_after_s`` after that."""
+    run = _run(tmp_path)
     log = Path(run.log_path)
     log.write_text(HEAD)
 
@@ -55,21 +57,19 @@ def _engine(run: RunRecord, exit_after_s: float | None) -> threading.Thread:
             time.sleep(exit_after_s)
             (Path(run.artifacts_dir) / "state.json").write_text(json.dumps({"exit_code": 1}))
 
-    thread = threading.Thread(target=finish)
-    thread.start()
-    return thread
+    writer = threading.Thread(target=finish)
+    writer.start()
+    try:
+        return asyncio.run(ready.wait_ready(LocalExecutor(), engine_class("sglang")(), run,
+                                            timeout=10, interval=0.05))
+    finally:
+        writer.join()
 
 
 @pytest.mark.parametrize("exit_after_s", [0.1, None])
 def test_a_half_written_traceback_is_read_again(tmp_path: Path,
                                                 exit_after_s: float | None) -> None:
-    run = _run(tmp_path)
-    writer = _engine(run, exit_after_s)
-    try:
-        result = asyncio.run(ready.wait_ready(LocalExecutor(), engine_class("sglang")(), run,
-                                              timeout=10, interval=0.05))
-    finally:
-        writer.join()
+    result = _wait_while_the_engine_writes(tmp_path, exit_after_s)
     assert not result.ready
     assert result.cause == "oom", result
     assert "CUDA out of memory" in (result.detail or "")
@@ -80,11 +80,5 @@ def test_without_the_settle_the_head_alone_decides(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The control: read once, the head of the traceback says only ``python_exception``."""
     monkeypatch.setattr(ready, "LOG_SETTLE_S", 0.0)
-    run = _run(tmp_path)
-    writer = _engine(run, None)
-    try:
-        result = asyncio.run(ready.wait_ready(LocalExecutor(), engine_class("sglang")(), run,
-                                              timeout=10, interval=0.05))
-    finally:
-        writer.join()
+    result = _wait_while_the_engine_writes(tmp_path, None)
     assert result.cause == "python_exception", result
