@@ -40,6 +40,11 @@ _XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
 _RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _DIR = _RDONLY | getattr(os, "O_DIRECTORY", 0)
 _CHUNK = 1 << 17
+#: Bytes of a process's environment read at most (64 MiB). ``execve`` takes at most 6 MiB of
+#: arguments and environment together on Linux 4.13 and newer (a quarter of the stack limit
+#: before), but a process with ``CAP_SYS_RESOURCE`` can point its environment at any memory
+#: (``prctl(PR_SET_MM_ENV_END)``): a bigger one is counted as not read, not searched in part.
+ENVIRON_LIMIT = 1 << 26
 
 
 def _read(path: str, limit: int = 1 << 20, dir_fd: int | None = None) -> bytes:
@@ -67,7 +72,9 @@ def _boot_time() -> float | None:
     return None
 
 
-def _processes(marker: str, errors: list[int]) -> list[dict[str, Any]]:
+def _processes(
+    marker: str, errors: list[int], environ_limit: int = ENVIRON_LIMIT
+) -> list[dict[str, Any]]:
     """Every process from /proc/PID/{stat,cmdline,environ}. PIDs listed in /proc whose stat
     could not be read (other than because they exited) are appended to ``errors``."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -86,7 +93,7 @@ def _processes(marker: str, errors: list[int]) -> list[dict[str, Any]]:
             errors.append(pid)
             continue
         try:
-            entry = _process(pid, base, needle, ticks, boot)
+            entry = _process(pid, base, needle, ticks, boot, environ_limit)
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited while we looked
         except OSError:
@@ -98,7 +105,40 @@ def _processes(marker: str, errors: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def _process(pid: int, base: int, needle: bytes, ticks: int, boot: float) -> dict[str, Any]:
+def _marker(base: int, needle: bytes, limit: int) -> tuple[str | None, bool]:
+    """(the value of the first ``NAME=`` entry ``needle`` of /proc/PID/environ, whether the
+    environment was read). The environment is read whole, up to ``limit`` bytes: past that, a
+    marker not yet seen, or one whose value is cut, could be there unseen, so the environment
+    counts as not read (the verdict says how many were not). Raises OSError when it cannot be
+    read at all."""
+    env = bytearray()
+    fd = os.open("environ", _RDONLY, dir_fd=base)
+    try:
+        while len(env) <= limit:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            env += chunk
+    finally:
+        os.close(fd)
+    cut = len(env) > limit
+    if cut:
+        del env[limit:]
+    at = env.find(needle)
+    while at > 0 and env[at - 1] != 0:
+        at = env.find(needle, at + 1)
+    if at < 0:
+        return None, not cut
+    end = env.find(b"\0", at)
+    if end < 0 and cut:
+        return None, False
+    return env[at + len(needle) : end if end >= 0 else None].decode("utf-8", "replace"), True
+
+
+def _process(
+    pid: int, base: int, needle: bytes, ticks: int, boot: float,
+    environ_limit: int = ENVIRON_LIMIT,
+) -> dict[str, Any]:
     """One process, from its /proc/PID (the descriptor ``base``). Raises OSError when its
     stat or owner cannot be read."""
     stat = _read("stat", dir_fd=base).decode("utf-8", "replace")
@@ -115,21 +155,10 @@ def _process(pid: int, base: int, needle: bytes, ticks: int, boot: float) -> dic
     cmdline = [a.decode("utf-8", "replace") for a in cmdline_raw.split(b"\0")]
     while cmdline and cmdline[-1] == "":
         cmdline.pop()
-    run_marker: str | None = None
-    environ_readable = False
     try:
-        env = _read("environ", 1 << 22, dir_fd=base)
-        environ_readable = True
-        at = env.find(needle)
-        while at > 0 and env[at - 1] != 0:
-            at = env.find(needle, at + 1)
-        if at >= 0:
-            end = env.find(b"\0", at)
-            run_marker = env[at + len(needle) : end if end >= 0 else None].decode(
-                "utf-8", "replace"
-            )
+        run_marker, environ_readable = _marker(base, needle, environ_limit)
     except OSError:
-        pass
+        run_marker, environ_readable = None, False
     return {
         "pid": pid,
         "ppid": int(fields[1]),
@@ -328,6 +357,7 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
 
     Options: ``ports`` (listeners on these are reported as ``sockets``), ``listeners`` (also
     report every listening socket, any port, as ``listeners``), ``marker``, ``budget_s``,
+    ``environ_limit`` (bytes of each environment read at most: :data:`ENVIRON_LIMIT`),
     ``shm_dir``, ``shm_patterns`` (the ``fnmatch`` patterns of the ``/dev/shm`` names to
     report: the engines' leftovers, which the caller takes from the engine registry; none
     reported without them), ``kmsg`` (read the kernel log), ``kmsg_since_us`` with
@@ -352,7 +382,8 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
         result["proc_hidepid"] = _hidepid()
         result["gpu_devices"] = _gpu_devices()
         errors: list[int] = []
-        procs = _processes(marker, errors)
+        procs = _processes(marker, errors,
+                           int(options.get("environ_limit") or ENVIRON_LIMIT))
         result["processes"] = procs
         # Unreadable single processes are reported by PID (the verdict says how many); a
         # failed listing fails the source.
