@@ -65,6 +65,38 @@ def test_bad_options_are_refused(options: dict[str, object], needle: str) -> Non
         SlurmOptions(**options)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", [
+    "x\necho injected", "x\r#SBATCH --gres=gpu:8", "../../outside", "a b", "a'b", "-x", "",
+    "n" * 101])
+def test_a_name_that_is_not_a_study_name_makes_no_script(tmp_path: Path, name: str) -> None:
+    # A newline in --job-name ended the directive: the next line was a command of every task.
+    with pytest.raises(InputError, match="study's name"):
+        render_script(name, SlurmOptions(workers=1), log_dir=tmp_path, port=30000)
+
+
+@pytest.mark.parametrize("folder", ["logs\necho injected", "my logs", 'a"b', "a\\b"])
+def test_an_output_folder_sbatch_would_misread_is_refused(tmp_path: Path, folder: str) -> None:
+    with pytest.raises(InputError, match="cannot be written as an #SBATCH line") as info:
+        render_script("s", SlurmOptions(workers=1), log_dir=tmp_path / folder, port=30000)
+    assert info.value.where == "the artifacts folder"
+
+
+def test_every_line_of_the_script_is_one_we_wrote(tmp_path: Path) -> None:
+    text = render_script("glm5-nvfp4_v1.2", SlurmOptions(workers=2, gpus_per_worker=1),
+                         log_dir=tmp_path / "100%", port=30000,
+                         command=["/opt/my py/bin/python", "-m", "cleanslate"])
+    assert f"#SBATCH --output={tmp_path}/100%%/worker-%A_%a.log" in text.splitlines()
+    assert "#SBATCH --job-name=cleanslate-glm5-nvfp4_v1.2" in text.splitlines()
+    assert ("exec '/opt/my py/bin/python' -m cleanslate worker --study glm5-nvfp4_v1.2 "
+            "--gpu-backend auto") in text
+    assert text.count("\n") == len(script(tmp_path, workers=2, gpus_per_worker=1).splitlines())
+
+
+def test_an_sbatch_argument_with_a_blank_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="#SBATCH line"):
+        script(tmp_path, workers=1, extra=("--comment=a b",))
+
+
 def test_ports_past_65535_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="go past 65535"):
         render_script("s", SlurmOptions(workers=10), log_dir=tmp_path, port=65530)

@@ -92,6 +92,30 @@ class SlurmOptions(BaseModel):
         return value
 
 
+#: What may not appear in an ``#SBATCH`` line's value: a line break would end the directive and
+#: start a line of the script; a blank, a quote or a backslash would be read by sbatch's own
+#: word splitting; any other control character is refused with them.
+_DIRECTIVE_BAD = re.compile(r"[\x00-\x20\x7f\"'\\]")
+
+
+def _directive(value: str, *, where: str) -> str:
+    """``value`` as the text after ``#SBATCH ``, or an :class:`InputError` naming ``where``
+    when a character of it would be read as something else (:data:`_DIRECTIVE_BAD`)."""
+    bad = _DIRECTIVE_BAD.search(value)
+    if bad is not None:
+        raise InputError(f"{value!r} cannot be written as an #SBATCH line: it holds "
+                         f"{bad.group()!r}", where=where,
+                         hint="Slurm reads #SBATCH lines word by word; use a value (a path) "
+                         "without blanks, quotes or line breaks")
+    return value
+
+
+def _slurm_path(path: Path) -> str:
+    """A path as a Slurm file name pattern: ``%`` doubled, so that only our ``%A``/``%a`` are
+    replaced."""
+    return str(path).replace("%", "%%")
+
+
 def worker_command(python: str = sys.executable) -> list[str]:
     """How a task starts cleanslate: the interpreter running this command, as ``-m
     cleanslate`` (a cluster's nodes share the submitter's environment, or the script is edited
@@ -107,12 +131,17 @@ def render_script(study: str, options: SlurmOptions, *, log_dir: Path, port: int
         raise InputError(f"ports {port}-{port + options.workers - 1} of {options.workers} "
                          "workers go past 65535", where="--workers",
                          hint="give the study a lower port:, or fewer workers")
+    from cleanslate.tune.study import study_name_problem
+
+    problem = study_name_problem(study)
+    if problem is not None:  # the file's loader refuses it first; a caller of this function too
+        raise InputError(problem, where="name")
     last = options.workers - 1
     array = f"0-{last}" + (f"%{options.max_parallel}" if options.max_parallel else "")
     directives = [
         f"--job-name=cleanslate-{study}",
         f"--array={array}",
-        f"--output={log_dir}/worker-%A_%a.log",
+        f"--output={_slurm_path(log_dir)}/worker-%A_%a.log",
         "--export=ALL",
     ]
     if options.gpus_per_worker:
@@ -121,7 +150,9 @@ def render_script(study: str, options: SlurmOptions, *, log_dir: Path, port: int
         directives.append(f"--partition={options.partition}")
     if options.time:
         directives.append(f"--time={options.time}")
-    directives += list(options.extra)
+    directives = [_directive(d, where="the artifacts folder" if d.startswith("--output=")
+                             else "the script") for d in directives]
+    directives += [_directive(arg, where="sbatch arguments after --") for arg in options.extra]
     argv = [*(command or worker_command()), "worker", "--study", study,
             "--gpu-backend", options.gpu_backend]
     lines = [

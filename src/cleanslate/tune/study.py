@@ -84,6 +84,13 @@ from cleanslate.tune.factors import (
 #: SLO keys: ``<metric>_<stat>_ms`` with metric ttft/tpot/itl/e2e and a vLLM statistic.
 _SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el?)_(mean|median|p50|p90|p95|p99|p99\.9|max)_ms$")
 
+#: A study's name: its identity in the store, a folder under the artifacts
+#: (``studies/<name>/``), the Slurm job's name and the ``--study`` of every worker. Letters,
+#: digits, ``.``, ``_`` and ``-``, starting with a letter or digit (never ``..``, never an
+#: option), at most 100 characters: nothing in it can end a line, leave a folder or need quoting.
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+MAX_STUDY_NAME = 100
+
 #: Factors (flags) in the search space.
 MAX_FACTORS = 100
 #: Configurations a grid or ablation study plans (each one is a whole verified cycle, minutes
@@ -94,6 +101,21 @@ MAX_VERIFY_DEADLINE_S = 86_400.0
 #: Hosts of a study, and slots per host (a slot runs one trial at a time).
 MAX_HOSTS = 1_000
 MAX_SLOTS = 64
+
+
+def study_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a study (see :data:`STUDY_NAME`); ``None`` when it can."""
+    if STUDY_NAME.fullmatch(name) is not None:
+        return None
+    if not name:
+        return "the study's name is empty"
+    if len(name) > MAX_STUDY_NAME:
+        return f"the study's name has {len(name):,} characters: at most {MAX_STUDY_NAME}"
+    bad = next((c for c in name if not (c.isascii() and (c.isalnum() or c in "._-"))), None)
+    if bad is not None:
+        return (f"the study's name holds {bad!r}: a name is letters, digits, '.', '_' and '-' "
+                "(it names a folder, a Slurm job and a command-line argument)")
+    return f"the study's name starts with {name[0]!r}: it starts with a letter or a digit"
 
 
 class SlotSpec(BaseModel):
@@ -222,7 +244,7 @@ class StudySpec(ServerFields):
     env, launch, python, readiness_path, ready_timeout_s, smoke, smoke_timeout_s, grace_s) are
     those of a server file (:class:`~cleanslate.launch.config.ServerFields`)."""
 
-    name: str = Field(min_length=1, max_length=200)
+    name: str
     fixed: dict[str, Any] = Field(default_factory=dict)
     baseline: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Factor]
@@ -245,6 +267,14 @@ class StudySpec(ServerFields):
     slots: list[SlotSpec] | None = Field(default=None, min_length=1, max_length=MAX_SLOTS)
     lease_timeout_s: float = Field(default=60.0, ge=1, le=86_400,
                                    description="a lease without a heartbeat this long expires")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        problem = study_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("hosts")
     @classmethod
