@@ -81,7 +81,7 @@ def test_replayed_busy_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert sorted(calls) == sorted(
         [
             f"--query-gpu={','.join(GPU_QUERY_FIELDS)} --format=csv",
-            "--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv",
+            "--query-compute-apps=gpu_uuid,pid,used_memory --format=csv",
         ]
     )
 

@@ -15,11 +15,23 @@ from cleanslate.probe.snapshot import GpuReading
 
 from ._data import QUERY_22_FIELDS, UUID0, UUID1, output
 
+#: What the ``*_apps*`` fixtures were asked for (the backend asked for a name column then;
+#: it asks for :data:`APPS_QUERY_FIELDS` now).
+NAMED_APPS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
+
 
 def reading(query: str, apps: str, nounits: bool = False) -> GpuReading:
     return reading_from_outputs(
-        output(query), output(apps), query_fields=QUERY_22_FIELDS if nounits else GPU_QUERY_FIELDS
+        output(query), output(apps), query_fields=QUERY_22_FIELDS if nounits else GPU_QUERY_FIELDS,
+        apps_fields=NAMED_APPS_FIELDS,
     )
+
+
+def test_the_backend_asks_for_no_process_name() -> None:
+    """A name is text the process chose, printed raw (a newline in it splits the row):
+    ``tests/probe/gpu/test_nvidia_smi_names.py``."""
+    assert "process_name" not in APPS_QUERY_FIELDS
+    assert APPS_QUERY_FIELDS == ("gpu_uuid", "pid", "used_memory")
 
 
 def test_the_22_field_list_is_the_header_of_the_fixtures() -> None:
@@ -197,5 +209,5 @@ def test_na_process_memory_is_unknown() -> None:
 
 
 def test_apps_noheader_needs_the_field_list() -> None:
-    procs = parse_apps_query(*output("busy_apps_nounits"), fields=APPS_QUERY_FIELDS).processes
+    procs = parse_apps_query(*output("busy_apps_nounits"), fields=NAMED_APPS_FIELDS).processes
     assert [(uuid, p.pid) for uuid, p in procs] == [(UUID0, 584), (UUID1, 627), (UUID1, 665)]

@@ -1,5 +1,11 @@
 """The ``nvidia-smi`` backend: parse ``--query-gpu`` and ``--query-compute-apps`` CSV.
 
+The process query asks for no name: ``nvidia-smi`` prints a process's name (its ``argv[0]``)
+raw, so a local user's CUDA process whose ``argv[0]`` holds a newline split its row, and the
+reading was UNKNOWN for as long as that process ran (a real capture:
+``tests/fixtures/forged-process-name-h200x1/``). A GPU process is named from ``/proc`` by the
+process table of the same snapshot (its ``comm`` and command line), never by this backend.
+
 It runs through an :class:`~cleanslate.hosts.base.Executor`, so it serves local and remote hosts
 alike. The parsers are pure functions of a command's ``(stdout, stderr, exit code)`` and are
 tested on real outputs (``tests/fixtures/nvidia-h200x2/``).
@@ -47,8 +53,9 @@ GPU_QUERY_FIELDS: tuple[str, ...] = (
     "remapped_rows.failure",
 )
 
-#: The ``--query-compute-apps`` fields this backend asks for, in order.
-APPS_QUERY_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "process_name", "used_memory")
+#: The ``--query-compute-apps`` fields this backend asks for, in order: no ``process_name``
+#: (text a process chooses, printed raw: a newline in it breaks the CSV).
+APPS_QUERY_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "used_memory")
 
 #: Fields that older drivers (or older GPUs) do not know. When ``nvidia-smi`` rejects one of
 #: these with ``Field "X" is not a valid field to query.``, the query is repeated without it.
@@ -132,7 +139,7 @@ def gpu_query_argv(fields: Sequence[str] = GPU_QUERY_FIELDS) -> list[str]:
 
 
 def apps_query_argv(fields: Sequence[str] = APPS_QUERY_FIELDS) -> list[str]:
-    """``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv``."""
+    """``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv``."""
     return [NVIDIA_SMI, f"--query-compute-apps={','.join(fields)}", "--format=csv"]
 
 
@@ -278,12 +285,13 @@ def parse_gpu_query(
 def parse_apps_query(
     stdout: str, stderr: str, exit_code: int, fields: Sequence[str] = APPS_QUERY_FIELDS
 ) -> AppsQueryResult:
-    """Read ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
+    """Read ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory
     --format=csv[,noheader][,nounits]``.
 
-    ``process_name`` is what ``nvidia-smi`` prints: the executable path, not the ``comm`` a
-    process may have renamed itself to. ``used_memory`` of ``[N/A]`` (no permission, some
-    container setups) is ``used_mib=None``.
+    A ``process_name`` column, where a saved output has one (the backend no longer asks for
+    it), is read into ``name``: what ``nvidia-smi`` prints, the process's ``argv[0]``, not the
+    ``comm`` a process may have renamed itself to. ``used_memory`` of ``[N/A]`` (no
+    permission, some container setups) is ``used_mib=None``.
     """
     what = "nvidia-smi --query-compute-apps"
     if exit_code != 0:
@@ -398,7 +406,7 @@ class NvidiaSmiBackend(GpuBackend):
             nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,driver_version,memory.used,\\
                 memory.total,memory.reserved,ecc.errors.uncorrected.volatile.total,\\
                 retired_pages.pending,remapped_rows.pending,remapped_rows.failure --format=csv
-            nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv
+            nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv
 
         Both commands share the whole ``timeout`` (they run concurrently); when the driver
         rejects an optional field (``memory.reserved`` on old drivers), the GPU query is run
