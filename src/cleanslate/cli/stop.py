@@ -31,7 +31,8 @@ def stop(
     gpu_backend: Annotated[str, typer.Option(help="GPU backend for verification.")] = "auto",
     settle: Annotated[float, typer.Option(
         help="Seconds the verification's settle window lasts (no process may appear in it; "
-        "GPU memory still being released keeps it open).")] = DEFAULT_SETTLE_S,
+        "it opens on the first clean reading, after any GPU memory release).")
+    ] = DEFAULT_SETTLE_S,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
 ) -> None:

@@ -44,7 +44,9 @@ FAST_RELEASE_S = 10.0
 
 #: Findings that a host's own release clears without anyone acting: after the last process of
 #: a run is gone, the driver returns its memory and its parent reaps its zombies. GPU memory
-#: that a visible process holds is not a release (``evidence["pids"]``).
+#: that a visible process holds is not a release (``evidence["pids"]``). Readings with only
+#: these are taken back to back but never count toward the settle window (issue 23: a window
+#: opened on a release let a stray restarted just after it read CLEAN).
 RELEASING = frozenset({FindingKind.GPU_MEMORY_HELD, FindingKind.ZOMBIE})
 
 
@@ -72,12 +74,13 @@ class UntilClean(BaseModel):
 
     ``attempts``: readings taken. ``clean_after_s``: seconds from the start to the first clean
     reading of the window that held (``None``: it never held). ``settle_s``: how long the window
-    had to hold; ``window_after_s``: when its first reading ended (earlier than
-    ``clean_after_s`` when it opened on a release still under way); ``clean_for_s`` and
-    ``clean_readings``: how long (from the window's first reading to its last) and over how
-    many readings it held at the end (0 when the last reading was not clean). ``respawned``: an
-    engine process appeared after the window had opened (the verdict is then DIRTY, with a
-    ``respawned`` finding).
+    had to hold; ``window_after_s``: when its first reading ended (the window opens only on a
+    clean reading, so it equals ``clean_after_s``; kept for the document's readers);
+    ``clean_for_s`` and ``clean_readings``: how long (from the window's first reading to its
+    last) and over how many readings it held at the end (0 when the last reading was not
+    clean). ``respawned``: an engine process appeared after the window had opened, or after
+    readings that showed only a release (the verdict is then DIRTY, with a ``respawned``
+    finding).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -226,19 +229,21 @@ async def check_until_clean(
 
     Memory is released asynchronously after a kill (milliseconds to minutes), so one reading
     proves nothing, and one clean reading proves little: a parent that keeps restarting a stray
-    leaves gaps in which the host reads clean. So a *settle window* must hold before CLEAN:
-    readings follow back to back, none may show a process or anything else wrong, and the
-    window must last ``settle_s`` seconds (from the end of its first reading to the end of its
-    last) over at least :data:`MIN_SETTLE_READINGS` readings, the last one CLEAN.
+    leaves gaps in which the host reads clean. So a *settle window* must hold before CLEAN: it
+    opens on a CLEAN reading, readings follow back to back, none may show a process or anything
+    else wrong, and the window must last ``settle_s`` seconds (from the end of its first reading
+    to the end of its last) over at least :data:`MIN_SETTLE_READINGS` readings.
 
-    The window watches for processes, so a reading whose only errors are a release still
-    under way (:data:`RELEASING`: GPU memory held by no process, a zombie) opens it or keeps it
-    open, as long as no CLEAN reading came before it: memory that is given back while the
-    window runs costs no extra time, while memory that comes back after a clean reading closes
-    the window (the next clean reading opens a new one). Any other error closes it too; an
-    engine process (a ``stray_process`` error) seen while a window is open ends the wait at
-    once as DIRTY, with a ``respawned`` finding. While only a release is awaited, readings stay
-    back to back for :data:`FAST_RELEASE_S` seconds, then come every ``interval_s``.
+    A reading whose only errors are a release still under way (:data:`RELEASING`: GPU memory
+    held by no process, a zombie) does not open the window: a release shortens nothing but
+    itself. While only a release is awaited, readings stay back to back for
+    :data:`FAST_RELEASE_S` seconds (then come every ``interval_s``), so the window opens with
+    the first reading after the memory is back. An engine process (a ``stray_process`` error)
+    seen while the window is open, or after release readings, ends the wait at once as DIRTY,
+    with a ``respawned`` finding: a parent that restarts a stray just after its memory is freed
+    is caught inside the window that the first clean reading opens. Any other error closes the
+    window (memory that comes back after a clean reading too); the next clean reading opens a
+    new one.
 
     Readings start only before the deadline; a window they open may finish after it, by at
     most ``settle_s`` plus one reading. ``settle_s=0`` accepts the first clean reading (not
@@ -247,8 +252,8 @@ async def check_until_clean(
     """
     started = time.monotonic()
     attempts = 0
-    window_start: float | None = None  # when the window's first reading ended
-    first_clean: float | None = None  # when the window's first CLEAN reading ended
+    window_start: float | None = None  # when the window's first (clean) reading ended
+    releasing_since: float | None = None  # when the release readings before it began
     readings = 0
 
     def done(report: CheckReport, elapsed: float, *, respawned: bool = False) -> CheckReport:
@@ -257,7 +262,7 @@ async def check_until_clean(
             "elapsed_s": round(elapsed, 3),
             "until_clean": UntilClean(
                 deadline_s=deadline_s, interval_s=interval_s, attempts=attempts,
-                clean_after_s=round(first_clean, 3) if clean and first_clean is not None
+                clean_after_s=round(window_start, 3) if clean and window_start is not None
                 else None,
                 settle_s=settle_s,
                 clean_for_s=round(elapsed - window_start, 3) if clean and window_start
@@ -276,28 +281,28 @@ async def check_until_clean(
         elapsed = time.monotonic() - started
         if report.verdict == Verdict.CLEAN:
             if window_start is None:
-                window_start, readings = elapsed, 0
-            if first_clean is None:
-                first_clean = elapsed
+                window_start, readings, releasing_since = elapsed, 0, None
             readings += 1
             if elapsed - window_start >= settle_s and (
                     settle_s <= 0 or readings >= MIN_SETTLE_READINGS):
                 return done(report, elapsed)
             await asyncio.sleep(min(interval_s, SETTLE_PAUSE_S))
             continue
-        if window_start is not None and _strays(report):
-            return done(_mark_respawned(report, elapsed - window_start,
-                                        clean=first_clean is not None), elapsed, respawned=True)
-        if first_clean is None and _releasing(report):
-            if window_start is None:
-                window_start, readings = elapsed, 0
-            readings += 1
+        if (window_start is not None or releasing_since is not None) and _strays(report):
+            since = window_start if window_start is not None else releasing_since
+            assert since is not None
+            return done(_mark_respawned(report, elapsed - since, clean=window_start is not None),
+                        elapsed, respawned=True)
+        if window_start is None and _releasing(report):
+            # Only the release itself is waited for, back to back; the window has not opened.
+            if releasing_since is None:
+                releasing_since = elapsed
             if elapsed + SETTLE_PAUSE_S > deadline_s:
                 return done(report, elapsed)
-            fast = elapsed - window_start < FAST_RELEASE_S
+            fast = elapsed - releasing_since < FAST_RELEASE_S
             await asyncio.sleep(min(interval_s, SETTLE_PAUSE_S) if fast else interval_s)
             continue
-        window_start, first_clean, readings = None, None, 0
+        window_start, releasing_since, readings = None, None, 0
         if elapsed + interval_s > deadline_s:
             return done(report, elapsed)
         await asyncio.sleep(interval_s)
