@@ -38,14 +38,18 @@ SMI_COMMANDS = {
     "p2p_a": ["topo", "-p2p", "a"],
 }
 _LIMIT = 1 << 20
+#: Bytes of ``nvidia-smi -q`` kept: 8 MiB (an 8-GPU host prints about 120 KiB; process names,
+#: up to 128 KiB each, can make it longer, and a cut log cannot be checked whole).
+SMI_Q_LIMIT = 1 << 23
 
 
-def _text(data: bytes) -> str:
-    return data[:_LIMIT].decode("utf-8", "replace")
+def _text(data: bytes, limit: int = _LIMIT) -> str:
+    return data[:limit].decode("utf-8", "replace")
 
 
-def run_command(argv: list[str], timeout: float) -> dict[str, Any]:
-    """Run ``argv`` with ``timeout`` seconds: its exit status and output, or why it did not run."""
+def run_command(argv: list[str], timeout: float, limit: int = _LIMIT) -> dict[str, Any]:
+    """Run ``argv`` with ``timeout`` seconds: its exit status and output (``limit`` bytes of
+    each; ``stdout_truncated`` when stdout was longer), or why it did not run."""
     path = shutil.which(argv[0])
     if path is None:
         return {"argv": argv, "missing": True}
@@ -57,8 +61,12 @@ def run_command(argv: list[str], timeout: float) -> dict[str, Any]:
         return {"argv": argv, "timed_out": True, "timeout_s": timeout}
     except OSError as exc:
         return {"argv": argv, "error": f"{type(exc).__name__}: {exc}"}
-    return {"argv": argv, "rc": done.returncode, "stdout": _text(done.stdout),
-            "stderr": _text(done.stderr), "elapsed_s": round(time.monotonic() - started, 4)}
+    out = {"argv": argv, "rc": done.returncode, "stdout": _text(done.stdout, limit),
+           "stderr": _text(done.stderr, limit),
+           "elapsed_s": round(time.monotonic() - started, 4)}
+    if len(done.stdout) > limit:
+        out["stdout_truncated"] = True
+    return out
 
 
 def read_text(path: str, limit: int = _LIMIT) -> dict[str, Any]:
@@ -239,7 +247,8 @@ def main() -> None:
         smi = shutil.which("nvidia-smi")
         futures = {}
         if smi is not None:
-            futures = {name: pool.submit(run_command, ["nvidia-smi", *args], timeout)
+            futures = {name: pool.submit(run_command, ["nvidia-smi", *args], timeout,
+                                         SMI_Q_LIMIT if name == "smi_q" else _LIMIT)
                        for name, args in SMI_COMMANDS.items()}
         nvml = pool.submit(read_nvml) if options.get("nvml", True) else None
         env = pool.submit(read_env, timeout)

@@ -15,6 +15,7 @@ from typing import Any
 from cleanslate.doctor.findings import CONTAINER_WORDS, judge
 from cleanslate.doctor.parse import (
     SmiGpu,
+    SmiParseError,
     SmiValue,
     TopoMatrix,
     parse_p2p_matrix,
@@ -430,7 +431,11 @@ def environment(env: Mapping[str, Any]) -> Environment:
 def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,
             gpus: list[int] | None = None) -> HostDoctor:
     """The report of one host from the host script's output ``raw``; ``gpus``: the indices in
-    scope (``None``: all). Never raises on a malformed ``raw``: what is missing is unknown."""
+    scope (``None``: all). Never raises on a malformed ``raw``: what is missing is unknown, and
+    an ``nvidia-smi -q`` that exited 0 with text that does not parse as its log
+    (:class:`~cleanslate.doctor.parse.SmiParseError`: nothing, garbage, a field twice, a GPU
+    more than it says) is a report with ``error`` (exit 3), since a field read from it may be
+    a line that a process name printed."""
     commands = raw.get("commands") if isinstance(raw.get("commands"), Mapping) else {}
     assert isinstance(commands, Mapping)
     nvml = raw.get("nvml") if isinstance(raw.get("nvml"), Mapping) else {"missing": "not read"}
@@ -438,7 +443,17 @@ def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,
     env_raw = raw.get("env") if isinstance(raw.get("env"), Mapping) else {}
     assert isinstance(env_raw, Mapping)
     smi_text = _command_text(commands, "smi_q")
-    smi = parse_smi_q(smi_text) if smi_text else None
+    smi = None
+    if smi_text is not None:
+        try:
+            if commands["smi_q"].get("stdout_truncated"):
+                raise SmiParseError(f"its output was cut at {len(smi_text)} characters")
+            smi = parse_smi_q(smi_text)
+        except SmiParseError as exc:
+            return HostDoctor(host=host, elapsed_s=elapsed_s,
+                              gpus_in_scope=tuple(gpus) if gpus is not None else None,
+                              error=f"`nvidia-smi -q` exited 0 but printed what cleanslate "
+                              f"cannot read as its log ({exc}): the GPUs cannot be told")
     nvml_gpus = [g for g in nvml.get("gpus") or [] if isinstance(g, Mapping)]
     count = max(len(nvml_gpus), len(smi.gpus) if smi else 0)
     builders = [_DeviceBuilder(i) for i in range(count)]

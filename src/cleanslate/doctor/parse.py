@@ -121,20 +121,53 @@ class SmiLog:
     gpus: tuple[SmiGpu, ...]
 
 
+class SmiParseError(ValueError):
+    """``nvidia-smi -q`` printed text that does not read as its log: the host's GPUs cannot be
+    told. The message names the line."""
+
+
+#: A GPU section's first line: ``GPU 00000000:00:06.0`` (older drivers: ``GPU 0000:01:00.0``).
+_GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+#: The section of a GPU that lists its processes by name.
+_PROCESSES = "Processes"
+
+
 def parse_smi_q(text: str) -> SmiLog:
-    """Parse ``nvidia-smi -q`` into nested paths by indentation (4 spaces a level)."""
+    """Parse ``nvidia-smi -q`` into nested paths by indentation (4 spaces a level).
+
+    Each GPU's ``Processes`` section is skipped, up to the next GPU's first line:
+    ``nvidia-smi`` prints each process's name (its ``argv[0]``) raw there, so a local user's
+    CUDA process named with newlines can print any line, a field of the GPU included. What such
+    a name could still do is refused, never read: raises :class:`SmiParseError` when the text
+    has no ``Attached GPUs : N`` before the GPUs, when the GPU sections are not N, when a GPU is
+    listed twice, when a field comes twice in one GPU's section, or when a line at the left
+    margin among the GPUs is not a GPU's first line.
+    """
     driver = cuda = None
+    attached: int | None = None
     gpus: list[SmiGpu] = []
+    buses: set[str] = set()
     current: dict[str, SmiValue] | None = None
+    seen: set[str] = set()
     bus = ""
+    skipping = False
     stack: list[tuple[int, str]] = []
-    for raw in text.splitlines():
+    for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        if raw.startswith("GPU ") and ":" in raw and "  :" not in raw:
+        header = _GPU_HEADER.match(raw)
+        if header is not None:
             if current is not None:
                 gpus.append(SmiGpu(bus, current))
-            bus, current, stack = raw[4:].strip(), {}, []
+            bus = header.group(1)
+            if bus in buses:
+                raise SmiParseError(f"line {number}: GPU {bus} is listed twice")
+            if attached is None:
+                raise SmiParseError(f"line {number}: a GPU before `Attached GPUs : N`")
+            buses.add(bus)
+            current, seen, stack, skipping = {}, set(), [], False
+            continue
+        if skipping:
             continue
         indent = len(raw) - len(raw.lstrip(" "))
         key, sep, value = raw.strip().partition(":")
@@ -144,16 +177,33 @@ def parse_smi_q(text: str) -> SmiLog:
                 driver = SmiValue(value.strip(), raw.strip())
             elif sep and key == "CUDA Version":
                 cuda = SmiValue(value.strip(), raw.strip())
+            elif sep and key == "Attached GPUs":
+                if attached is not None or not value.strip().isdigit():
+                    raise SmiParseError(f"line {number}: {raw.strip()!r}")
+                attached = int(value.strip())
             continue
+        if indent == 0:
+            raise SmiParseError(f"line {number}: {raw.strip()[:80]!r} in GPU {bus}'s section "
+                                "is not a GPU's first line")
         while stack and stack[-1][0] >= indent:
             stack.pop()
         path = "/".join([*(k for _, k in stack), key])
+        if path == _PROCESSES:
+            skipping = True
+            continue
+        if path in seen:
+            raise SmiParseError(f"line {number}: {path} comes twice in GPU {bus}'s section")
+        seen.add(path)
         if sep and value.strip() != "":
             current[path] = SmiValue(value.strip(), re.sub(r"\s+:", " :", raw.strip()))
         else:
             stack.append((indent, key))
     if current is not None:
         gpus.append(SmiGpu(bus, current))
+    if attached is None:
+        raise SmiParseError("no `Attached GPUs : N` line: not the output of `nvidia-smi -q`")
+    if len(gpus) != attached:
+        raise SmiParseError(f"{len(gpus)} GPU sections for `Attached GPUs : {attached}`")
     return SmiLog(driver, cuda, tuple(gpus))
 
 
@@ -190,6 +240,7 @@ __all__ = [
     "P2P_CODES",
     "SmiGpu",
     "SmiLog",
+    "SmiParseError",
     "SmiValue",
     "TopoMatrix",
     "parse_p2p_matrix",
