@@ -257,7 +257,7 @@ def _fd_scan(
 
 def _shm(directory: str, patterns: list[str]) -> list[dict[str, Any]]:
     """The files of ``directory`` whose name matches one of ``patterns`` (``fnmatch``), each
-    with the first pattern it matches."""
+    with the first pattern it matches, its owner and the memory it holds (its blocks)."""
     out: list[dict[str, Any]] = []
     if not patterns:
         return out
@@ -270,10 +270,17 @@ def _shm(directory: str, patterns: list[str]) -> list[dict[str, Any]]:
                     break
                 out.append(
                     {"name": name, "size_bytes": st.st_size, "mtime": st.st_mtime,
-                     "pattern": pattern}
+                     "pattern": pattern, "uid": st.st_uid,
+                     "allocated_bytes": st.st_blocks * 512}
                 )
                 break
     return out
+
+
+def _shm_space(directory: str) -> dict[str, int]:
+    """The size of ``directory``'s file system and its space left for unprivileged writers."""
+    st = os.statvfs(directory)
+    return {"total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
 
 
 def _boot_id() -> str | None:
@@ -427,8 +434,9 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        result["shm"] = _shm(options.get("shm_dir") or "/dev/shm",
-                             [str(p) for p in options.get("shm_patterns") or ()])
+        shm_dir = options.get("shm_dir") or "/dev/shm"
+        result["shm"] = _shm(shm_dir, [str(p) for p in options.get("shm_patterns") or ()])
+        result["shm_space"] = _shm_space(shm_dir)
         sources.append(_source("shm", False, started))
     except Exception as exc:
         sources.append(_source("shm", False, started, f"{type(exc).__name__}: {exc}"))

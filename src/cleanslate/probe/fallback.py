@@ -14,7 +14,8 @@ device_files     ``ls -ln -b /proc/[0-9]*/fd`` (``/dev/nvidia*`` and         cri
                  targets, socket owners)
 ports            ``cat /proc/net/tcp /proc/net/tcp6``                        critical
 run_markers      ``grep -a -z -H '^CLEANSLATE_RUN=' /proc/[0-9]*/environ``   critical
-shm              ``ls -ln -b --time-style=+%s /dev/shm`` (GNU ls)            warning
+shm              ``ls -lns -b --block-size=1 --time-style=+%s /dev/shm``       warning
+                 (GNU ls) and ``stat -f -c '%S %b %a' /dev/shm``
 kmsg             not read by the fallback                                    warning
 ===============  ==========================================================  ===============
 
@@ -57,7 +58,7 @@ from cleanslate.hosts.base import CommandResult, Executor
 
 #: The sections of the script's output, in order.
 SECTIONS = ("self", "now", "uid", "btime", "comm", "ps", "tcp", "fd", "fderr", "marker", "shm",
-            "gpudev")
+            "shmfs", "gpudev")
 
 #: The script run on the host (``sh -s``, this text on stdin), with ``{token}`` and ``{shm_dir}``
 #: to fill. Its body is one function, so the shell has read all of it before any command runs
@@ -77,7 +78,8 @@ b tcp; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; e tcp $?
 b fd; err=$(LC_ALL=C ls -ln -b /proc/[0-9]*/fd 2>&1 >&3); rc=$?; e fd $rc
 b fderr; printf '%s' "$err"; e fderr 0
 b marker; grep -a -z -H --line-buffered '^CLEANSLATE_RUN=' /proc/[0-9]*/environ 2>&1; e marker $?
-b shm; LC_ALL=C ls -ln -b --time-style=+%s {shm_dir} 2>&1; e shm $?
+b shm; LC_ALL=C ls -lns -b --block-size=1 --time-style=+%s {shm_dir} 2>&1; e shm $?
+b shmfs; LC_ALL=C stat -f -c '%S %b %a' {shm_dir} 2>&1; e shmfs $?
 b gpudev; ls -d /dev/nvidia[0-9]* 2>/dev/null; e gpudev $?
 printf '@@%s done\n' "$T"
 }}
@@ -335,6 +337,10 @@ def parse_fallback(
     if shm_section is not None:
         patterns = registered_shm_patterns() if shm_patterns is None else tuple(shm_patterns)
         shm, shm_error = _shm(shm_section, patterns)
+    shmfs_section, shmfs_problem = usable("shmfs")
+    if shmfs_section is not None:
+        out["shm_space"], shmfs_problem = _shm_space(shmfs_section)
+    shm_error = shm_error or shmfs_problem
     out["shm"] = shm
     sources.append(_source("shm", False, shm_error))
     sources.append(_source("kmsg", False, _NOT_READ + "does not read the kernel log"))
@@ -575,24 +581,40 @@ def unescape_ls(text: str) -> str:
 
 
 def _shm(section: _Section, patterns: Sequence[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """``ls -lns --block-size=1``: blocks (bytes held), mode, links, uid, gid, size, mtime,
+    name."""
     lines = section.lines()
     if section.rc != 0:
         detail = " ".join(lines[-1:]) or "no output"
-        return [], f"`ls -ln --time-style=+%s /dev/shm` failed (exit {section.rc}): {detail[:200]}"
+        return [], f"`ls -lns --time-style=+%s /dev/shm` failed (exit {section.rc}): " \
+            f"{detail[:200]}"
     out: list[dict[str, Any]] = []
     for line in lines:
         if not line or line.startswith("total "):
             continue
-        parts = line.split(None, 6)
-        if len(parts) < 7 or not parts[4].isdigit() or not parts[5].lstrip("-").isdigit():
-            return [], f"`ls -ln /dev/shm` printed an unexpected line: {line[:120]!r}"
-        name = parts[6]
-        if parts[0].startswith("l") and " -> " in name:
+        parts = line.split(None, 7)
+        if len(parts) < 8 or not all(parts[i].isdigit() for i in (0, 3, 5)) \
+                or not parts[6].lstrip("-").isdigit():
+            return [], f"`ls -lns /dev/shm` printed an unexpected line: {line[:120]!r}"
+        name = parts[7]
+        if parts[1].startswith("l") and " -> " in name:
             name = name.split(" -> ", 1)[0]
         name = unescape_ls(name)
         for pattern in patterns:
             if fnmatch.fnmatchcase(name, pattern):
-                out.append({"name": name, "size_bytes": int(parts[4]), "mtime": float(parts[5]),
-                            "pattern": pattern})
+                out.append({"name": name, "size_bytes": int(parts[5]), "mtime": float(parts[6]),
+                            "pattern": pattern, "uid": int(parts[3]),
+                            "allocated_bytes": int(parts[0])})
                 break
     return sorted(out, key=lambda e: str(e["name"])), None
+
+
+def _shm_space(section: _Section) -> tuple[dict[str, int] | None, str | None]:
+    """``stat -f -c '%S %b %a'``: block size, blocks, blocks free for unprivileged writers."""
+    lines = [line for line in section.lines() if line]
+    parts = lines[0].split() if len(lines) == 1 else []
+    if section.rc != 0 or len(parts) != 3 or not all(p.isdigit() for p in parts):
+        detail = " ".join(lines[-1:])[:200] or "no output"
+        return None, f"`stat -f /dev/shm` failed (exit {section.rc}): {detail}"
+    size, blocks, free = (int(p) for p in parts)
+    return {"total_bytes": size * blocks, "free_bytes": size * free}, None

@@ -91,12 +91,33 @@ class ListeningSocket(Frozen):
 
 
 class ShmEntry(Frozen):
-    """A file in ``/dev/shm`` whose name matches an engine or NCCL pattern."""
+    """A file in ``/dev/shm`` whose name matches an engine or NCCL pattern.
+
+    ``size_bytes`` is its length (``st_size``); ``allocated_bytes`` the memory it holds
+    (``st_blocks`` x 512: a segment created at its full length and never written holds
+    nothing), ``None`` when not read. ``uid`` is its owner, ``None`` when not read: teardown
+    removes only files of the run's user.
+    """
 
     name: str
     size_bytes: int
     mtime: float
     pattern: str
+    uid: int | None = None
+    allocated_bytes: int | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """The memory it holds, or its length when that was not read."""
+        return self.size_bytes if self.allocated_bytes is None else self.allocated_bytes
+
+
+class ShmSpace(Frozen):
+    """The file system of ``/dev/shm`` (``statvfs``, ``df -P``): its size and what is left
+    for unprivileged writers, in bytes."""
+
+    total_bytes: int
+    free_bytes: int
 
 
 class KernelEvent(Frozen):
@@ -178,6 +199,8 @@ class Snapshot(Frozen):
     hidden). ``boot_id`` is ``/proc/sys/kernel/random/boot_id`` (``None``: not read).
     ``gpu_devices``: the ``/dev/nvidia<N>`` device nodes present (``None``: not read); a host
     with some and no GPU reading is UNKNOWN unless the user chose ``--gpu-backend none``.
+    ``shm``: the ``/dev/shm`` files matching the leftover patterns; ``shm_space``: the size and
+    free space of ``/dev/shm`` (``None``: not read).
     """
 
     host: str
@@ -197,6 +220,7 @@ class Snapshot(Frozen):
     proc_hidepid: str | None = None
     gpu_devices: tuple[str, ...] | None = None
     shm: tuple[ShmEntry, ...] = ()
+    shm_space: ShmSpace | None = None
     kernel_events: tuple[KernelEvent, ...] = ()
     kmsg_last_us: int | None = None
     gpu: GpuReading
