@@ -47,7 +47,10 @@ class SGLangEngine(EngineAdapter):
     allows_abbrev = True
     flag_changes = FLAG_CHANGES
     leftovers = Leftovers(
-        shm_globs=("nccl-*", "torch_*", "psm_*", "sem.mp-*", "sglang*"),
+        # sgl_shm_<kind>_<pid>_<rand>: multimodal (mm), message queues (mq), XPU tensors;
+        # multi_tokenizer_args_<pid>; sglang_loads_*.shm (docs/engines.md cites the source).
+        shm_globs=("nccl-*", "torch_*", "psm_*", "sem.mp-*", "sglang*", "sgl_shm_*",
+                   "multi_tokenizer_args_*"),
         process_names=("sglang::scheduler", "sglang::detokenizer",
                        "sglang::data_parallel_controller", "sglang::detokenizer_router",
                        "sglang::tokenizer_worker", "sgl_diffusion::scheduler"),

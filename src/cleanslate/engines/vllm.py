@@ -30,7 +30,10 @@ class VLLMEngine(EngineAdapter):
     default_port = 8000
     reserved_flags = ("--port", "--host", "--model")
     leftovers = Leftovers(
-        shm_globs=("psm_*", "sem.mp-*", "nccl-*", "torch_*", "vllm*"),
+        # The multimodal processor cache in shm mode (VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME) and
+        # the CPU backend's collectives (<ident>-<group>-[<ranks>]-cpushm_<rank>).
+        shm_globs=("psm_*", "sem.mp-*", "nccl-*", "torch_*", "vllm*",
+                   "VLLM_OBJECT_STORAGE_SHM_BUFFER*", "*-cpushm_*"),
         process_names=("VLLM::EngineCore", "VLLM::Worker", "multiprocessing.resource_tracker"),
         notes="EngineCore and Worker survive a SIGKILL of the API server, re-parented to PID 1",
     )

@@ -16,7 +16,8 @@ The rules, each one a small function below:
   since is a warning;
 - what the probe could not read (environments, open files, processes hidden by ``hidepid``) is
   a warning naming the count, UNKNOWN with ``strict``: missing data is never clean;
-- ``/dev/shm`` leftovers are warnings (errors with ``strict``), Xid lines since the baseline errors.
+- ``/dev/shm`` leftovers are warnings, errors when one holds more than 64 MiB, when
+  ``/dev/shm`` has less than 10 % free, or with ``strict``; Xid lines since the baseline errors.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Sever
 #: MiB above the baseline (or above 0 without one) that an idle GPU may show. An idle H200 reads
 #: 0-4 MiB through NVML v2 / nvidia-smi; the smallest CUDA context is several hundred MiB.
 DEFAULT_IDLE_TOLERANCE_MIB = 64
+
+#: Bytes of shared memory a ``/dev/shm`` leftover may hold and stay a warning. A dead engine's
+#: segments of gigabytes (vllm#54002: 17 GB; sglang#40723: 18 GiB in 852 segments) fill the
+#: tmpfs, and the next start's own segments then fail (``SIGBUS`` at their first write); the
+#: runtime's small files (NCCL's, semaphores) are kilobytes to a few MiB.
+SHM_ERROR_BYTES = 64 << 20
+
+#: A leftover while ``/dev/shm`` has less than this share of its size free is an error,
+#: whatever its size: the next start's segments do not fit.
+SHM_MIN_FREE_FRACTION = 0.10
 
 #: Long-lived daemons that keep ``/dev/nvidia*`` open on healthy hosts.
 GPU_DAEMONS = frozenset({"nvidia-persiste", "nv-hostengine", "nvidia-smi", "dcgm-exporter"})
@@ -595,19 +606,45 @@ def _checker_processes(
     return out
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def _shm_rules(snapshot: Snapshot, scope: Scope, baseline: Baseline | None) -> list[Finding]:
+    """A leftover is a warning, and an error when it holds more than :data:`SHM_ERROR_BYTES`
+    (its blocks; its length where they were not read), when ``/dev/shm`` has less than
+    :data:`SHM_MIN_FREE_FRACTION` free, or with ``strict``."""
     known = set(baseline.shm) if baseline else set()
-    return [
-        Finding(
-            kind=_K.SHM_LEFTOVER, severity=_S.ERROR if scope.strict else _S.WARNING,
-            message=f"/dev/shm/{entry.name} ({entry.size_bytes} bytes) is left over "
-                    f"(matches {entry.pattern})",
-            evidence={"name": entry.name, "size_bytes": entry.size_bytes,
-                      "pattern": entry.pattern},
-        )
-        for entry in snapshot.shm
-        if entry.name not in known
-    ]
+    space = snapshot.shm_space
+    low = space is not None and space.total_bytes > 0 and \
+        space.free_bytes < SHM_MIN_FREE_FRACTION * space.total_bytes
+    out = []
+    for entry in snapshot.shm:
+        if entry.name in known:
+            continue
+        held = entry.held_bytes
+        large = held > SHM_ERROR_BYTES
+        why = []
+        if large:
+            why.append(f"more than {_mib(SHM_ERROR_BYTES)} that the next start cannot use")
+        if low and space is not None:
+            why.append(f"/dev/shm has {_mib(space.free_bytes)} free of "
+                       f"{_mib(space.total_bytes)} (less than "
+                       f"{SHM_MIN_FREE_FRACTION:.0%}): the next start's segments may not fit")
+        evidence: dict[str, object] = {
+            "name": entry.name, "size_bytes": entry.size_bytes,
+            "allocated_bytes": entry.allocated_bytes, "pattern": entry.pattern,
+            "uid": entry.uid}
+        if space is not None:
+            evidence.update(shm_free_bytes=space.free_bytes, shm_total_bytes=space.total_bytes)
+        out.append(Finding(
+            kind=_K.SHM_LEFTOVER, severity=_S.ERROR if scope.strict or why else _S.WARNING,
+            message=f"/dev/shm/{entry.name} ({_mib(held)} held, {entry.size_bytes} bytes long) "
+                    f"is left over (matches {entry.pattern})"
+                    + (f": {'; '.join(why)}" if why else ""),
+            evidence=evidence,
+        ))
+    return out
 
 
 def _kernel_rules(snapshot: Snapshot, baseline: Baseline | None) -> list[Finding]:
