@@ -84,8 +84,9 @@ def test_check_reports_a_toy_stray_and_clean_ends_it_by_signature(procs: Process
     strays = {f["pid"]: f["evidence"]["engine"] for f in findings(dirty.json(), "stray_process")}
     assert strays == {server.pid: "toy", worker: "toy"}
     (shm,) = findings(dirty.json(), "shm_leftover")
-    assert shm["evidence"] == {"name": f"toy-engine-{server.pid}", "size_bytes": 3,
-                               "pattern": "toy-engine-*"}
+    assert {k: shm["evidence"][k] for k in ("name", "size_bytes", "pattern", "uid")} == {
+        "name": f"toy-engine-{server.pid}", "size_bytes": 3, "pattern": "toy-engine-*",
+        "uid": os.geteuid()}
 
     cleaned = toy_cli("clean", "--engine", "toy", "--yes", "--json", "--gpu-backend", "none",
                       "--deadline", "20")
