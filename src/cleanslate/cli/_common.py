@@ -61,16 +61,35 @@ def parse_int_list(value: str | None, *, option: str,
     if value is None or value.strip() == "":
         return None
     out: list[int] = []
-    for part in value.split(","):
+    for index, part in enumerate(value.split(",")):
         part = part.strip()
         if not part:
-            continue
+            raise InputError(f"item {index + 1} of {value.strip()!r} is empty", where=option,
+                             hint=f"write a list like {example}")
         try:
             out.append(int(part))
         except ValueError:
             raise InputError(
                 f"{part!r} is not an integer", where=option, hint=f"write a list like {example}"
             ) from None
+    return out
+
+
+#: The highest GPU index ``--gpus`` takes (far above any host's count).
+MAX_GPU_INDEX = 1023
+
+
+def parse_gpus(value: str | None, *, option: str = "--gpus") -> list[int] | None:
+    """``--gpus 0,1,3`` of every command: indices 0 to :data:`MAX_GPU_INDEX`, each once (an
+    :class:`InputError` naming ``option`` otherwise); ``None`` stays ``None``."""
+    out = parse_int_list(value, option=option, example="0,1")
+    for gpu in out or ():
+        if not 0 <= gpu <= MAX_GPU_INDEX:
+            raise InputError(f"GPU {gpu} is not an index: GPU indices are 0 to {MAX_GPU_INDEX}",
+                             where=option, hint="write a list like 0,1")
+    if out is not None and len(set(out)) < len(out):
+        twice = next(g for g in out if out.count(g) > 1)
+        raise InputError(f"GPU {twice} is named twice", where=option, hint="name each GPU once")
     return out
 
 

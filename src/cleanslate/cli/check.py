@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from cleanslate.cli._common import check_writable, parse_int_list
+from cleanslate.cli._common import check_writable, parse_gpus
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import get_signature
 from cleanslate.errors import InputError
@@ -103,7 +103,7 @@ def check(
         if not 1 <= value <= 65535:
             raise InputError(f"port {value} is out of range", where="--port",
                              hint="a TCP port is 1-65535")
-    gpu_list = parse_int_list(gpus, option="--gpus")
+    gpu_list = parse_gpus(gpus)
     if save_baseline is not None:
         check_writable(save_baseline, option="--save-baseline")
     loaded = Baseline.load(baseline) if baseline else None

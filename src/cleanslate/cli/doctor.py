@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cleanslate.cli._common import console, parse_int_list
+from cleanslate.cli._common import console, parse_gpus
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for, set_accept_new_host_keys
 
@@ -43,9 +43,7 @@ def doctor(
     if not math.isfinite(timeout) or timeout <= 0:
         raise InputError(f"must be a positive number of seconds, got {timeout:g}",
                          where="--timeout")
-    gpu_list = parse_int_list(gpus, option="--gpus")
-    if gpu_list is not None and any(g < 0 for g in gpu_list):
-        raise InputError("GPU indices are 0 or more", where="--gpus")
+    gpu_list = parse_gpus(gpus)
     executors = [executor_for(h) for h in host] if host else [executor_for(None)]
     from cleanslate.doctor.run import doctor_hosts
 

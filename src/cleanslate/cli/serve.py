@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from cleanslate.cli._common import console, console_err, parse_int_list, progress_printer
+from cleanslate.cli._common import console, console_err, parse_gpus, progress_printer
 from cleanslate.cli._render import print_teardown, render_report
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
@@ -101,7 +101,7 @@ def _config(config_file: Path | None, engine: str | None, model: str | None, hos
                        ("grace_s", grace)):
         if value is not None:
             data[key] = value
-    gpu_list = parse_int_list(gpus, option="--gpus")
+    gpu_list = parse_gpus(gpus)
     if gpu_list is not None:
         data["gpus"] = gpu_list
     if not smoke:

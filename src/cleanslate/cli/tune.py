@@ -93,6 +93,10 @@ def tune(
 ) -> None:
     """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
     verify, recorded in the store. Rerunning the same study resumes it."""
+    if check and register:
+        raise InputError("--check and --register cannot be given together: --check leaves the "
+                         "store alone, --register writes the study to it", where="--register",
+                         hint="run --check first, then --register")
     from cleanslate.tune import load_study, run_study, validate_study_flags
     from cleanslate.tune.controller import check_slot_hosts
 

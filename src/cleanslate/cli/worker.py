@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cleanslate.cli._common import console, parse_int_list
+from cleanslate.cli._common import console, parse_gpus
 from cleanslate.cli.tune import ConsoleView
 from cleanslate.errors import ExitCode
 
@@ -36,7 +36,7 @@ def worker(
     from cleanslate.store import Store
     from cleanslate.tune.controller import load_stored_study, run_worker, worker_slot
 
-    gpu_list = parse_int_list(gpus, option="--gpus") if gpus is not None else None
+    gpu_list = parse_gpus(gpus) if gpus is not None else None
     reader = Store(store_url, create=False)  # a study that is not there: nothing written
     try:
         spec = load_stored_study(reader, study)
