@@ -111,20 +111,41 @@ def test_marker_selects_a_reparented_process() -> None:
     assert 1201 not in whys(host(orphan, other), run_spec())
 
 
-def test_vllm_workers_found_only_by_group_and_signature() -> None:
+def on_gpu(*pids: int, index: int = 0) -> GpuReading:
+    """A GPU reading where ``pids`` hold memory on GPU ``index``."""
+    return GpuReading(backend="sim", ok=True, gpus=(
+        Gpu(index=index, source="sim",
+            processes=tuple(GpuProcess(pid=p, used_mib=100) for p in pids)),))
+
+
+def left_alone(snapshot: Snapshot, spec: ScopeSpec, **kwargs: Any) -> dict[int, str]:
+    """``{pid: reason}`` of the processes a path matched but that were not selected."""
+    return {t.pid: str(t.protected)
+            for t in scope_and_protected(snapshot, spec, now=NOW, **kwargs)[1]}
+
+
+def test_renamed_workers_found_only_by_group_need_a_holding() -> None:
     """The case the group path exists for: supervisor and API server SIGKILLed, the renamed
-    workers (environ wiped by setproctitle: no marker) re-parented to PID 1."""
+    workers (environ wiped by setproctitle: no marker) re-parented to PID 1. The one holding
+    the run's GPU is selected; the one that holds nothing is reported, not signalled (its
+    signature alone does not say it is this run's: issue 23)."""
     core = proc(1002, 1, ROOTPID, SUP, "VLLM::EngineCor", ("VLLM::EngineCore",), at=T0 + 20)
     worker = proc(1003, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 25)
-    snapshot = host(core, worker)
+    snapshot = host(core, worker, gpu=on_gpu(1002))
     without_parents = tuple(p for p in snapshot.processes if p.pid not in (SUP, ROOTPID))
     snapshot = snapshot.model_copy(update={"processes": without_parents})
-    assert whys(snapshot, run_spec()) == {1002: GROUP, 1003: GROUP}
+    assert whys(snapshot, run_spec()) == {1002: GROUP}
+    reported = left_alone(snapshot, run_spec())
+    assert set(reported) == {1003} and "environment cannot be read" in reported[1003]
+    assert "not verified" in reported[1003]
 
 
-def test_session_member_with_the_signature_is_selected() -> None:
+def test_session_member_holding_the_port_is_selected() -> None:
     worker = proc(1004, 1, 1004, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 25)
-    assert whys(host(worker), run_spec())[1004] == SESSION
+    sockets = (ListeningSocket(port=8000, address="0.0.0.0", inode=9, pids=(1004,)),)
+    assert whys(host(worker, sockets=sockets), run_spec())[1004] == SESSION
+    assert 1004 not in whys(host(worker), run_spec())  # the signature alone: reported
+    assert 1004 in left_alone(host(worker), run_spec())
 
 
 def test_a_bare_group_or_session_number_selects_nothing() -> None:
@@ -134,17 +155,77 @@ def test_a_bare_group_or_session_number_selects_nothing() -> None:
     assert ROOTPID + 7 not in whys(host(stranger), run_spec())
     command_run = run_spec(signature="command")  # no signature at all
     assert ROOTPID + 7 not in whys(host(stranger), command_run)
+    readable = stranger.model_copy(update={"environ_readable": True})
+    assert ROOTPID + 7 not in left_alone(host(readable), run_spec())  # nothing to report
+
+
+def reused_numbers(leader_at: float) -> Snapshot:
+    """The run is dead (no supervisor, no root); PID ``SUP`` and ``ROOTPID`` are now another
+    session's leader and group leader (started at ``leader_at``), with a member that looks like
+    the engine and one that holds the run's GPU and port."""
+    base = [p for p in host().processes if p.pid not in (SUP, ROOTPID)]
+    leader = proc(SUP, 1, SUP, SUP, "sim::scheduler", ("sim::scheduler_TP0",), at=leader_at)
+    group = proc(ROOTPID, SUP, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",),
+                 at=leader_at + 1)
+    job = proc(1080, ROOTPID, ROOTPID, SUP, "python", ("python", "train.py"), at=leader_at + 2)
+    sockets = (ListeningSocket(port=8000, address="0.0.0.0", inode=9, pids=(1080,)),)
+    return host(gpu=on_gpu(SUP, ROOTPID, 1080), sockets=sockets).model_copy(
+        update={"processes": (*base, leader, group, job)})
+
+
+def test_a_reused_group_or_session_number_selects_nothing() -> None:
+    """Issue 23: without a cgroup, a dead run's recorded session and group numbers, reused by
+    another session that looks like an engine and holds the run's GPU and port, selected it.
+    The numbers name their leaders (the recorded supervisor and root, with start times): a
+    live PID with another start time means the number was reused."""
+    snapshot = reused_numbers(T0 + 100)
+    assert whys(snapshot, run_spec()) == {}
+    reported = left_alone(snapshot, run_spec())
+    assert set(reported) == {SUP, ROOTPID, 1080}
+    assert all("was reused" in why for why in reported.values())
+    # Only the group number recorded: its leader (the root) tells the same.
+    assert whys(snapshot, run_spec(sid=None)) == {}
+    # Numbers whose leader was not recorded are judged by the evidence alone.
+    unknown = run_spec(root=None, supervisor=None)
+    assert whys(snapshot, unknown) == {SUP: SESSION, ROOTPID: GROUP, 1080: GROUP}
+
+
+def test_a_number_carried_by_a_process_older_than_the_run_was_reused() -> None:
+    """Every process carrying a group or session number is the run's or none is (the kernel
+    gives no new process a PID that a live group or session still carries): one that started
+    before the run proves the number is someone else's, for its fellow members too."""
+    old = proc(1090, 1, 1090, 1090, "bash", ("bash",), at=T0 - 500)
+    job = proc(1091, 1090, 1090, 1090, "python", ("python", "train.py"), at=T0 + 50)
+    spec = run_spec(root=None, supervisor=None, pgid=1090, sid=1090, marker=None)
+    snapshot = host(old, job, gpu=on_gpu(1091))
+    assert whys(snapshot, spec) == {}
+    assert "before the run" in left_alone(snapshot, spec)[1091]
+    alone = host(job, gpu=on_gpu(1091))  # without the older member: the evidence admits it
+    assert whys(alone, spec) == {1091: GROUP}
+
+
+def test_another_users_process_found_by_number_is_not_selected() -> None:
+    """Issue 23: another user's GPU job with the run's numbers (its leader gone, so nothing
+    says the number was reused) is not the run's: the run's user is recorded."""
+    job = proc(1095, 1, ROOTPID, SUP, "python", ("python", "train.py"), at=T0 + 50, uid=65534)
+    snapshot = host(job, gpu=on_gpu(1095))
+    without_leaders = tuple(p for p in snapshot.processes if p.pid not in (SUP, ROOTPID))
+    snapshot = snapshot.model_copy(update={"processes": without_leaders})
+    assert whys(snapshot, run_spec(uid=0)) == {}
+    assert "owned by uid 65534" in left_alone(snapshot, run_spec(uid=0))[1095]
+    assert whys(snapshot, run_spec(uid=65534)) == {1095: GROUP}
+    assert whys(snapshot, run_spec()) == {1095: GROUP}  # an old record: no uid kept
 
 
 def test_group_member_outside_the_run_window_is_not_selected() -> None:
-    before = proc(1010, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 - 10.0)
     after = proc(1011, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 400.0)
     stopped = run_spec(not_after=T0 + 300.0)
-    assert 1010 not in whys(host(before), run_spec())
-    assert 1011 in whys(host(after), run_spec())  # no recorded end: until now
-    assert 1011 not in whys(host(after), stopped)
+    assert 1011 in whys(host(after, gpu=on_gpu(1011)), run_spec())  # no recorded end: now
+    assert 1011 not in whys(host(after, gpu=on_gpu(1011)), stopped)
     within_slack = proc(1012, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 - 0.9)
-    assert whys(host(within_slack), run_spec())[1012] == GROUP
+    assert whys(host(within_slack, gpu=on_gpu(1012)), run_spec())[1012] == GROUP
+    before = proc(1010, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 - 10.0)
+    assert 1010 not in whys(host(before, gpu=on_gpu(1010)), run_spec())
 
 
 def test_port_holding_admits_a_group_member_without_signature() -> None:
@@ -159,13 +240,9 @@ def test_port_holding_admits_a_group_member_without_signature() -> None:
 
 def test_gpu_holding_admits_a_group_member_without_signature() -> None:
     holder = proc(1030, 1, ROOTPID, SUP, "python", ("python", "train.py"), at=T0 + 3)
-    on_run_gpu = GpuReading(backend="sim", ok=True, gpus=(
-        Gpu(index=0, source="sim", processes=(GpuProcess(pid=1030, used_mib=100),)),))
-    on_other_gpu = GpuReading(backend="sim", ok=True, gpus=(
-        Gpu(index=1, source="sim", processes=(GpuProcess(pid=1030, used_mib=100),)),))
     spec = run_spec(signature="command")
-    assert whys(host(holder, gpu=on_run_gpu), spec)[1030] == GROUP
-    assert 1030 not in whys(host(holder, gpu=on_other_gpu), spec)
+    assert whys(host(holder, gpu=on_gpu(1030)), spec)[1030] == GROUP
+    assert 1030 not in whys(host(holder, gpu=on_gpu(1030, index=1)), spec)
     devices = (DeviceHolder(pid=1030, devices=("/dev/nvidia0", "/dev/nvidiactl")),)
     assert whys(host(holder, device_holders=devices), spec)[1030] == GROUP
     ctl_only = (DeviceHolder(pid=1030, devices=("/dev/nvidiactl", "/dev/nvidia-uvm")),)
@@ -184,9 +261,10 @@ def test_a_known_cgroup_turns_the_number_paths_off() -> None:
     the signature): nothing of the run leaves its cgroup."""
     worker = proc(1050, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 25)
     spec = run_spec(cgroup="/sys/fs/cgroup/cleanslate-" + RUN)
-    assert 1050 not in whys(host(worker), spec, cgroup_members={ROOTPID})
-    assert 1050 not in whys(host(worker), spec, cgroup_members=frozenset())  # cgroup gone
-    assert whys(host(worker), spec, cgroup_members=None)[1050] == GROUP  # unreadable
+    busy = host(worker, gpu=on_gpu(1050))
+    assert 1050 not in whys(busy, spec, cgroup_members={ROOTPID})
+    assert 1050 not in whys(busy, spec, cgroup_members=frozenset())  # cgroup gone
+    assert whys(host(worker, gpu=on_gpu(1050)), spec, cgroup_members=None)[1050] == GROUP
 
 
 def test_cgroup_member_that_started_before_the_run_is_not_selected() -> None:

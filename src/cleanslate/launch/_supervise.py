@@ -8,7 +8,8 @@ with the log going to the run's log file, and writes a state file:
 
     {"supervisor_pid": .., "pid": .., "pgid": .., "sid": .., "started": <epoch s>,
      "exit_code": null | int, "exited_at": null | <epoch s>, "error": null | str,
-     "boot_id": .., "machine_id": .., "user": .., "cgroup": null | path,
+     "boot_id": .., "machine_id": .., "user": .., "uid": <effective uid>,
+     "cgroup": null | path, "cgroup_id": null | <its inode number>,
      "cgroup_error": null | why there is no cgroup}
 
 It reaps every child (the engine and the orphans it inherits) until none is left, then exits.
@@ -27,8 +28,11 @@ session.
 The cgroup: the supervisor finds the cgroup v2 mount in ``/proc/self/mountinfo`` and its own
 cgroup in ``/proc/self/cgroup`` (``0::/path``), creates ``<mount><own path>/<name>``, and the
 engine's process moves itself there before it executes the engine (so nothing it starts can be
-outside it). Where that is not possible (no cgroup v2, read-only, not permitted) the run goes on
-without one and ``cgroup_error`` says why.
+outside it). The cgroup's inode number (its cgroup id, unique within a boot) and the
+supervisor's uid (the cgroup's owner) are recorded, so that teardown acts on this very
+directory and no other of the same name (``cleanslate.teardown._cgroup``). Where that is not
+possible (no cgroup v2, read-only, not permitted) the run goes on without one and
+``cgroup_error`` says why.
 """
 
 from __future__ import annotations
@@ -135,20 +139,22 @@ def cgroup_parent() -> tuple[str | None, str | None]:
     return None, "this process's cgroup is outside every cgroup v2 mount"
 
 
-def make_cgroup(name: str) -> tuple[str | None, str | None]:
-    """Create the run's cgroup: (its path, ``None``) or (``None``, why not)."""
+def make_cgroup(name: str) -> tuple[str | None, int | None, str | None]:
+    """Create the run's cgroup: (its path, its inode number, ``None``) or (``None``, ``None``,
+    why not)."""
     parent, why = cgroup_parent()
     if parent is None:
-        return None, why
+        return None, None, why
     path = f"{parent}/{name}"
     try:
         os.mkdir(path, 0o755)
+        ino = os.lstat(path).st_ino
     except OSError as exc:
         if exc.errno in (1, 13):  # EPERM, EACCES
-            return None, (f"not permitted to create {path} (not root and no delegated cgroup "
-                          "subtree)")
-        return None, f"cannot create {path}: {exc.strerror}"
-    return path, None
+            return None, None, (f"not permitted to create {path} (not root and no delegated "
+                                "cgroup subtree)")
+        return None, None, f"cannot create {path}: {exc.strerror}"
+    return path, ino, None
 
 
 def main() -> int:
@@ -187,12 +193,15 @@ def main() -> int:
         "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
         "machine_id": _first_line("/etc/machine-id", "/var/lib/dbus/machine-id"),
         "user": _user(),
+        "uid": os.geteuid(),
         "cgroup": None,
+        "cgroup_id": None,
         "cgroup_error": spec.get("cgroup_error"),
     }
     cgroup = None
+    cgroup_id = None
     if spec.get("cgroup"):
-        cgroup, state["cgroup_error"] = make_cgroup(str(spec["cgroup"]))
+        cgroup, cgroup_id, state["cgroup_error"] = make_cgroup(str(spec["cgroup"]))
     # The engine's process says through this pipe whether it joined the cgroup; exec closes it.
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -236,6 +245,7 @@ def main() -> int:
     if cgroup is not None:
         if answer == b"joined":
             state["cgroup"] = cgroup
+            state["cgroup_id"] = cgroup_id
         else:
             state["cgroup_error"] = answer.decode(errors="replace") or "the engine did not join"
             with contextlib.suppress(OSError):

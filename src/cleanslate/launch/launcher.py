@@ -182,12 +182,18 @@ async def launch(executor: Executor, request: LaunchRequest, *,
         machine_id=_text(state.get("machine_id")),
         cgroup=_text(state.get("cgroup")),
         user=_text(state.get("user")),
+        uid=_int(state.get("uid")),
+        cgroup_id=_int(state.get("cgroup_id")) if state.get("cgroup") else None,
     )
     return Launched(run=run, cgroup_error=_text(state.get("cgroup_error")))
 
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 async def _remove_spec(executor: Executor, spec_path: str) -> None:

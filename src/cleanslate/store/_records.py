@@ -117,7 +117,10 @@ class RunRecord(Record):
     ``boot_id`` (``/proc/sys/kernel/random/boot_id``) and ``machine_id`` (``/etc/machine-id``)
     say which boot of which machine the PIDs belong to: a record from another boot or machine
     names no live process. ``cgroup`` is the run's own cgroup (v2) path when the host allowed
-    one to be made, ``None`` otherwise.
+    one to be made, ``None`` otherwise; ``cgroup_id`` is that directory's inode number as the
+    supervisor created it (a cgroup id: teardown acts on that very cgroup, no other of the same
+    name). ``uid`` is the effective uid the supervisor ran as (the run's user, the owner of its
+    cgroup); ``None`` in records made before it was kept.
 
     ``verdict_before`` is the check before the launch, ``verdict_after`` the verification after
     the teardown (``None``: not verified). ``teardown`` is what the teardown did; its own
@@ -161,6 +164,8 @@ class RunRecord(Record):
     machine_id: str | None = None
     cgroup: str | None = None
     user: str | None = None
+    uid: int | None = None
+    cgroup_id: int | None = None
 
     @field_validator("teardown")
     @classmethod

@@ -7,14 +7,21 @@ A process is in scope when one of these selects it:
 - ``cgroup``: a member of the run's own cgroup (v2), which no descendant leaves by forking,
   renaming or re-executing itself;
 - ``marker``: ``CLEANSLATE_RUN=<run id>`` in its environment;
-- ``process group`` / ``session``: its group or session number equals the run's *and* it started
-  between the run's start (less :data:`START_SLACK_S`) and its end (``stopped_at``, else now)
-  *and* it carries the engine's process signature or holds the run's GPUs or port. vLLM's and
-  SGLang's workers rename themselves (``setproctitle`` wipes ``/proc/PID/environ``, so their
-  marker is unreadable) and, once their parents are SIGKILLed, only their group links them to
-  the run: they match the engine's signature. A bare number match never selects anything (PID
-  reuse, a store shared between machines). When the run has a cgroup these two paths are off:
-  the cgroup says who is the run's;
+- ``process group`` / ``session`` (only while the run has no cgroup): its group or session
+  number equals the run's, *and* that number is still the run's (the number names its leader,
+  the recorded root or supervisor with its start time: when a process with that PID is alive
+  with another start time, or a process carrying the number started before the run, the
+  number was reused and selects nothing), *and* it started between the run's start (less
+  :data:`START_SLACK_S`) and its end (``stopped_at``, else now), *and* it is not another user's
+  (``uid``), *and* it holds the run's GPUs or port. A process that passes all but the last,
+  whose environment cannot be read or that carries the engine's signature (vLLM's and SGLang's
+  workers rename themselves with ``setproctitle``, which can leave their marker unreadable), is
+  *reported* (``left_alone``, with the reason), not signalled: nothing read says it is the
+  run's. A bare number match never selects anything (PID reuse, a store shared between
+  machines). When the run has a cgroup these two paths are off: the cgroup says who is the
+  run's. A recorded cgroup is used only when, on the host, it is a directory of a cgroup v2
+  file system (``statfs``), owned by the run's user, the very one its supervisor created
+  (:mod:`cleanslate.teardown._cgroup`); else it is ignored (``cgroup_refused``);
 - ``named`` / ``engine``: what ``clean --pid`` / ``clean --engine`` ask for;
 - ``descendant``: a child, at any depth, of a selected process, found *before the first signal*.
 
@@ -42,6 +49,7 @@ import posixpath
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from typing import Any, ClassVar
@@ -147,13 +155,16 @@ class ScopeSpec:
     """What to tear down. Any combination; the scope is the union plus descendants.
 
     ``pgid`` / ``sid`` select a process only with the evidence described in the module
-    docstring: a start time in ``[not_before - START_SLACK_S, (not_after or now) +
-    END_SLACK_S]`` and a match of ``signature`` (an engine name) or a holding of ``gpus``
-    (``None``: any GPU) or of ``port``. ``cgroup`` is the run's cgroup directory; while it is
-    known, group and session numbers select nothing. ``engine`` selects every process with that
-    engine's signature (``clean --engine``); ``pids`` names processes (``clean --pid``).
-    ``exclude_roots`` are this process's PIDs (local executors only): their trees, ancestors
-    and session are protected.
+    docstring: the number not reused (its leader is ``root`` or ``supervisor``, whichever has
+    that PID), a start time in ``[not_before - START_SLACK_S, (not_after or now) +
+    END_SLACK_S]``, the owner ``uid`` (the run's user; ``None``: not known) and a holding of
+    ``gpus`` (``None``: any GPU) or of ``port``; without a holding, a process whose environment
+    is unreadable or that matches ``signature`` (an engine name) is reported, not selected.
+    ``cgroup`` is the run's cgroup directory (``cgroup_id`` its inode number as created, and
+    ``uid`` its owner, checked on the host); while it is known, group and session numbers
+    select nothing. ``engine`` selects every process with that engine's signature (``clean
+    --engine``); ``pids`` names processes (``clean --pid``). ``exclude_roots`` are this
+    process's PIDs (local executors only): their trees, ancestors and session are protected.
     """
 
     root: tuple[int, float] | None = None
@@ -167,6 +178,8 @@ class ScopeSpec:
     gpus: frozenset[int] | None = None
     port: int | None = None
     cgroup: str | None = None
+    cgroup_id: int | None = None
+    uid: int | None = None
     not_before: float | None = None
     not_after: float | None = None
     exclude_roots: frozenset[int] = frozenset()
@@ -199,6 +212,8 @@ class TeardownReport(BaseModel):
     d_state: tuple[int, ...] = ()
     survivors: tuple[int, ...] = ()
     cgroup: str | None = None
+    cgroup_refused: str | None = Field(
+        default=None, description="why the recorded cgroup was not used (not the run's own)")
     cgroup_killed: bool = False
     cgroup_removed: bool = False
     cgroup_left: tuple[int, ...] = Field(
@@ -366,10 +381,41 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     def in_window(proc: ProcessInfo) -> bool:
         return (start is None or proc.create_time >= start) and proc.create_time <= end
 
-    def evidence(proc: ProcessInfo) -> bool:
-        if proc.pid in holders:
-            return True
-        return signature is not None and signature.matches(proc.comm, proc.cmdline)
+    reused: dict[str, str | None] = {
+        kind: _reused_number(snapshot, spec, kind, number, start)
+        for kind, number in ((GROUP, spec.pgid), (SESSION, spec.sid))
+        if number is not None and by_number}
+    unverified: dict[int, tuple[str, str]] = {}
+
+    def by_numbers(proc: ProcessInfo) -> str | None:
+        """The number path (no cgroup): ``GROUP`` / ``SESSION`` with the evidence that the
+        process is the run's; a candidate without it lands in ``unverified`` with why."""
+        kinds = [kind for kind, number in ((GROUP, spec.pgid), (SESSION, spec.sid))
+                 if number is not None and (proc.pgid if kind == GROUP else proc.sid) == number]
+        if not kinds or not in_window(proc):
+            return None
+        held = proc.pid in holders
+        looks = held or not proc.environ_readable or (
+            signature is not None and signature.matches(proc.comm, proc.cmdline))
+        why = kinds[0]
+        numbered = f"found only by its {why} number"
+        stale = next(((kind, reused[kind]) for kind in kinds if reused.get(kind)), None)
+        if stale is not None:
+            why, reason = stale[0], str(stale[1])
+        elif spec.uid is not None and proc.uid is not None and proc.uid != spec.uid:
+            reason = (f"{numbered}, and owned by uid {proc.uid}, not the run's user (uid "
+                      f"{spec.uid})")
+        elif held:
+            return why
+        else:
+            reason = (f"{numbered}, "
+                      + ("its environment cannot be read" if not proc.environ_readable
+                         else "without the run's marker")
+                      + ", and holding none of the run's GPUs or its port: not verified as the "
+                      "run's")
+        if looks:
+            unverified[proc.pid] = (why, reason)
+        return None
 
     def select(proc: ProcessInfo) -> str | None:
         if spec.root and proc.pid == spec.root[0] and _same(proc, spec.root[1]):
@@ -382,11 +428,8 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
             return CGROUP
         if spec.marker is not None and proc.run_marker == spec.marker:
             return MARKER
-        if by_number and (
-                (spec.pgid is not None and proc.pgid == spec.pgid)
-                or (spec.sid is not None and proc.sid == spec.sid)) \
-                and in_window(proc) and evidence(proc):
-            return GROUP if spec.pgid is not None and proc.pgid == spec.pgid else SESSION
+        if by_number and (found := by_numbers(proc)) is not None:
+            return found
         if proc.pid in spec.pids:
             return NAMED
         if spec.engine is not None and match_engine(proc.comm, proc.cmdline, [spec.engine]):
@@ -424,12 +467,44 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
 
     return (
         [target(pid, why) for pid, why in chosen.items() if by_pid[pid].state != "Z"],
-        [target(pid, why, protected[pid]) for pid, why in refused.items()],
+        [target(pid, why, protected[pid]) for pid, why in refused.items()]
+        + [target(pid, why, reason) for pid, (why, reason) in unverified.items()
+           if pid not in chosen and pid not in refused and by_pid[pid].state != "Z"],
     )
 
 
 def _same(proc: ProcessInfo, create_time: float) -> bool:
     return abs(proc.create_time - create_time) <= 0.02
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def _reused_number(snapshot: Snapshot, spec: ScopeSpec, kind: str, number: int,
+                   start: float | None) -> str | None:
+    """Why the run's recorded group (``kind`` ``GROUP``) or session number is no longer the
+    run's, or ``None`` when nothing says so. The number names its leader: the recorded root or
+    supervisor whose PID it is, with its start time. The kernel does not give a PID to a new
+    process while a group or session of that number has a member, so every process carrying
+    the number is the run's or none is: the number was reused when its PID is alive with
+    another start time, or when a process carrying it started before the run."""
+    leader: float | None = None
+    for recorded in (spec.root, spec.supervisor):
+        if recorded is not None and recorded[0] == number:
+            leader = recorded[1]
+            break
+    current = snapshot.process(number)
+    if current is not None and leader is not None and not _same(current, leader):
+        return (f"its {kind} number {number} was reused: PID {number} is a process started "
+                f"{_when(current.create_time)}, not the run's (started {_when(leader)})")
+    if start is not None:
+        for proc in snapshot.processes:
+            if (proc.pgid if kind == GROUP else proc.sid) == number \
+                    and proc.create_time < start:
+                return (f"its {kind} number {number} was reused: PID {proc.pid} carries it "
+                        f"and started {_when(proc.create_time)}, before the run")
+    return None
 
 
 def valid_cgroup(path: str | None, run_id: str) -> str | None:
@@ -441,19 +516,55 @@ def valid_cgroup(path: str | None, run_id: str) -> str | None:
     return path if posixpath.basename(path) == f"cleanslate-{run_id}" else None
 
 
-async def read_cgroup_members(executor: Executor, cgroup: str) -> frozenset[int] | None:
-    """The PIDs in ``cgroup`` (an empty set when it no longer exists: a populated cgroup
-    cannot be removed), or ``None`` when it cannot be read."""
+@cache
+def _cgroup_source() -> bytes:
+    return resources.files("cleanslate.teardown").joinpath("_cgroup.py").read_bytes()
+
+
+async def cgroup_op(executor: Executor, cgroup: str, op: str = "members", *,
+                    uid: int | None = None, cgroup_id: int | None = None, wait_s: float = 0.0,
+                    timeout: float = 15.0) -> dict[str, Any]:
+    """Run ``op`` (``members``, ``kill``, ``remove``) on the run's cgroup, on the host, after
+    checking that ``cgroup`` is a cgroup v2 directory owned by ``uid`` and, when given, the very
+    one of inode ``cgroup_id`` (:mod:`cleanslate.teardown._cgroup`, whose answer this is:
+    ``refused`` when it is not the run's cgroup, ``error`` when it could not be read)."""
+    spec = {"path": cgroup, "op": op, "uid": uid, "ino": cgroup_id, "wait_s": max(wait_s, 0.0)}
+    result = await executor.run([executor.python, "-I", "-S", "-", json.dumps(spec)],
+                                timeout=timeout + max(wait_s, 0.0), stdin=_cgroup_source())
+    if not result.ok:
+        return {"ok": False, "error": f"could not read the cgroup {cgroup} on {executor.name}: "
+                                      f"{result.describe_failure()}"}
     try:
-        data = await executor.read_file(f"{cgroup}/cgroup.procs", max_bytes=1 << 22)
-    except FileNotFoundError:
-        return frozenset()
-    except OSError:
-        return None
-    try:
-        return frozenset(int(line) for line in data.split() if line.strip())
+        data = json.loads(result.stdout)
     except ValueError:
-        return None
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("members", []), list) \
+            or not all(isinstance(m, int) for m in data.get("members", [])):
+        return {"ok": False, "error": f"an unreadable answer about the cgroup {cgroup}"}
+    return data
+
+
+async def _cgroup_members(executor: Executor, spec: ScopeSpec, wait_s: float = 0.0
+                          ) -> tuple[frozenset[int] | None, str | None]:
+    """(the PIDs in the run's cgroup, ``None``) ; (``None``, why the recorded path is not the
+    run's cgroup); (``None``, ``None``) when it cannot be read."""
+    assert spec.cgroup is not None
+    data = await cgroup_op(executor, spec.cgroup, "members", uid=spec.uid,
+                           cgroup_id=spec.cgroup_id, wait_s=wait_s)
+    if data.get("refused"):
+        return None, str(data["refused"])
+    if not data.get("ok"):
+        return None, None
+    return frozenset(data.get("members", [])), None
+
+
+async def read_cgroup_members(executor: Executor, cgroup: str, *, uid: int | None = None,
+                              cgroup_id: int | None = None) -> frozenset[int] | None:
+    """The PIDs in ``cgroup`` (an empty set when it no longer exists: a populated cgroup
+    cannot be removed), or ``None`` when it cannot be read or is not a cgroup v2 directory
+    owned by ``uid`` (and of inode ``cgroup_id``): see :func:`cgroup_op`."""
+    return (await _cgroup_members(executor, ScopeSpec(cgroup=cgroup, uid=uid,
+                                                      cgroup_id=cgroup_id)))[0]
 
 
 async def _user_names(executor: Executor, uids: Iterable[int | None],
@@ -494,6 +605,7 @@ class _Scan:
     members: frozenset[int] | None
     snapshot: Snapshot
     reading: CheckReport | None = None  # the verification's reading of the same snapshot
+    cgroup_refused: str | None = None  # why the recorded cgroup is not the run's
 
     def living(self, targets: Iterable[Target]) -> list[Target]:
         """The targets that this scan saw alive (same start time, not a zombie)."""
@@ -519,7 +631,7 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
     if not snapshot.sources or not all(s.ok for s in snapshot.sources if s.name == "processes"):
         raise OSError(f"could not list processes on {executor.name}: "
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
-    members = await read_cgroup_members(executor, spec.cgroup) if spec.cgroup else None
+    members, refused = await _cgroup_members(executor, spec) if spec.cgroup else (None, None)
     if gpu is not None and members is None and (spec.pgid or spec.sid) \
             and not isinstance(gpu, NoGpuBackend) \
             and not (taken is not None and taken.gpu.ok and taken.gpu.backend == gpu.name):
@@ -536,7 +648,7 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
                    for t in targets]
         protected = [replace(t, user=users.get(t.uid) if t.uid is not None else None)
                      for t in protected]
-    return _Scan(targets, protected, members, snapshot, verified if taken else None)
+    return _Scan(targets, protected, members, snapshot, verified if taken else None, refused)
 
 
 async def scan_scope(executor: Executor, spec: ScopeSpec) -> tuple[list[Target], list[Target]]:
@@ -556,20 +668,14 @@ async def _wait_gone(executor: Executor, targets: list[Target], seconds: float
     return [t for t in targets if t.pid not in dead]
 
 
-async def _cgroup_kill(executor: Executor, cgroup: str) -> bool:
-    """Write ``1`` to the cgroup's ``cgroup.kill`` (SIGKILL to every member, forks included).
-    ``False`` when the kernel has no ``cgroup.kill`` (before 5.14) or it cannot be written."""
-    result = await executor.run(
-        ["sh", "-c", 'test -f "$1/cgroup.kill" && echo 1 > "$1/cgroup.kill"', "sh", cgroup],
-        timeout=15.0)
-    return result.ok
-
-
-async def _cgroup_remove(executor: Executor, cgroup: str) -> bool:
-    """Remove the (empty) cgroup; ``True`` when it is gone."""
-    result = await executor.run(
-        ["sh", "-c", 'test -d "$1" || exit 0; rmdir -- "$1"', "sh", cgroup], timeout=15.0)
-    return result.ok
+async def _cgroup_kill(executor: Executor, spec: ScopeSpec) -> bool:
+    """Write ``1`` to the run's ``cgroup.kill`` (SIGKILL to every member, forks included).
+    ``False`` when the kernel has no ``cgroup.kill`` (before 5.14), it cannot be written, or
+    the path is no longer the run's cgroup."""
+    assert spec.cgroup is not None
+    data = await cgroup_op(executor, spec.cgroup, "kill", uid=spec.uid,
+                           cgroup_id=spec.cgroup_id)
+    return bool(data.get("killed"))
 
 
 async def teardown(
@@ -601,6 +707,11 @@ async def teardown(
                                   sent=tuple(sent)))
 
     first = await _scan(executor, spec, gpu=gpu, users=users)
+    cgroup_refused = first.cgroup_refused
+    if cgroup_refused is not None:
+        # Not the run's cgroup: the scan read no members, so the number paths were on.
+        say(f"ignoring the recorded cgroup {spec.cgroup}: {cgroup_refused}")
+        spec = replace(spec, cgroup=None)
     scope = first.targets
     every: dict[int, Target] = {t.pid: t for t in scope}
     left_alone: dict[int, Target] = {t.pid: t for t in first.protected}
@@ -649,7 +760,7 @@ async def teardown(
         last = None
         # Race-free against forks: the kernel kills every member, new children included.
         if spec.cgroup and members and not members & set(left_alone) \
-                and await _cgroup_kill(executor, spec.cgroup):
+                and await _cgroup_kill(executor, spec):
             cgroup_killed = True
             stamp("cgroup.kill", sorted(members))
             killed += [pid for pid in sorted(members) if pid not in killed]
@@ -681,17 +792,15 @@ async def teardown(
     cgroup_removed = False
     cgroup_left: frozenset[int] = frozenset()
     if spec.cgroup:
-        # Members leave a cgroup when they are reaped: give the last ones a moment. The last
-        # rescan's reading of it is current if nothing was signalled since.
-        deadline = time.monotonic() + 5.0
-        left = members if last is not None and members is not None \
-            else await read_cgroup_members(executor, spec.cgroup)
-        while left and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-            left = await read_cgroup_members(executor, spec.cgroup)
-        cgroup_left = left or frozenset()
-        if not cgroup_left and left is not None:
-            cgroup_removed = await _cgroup_remove(executor, spec.cgroup)
+        # Members leave a cgroup when they are reaped: give the last ones a moment (one
+        # command on the host, which removes the cgroup the moment it is empty).
+        done = await cgroup_op(executor, spec.cgroup, "remove", uid=spec.uid,
+                               cgroup_id=spec.cgroup_id, wait_s=5.0)
+        if done.get("ok"):
+            cgroup_left = frozenset(done.get("members", []))
+            cgroup_removed = bool(done.get("removed")) or not done.get("exists", True)
+        elif done.get("refused"):
+            say(f"not removing the cgroup {spec.cgroup}: {done['refused']}")
         if cgroup_left:
             say(f"cgroup {spec.cgroup} still has {sorted(cgroup_left)}: not removed")
     shm_removed: list[str] = []
@@ -733,6 +842,7 @@ async def teardown(
         d_state=tuple(sorted(d_state)),
         survivors=tuple(t.pid for t in survivors),
         cgroup=spec.cgroup,
+        cgroup_refused=cgroup_refused,
         cgroup_killed=cgroup_killed,
         cgroup_removed=cgroup_removed,
         cgroup_left=tuple(sorted(cgroup_left)),
@@ -769,7 +879,7 @@ async def skip_teardown(
 
 __all__ = [
     "CGROUP", "DESCENDANT", "ENGINE", "GROUP", "MARKER", "NAMED", "ROOT", "SESSION",
-    "SUPERVISOR", "ScopeSpec", "Target", "TeardownReport", "is_kernel_thread",
+    "SUPERVISOR", "ScopeSpec", "Target", "TeardownReport", "cgroup_op", "is_kernel_thread",
     "protected_pids", "read_cgroup_members", "resolve_scope", "scan_scope",
     "scope_and_protected", "send_signal", "shm_in_use", "skip_teardown", "teardown",
     "valid_cgroup",
