@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from typing import Any
 
 from cleanslate.report._data import LEVEL_COLUMNS, StudyReport, TrialView
@@ -12,6 +13,27 @@ from cleanslate.report._data import LEVEL_COLUMNS, StudyReport, TrialView
 #: CSV columns before the parameters (``param.<flag>``) and the best level's metrics.
 _HEAD = ("study", "number", "status", "cause", "detail", "value", "best_level")
 _TAIL = ("verdict_before", "verdict_after", "run_id", "launch_command")
+
+
+#: What a spreadsheet reads as the start of a formula (OWASP's "CSV injection"): a text cell
+#: starting with one of these gets a leading ``'`` and is read as text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell: ``None`` empty; a finite number (that we measured or that the
+    study's space holds) as the number it is, negative ones too; any other value as text, with
+    a ``'`` before it when it starts like a formula (:data:`_FORMULA_START`), so that a
+    spreadsheet shows ``=HYPERLINK(...)`` from an engine's error text or a flag value instead of
+    evaluating it."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
 
 
 def trial_row(report: StudyReport, trial: TrialView) -> dict[str, Any]:
@@ -38,11 +60,11 @@ def to_csv(reports: list[StudyReport]) -> str:
     columns = [*_HEAD, *params, *(k for k, _, _ in LEVEL_COLUMNS), *_TAIL]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
+    writer.writerow({k: csv_cell(k) for k in columns})  # a flag's name is text too
     for report in reports:
         for trial in report.sorted_trials():
             row = trial_row(report, trial)
-            writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+            writer.writerow({k: csv_cell(row.get(k)) for k in columns})
     return out.getvalue()
 
 
