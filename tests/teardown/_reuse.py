@@ -45,13 +45,14 @@ def become(name):
 
 def start():
     for attempt in range(200):
-        with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
-            fh.write(str(target - 1))
+        if target:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+                fh.write(str(target - 1))
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read)
-            if os.getpid() != target:
+            if target and os.getpid() != target:
                 os._exit(0)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):  # the test's pipes stay the test's
@@ -74,7 +75,7 @@ def start():
         os.close(write)
         answer = os.read(read, 64).decode()
         os.close(read)
-        if pid == target:
+        if pid == target or not target:
             return answer.strip()
         os.waitpid(pid, 0)
     return "0"
@@ -93,6 +94,7 @@ NOBODY = 65534
 
 
 def need_pid_namespace() -> None:
+    """Skip unless this session runs in its private PID namespace as root."""
     if not isolated() or os.geteuid() != 0 or \
             not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
         pytest.skip("exact PID reuse needs the private PID namespace of the test session, as "
@@ -130,8 +132,8 @@ class Strangers:
         return int(gone.stdout)
 
     def spawn_at(self, pid: int, *, comm: str, uid: int = NOBODY, mode: str = "leader") -> int:
-        """Start a process with PID ``pid`` (``mode`` as in the module docstring); return the
-        PID of the process that stays, once it runs as ``uid``."""
+        """Start a process with PID ``pid`` (any PID: 0; ``mode`` as in the module docstring);
+        return the PID of the process that stays, once it runs as ``uid``."""
         helper = subprocess.run([sys.executable, "-c", HELPER, str(pid), str(uid), comm, mode],
                                 capture_output=True, text=True, check=True, timeout=30)
         stayed = int(helper.stdout.strip() or 0)
