@@ -28,6 +28,8 @@ from typing import Any
 
 import aiohttp
 
+from cleanslate.hosts.forward import same_connector
+
 
 @dataclass
 class KeepAlive:
@@ -90,7 +92,8 @@ def note_retry(session: aiohttp.ClientSession) -> None:
 
 def fresh_session(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
     """A one-shot session like ``session`` whose connector never reuses a connection."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+    # The same destination: a forward's Unix socket stays the socket.
+    return aiohttp.ClientSession(connector=same_connector(session.connector, force_close=True),
                                  timeout=session.timeout)
 
 

@@ -55,6 +55,7 @@ from cleanslate.bench._models import (
 )
 from cleanslate.bench._tokens import HFTokenizer, Tokenizer
 from cleanslate.bench._workloads import Prompt, generate
+from cleanslate.hosts.forward import connector_for, open_connection
 from cleanslate.outputs import has_nan_marker, judge_text, level_verdict
 
 #: Client CPU use (CPU seconds / wall seconds) above which a level warns that the client may
@@ -239,7 +240,7 @@ class _Level:
 
     async def _probe(self) -> None:
         try:
-            fut = asyncio.open_connection(self.host, self.port)
+            fut = open_connection(self.builder.url, self.host, self.port)
             _reader, writer = await asyncio.wait_for(fut, timeout=1.0)
             writer.close()
             with contextlib.suppress(OSError):
@@ -467,7 +468,8 @@ def make_session(config: BenchConfig) -> aiohttp.ClientSession:
     """The one connection pool of a run: keep-alive, no connection limit; a read that waits
     longer than ``read_timeout_s`` fails the request as ``timeout`` (each request's total
     deadline is enforced by :func:`~cleanslate.bench._client.send_request`)."""
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    # A forwarded base URL (a remote run) is reached over its private Unix socket.
+    connector = connector_for(config.url, limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(
         total=None, sock_read=config.read_timeout_s, sock_connect=10.0
     )

@@ -37,6 +37,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from cleanslate.bench import _keepalive as keepalive
+from cleanslate.hosts.forward import connector_for
 from cleanslate.outputs import judge_text
 from cleanslate.wire import DONE_PAYLOAD, extract_text
 
@@ -283,7 +284,8 @@ async def smoke_test(
     start = time.monotonic()
     outputs: list[PromptOutput] = []
     own = session is None
-    client = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+    client = session or aiohttp.ClientSession(connector=connector_for(url),
+                                              timeout=aiohttp.ClientTimeout(total=None),
                                               trace_configs=[keepalive.trace_config()])
     try:
         for endpoint in endpoints:

@@ -294,12 +294,35 @@ server.handle_request()
 """
 
 
+def _tcp_listeners() -> set[tuple[str, str]]:
+    """(local address, inode) of this machine's listening TCP sockets (``/proc/net/tcp*``)."""
+    found: set[tuple[str, str]] = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name, encoding="ascii") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A":  # LISTEN
+                found.add((fields[1], fields[9]))
+    return found
+
+
 def test_forward_port_reaches_the_hosts_loopback(executor: Executor) -> None:
-    """``forward_port(port)`` gives a URL at which this machine reaches ``127.0.0.1:port`` of
-    the host: a one-request server there answers a token only it knows."""
+    """``forward_port(port)`` gives a base URL at which this machine reaches ``127.0.0.1:port``
+    of the host, through :func:`cleanslate.hosts.forward.connector_for`: a one-request server
+    there answers a token only it knows. A remote executor's forward opens no TCP listener on
+    this machine (one on the loopback is open to every local user): it is a Unix socket in a
+    folder only this user can enter."""
+    import os
     import secrets
+    import stat
 
     import aiohttp
+
+    from cleanslate.hosts.forward import connector_for, unix_socket_for
 
     async def go() -> None:
         token = secrets.token_hex(8)
@@ -315,10 +338,24 @@ def test_forward_port_reaches_the_hosts_loopback(executor: Executor) -> None:
                 except (FileNotFoundError, ValueError):
                     await asyncio.sleep(0.05)
             assert port is not None, "the host's server did not start"
-            async with executor.forward_port(port) as url, aiohttp.ClientSession() as http:
-                assert url.startswith("http://127.0.0.1:")
+            before = _tcp_listeners()
+            sock: str | None = None
+            async with executor.forward_port(port) as url, \
+                    aiohttp.ClientSession(connector=connector_for(url)) as http:
+                if executor.is_local:
+                    assert url == f"http://127.0.0.1:{port}"
+                else:
+                    assert _tcp_listeners() <= before, "the forward listens on a TCP port"
+                    sock = unix_socket_for(url)
+                    assert sock is not None, url
+                    folder = os.stat(os.path.dirname(sock))
+                    assert folder.st_uid == os.geteuid() and folder.st_mode & 0o777 == 0o700
+                    assert stat.S_ISSOCK(os.stat(sock).st_mode)
                 async with http.get(url + "/") as response:
                     assert await response.read() == token.encode()
+            if sock is not None:
+                assert unix_socket_for(url) is None and not os.path.exists(sock), \
+                    "the forward's socket outlives its context"
             assert (await serving).ok
 
     _run(go())
