@@ -523,19 +523,29 @@ class SSHExecutor:
 
     @contextlib.asynccontextmanager
     async def forward_port(self, port: int) -> AsyncIterator[str]:
-        """``127.0.0.1:port`` on the host, forwarded to a free port of this machine's loopback
-        over the executor's connection (``ssh -L``) for as long as the context lasts."""
+        """``127.0.0.1:port`` on the host, forwarded over the executor's connection (``ssh -L
+        PATH:127.0.0.1:port``) to a Unix socket in a folder only this user can enter (0700),
+        for as long as the context lasts; no TCP port of this machine listens, so no other
+        local user can send the server a request. Yields the forward's base URL
+        (``http://fwd-<random>.cleanslate.invalid``), which HTTP clients reach through
+        :func:`cleanslate.hosts.forward.connector_for`."""
+        from cleanslate.hosts import forward
+
         conn, _link = await self._connection()
-        try:
-            listener = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", int(port))
-        except (OSError, asyncssh.Error) as exc:
-            raise OSError(f"cannot forward port {port} of {self.name}: {exc}") from exc
-        try:
-            yield f"http://127.0.0.1:{listener.get_port()}"
-        finally:
-            listener.close()
-            with contextlib.suppress(Exception):
-                await listener.wait_closed()
+        with forward.private_socket() as path:
+            try:
+                listener = await conn.forward_local_path_to_port(path, "127.0.0.1", int(port))
+            except (OSError, asyncssh.Error) as exc:
+                raise OSError(f"cannot forward port {port} of {self.name}: {exc}") from exc
+            base_url = forward.register(path)
+            try:
+                os.chmod(path, 0o600)  # the folder is what keeps others out; the socket too
+                yield base_url
+            finally:
+                forward.unregister(base_url)
+                listener.close()
+                with contextlib.suppress(Exception):
+                    await listener.wait_closed()
 
     async def close(self) -> None:
         """Close this target's connection on the running loop (others keep theirs)."""

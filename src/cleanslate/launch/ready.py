@@ -95,7 +95,10 @@ async def wait_ready(
            else adapter.readiness_url(run.port))
     state_path = f"{run.artifacts_dir}/state.json"
     client_timeout = aiohttp.ClientTimeout(total=min(5.0, max(1.0, interval * 8)))
-    async with aiohttp.ClientSession(timeout=client_timeout) as session:
+    from cleanslate.hosts.forward import connector_for  # a remote run: the forward's socket
+
+    async with aiohttp.ClientSession(connector=connector_for(url),
+                                     timeout=client_timeout) as session:
         last_error = "no answer yet"
         while True:
             state = await read_state(executor, state_path)
