@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import create_engine, insert, inspect, select, text, update
+from sqlalchemy import Text, cast, create_engine, insert, inspect, select, text, update
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cleanslate.errors import InputError
+from cleanslate.hosts.files import untrusted
 from cleanslate.redact import (
     REDACTED,
     Scrubber,
@@ -30,11 +31,13 @@ from cleanslate.redact import (
 )
 from cleanslate.store._leases import (
     Claim,
+    InvalidLease,
     LeaseOutcome,
     LeaseRecord,
     LeaseState,
     SlotRecord,
     config_key,
+    parse_lease,
 )
 from cleanslate.store._records import NewerSchemaError, RunRecord, RunStatus
 from cleanslate.store._tables import (
@@ -69,6 +72,12 @@ _FINISHED = ("feasible", "infeasible")
 #: What a SQLite database file starts with.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _URL_HINT = "sqlite:///PATH/cleanslate.db, a file path, or postgresql://user@host[:port]/db"
+#: The journal files SQLite keeps beside a database (and rolls back into it when it opens).
+_JOURNALS = ("-journal", "-wal", "-shm")
+_UNTRUSTED_HINT = ("a store directs stop, clean --run and tune at processes, and its studies are "
+                   "what workers launch: use one only you can write (chmod 600 FILE; chmod "
+                   "go-w FOLDER, or a folder of your own), pass --store (or set "
+                   f"${STORE_ENV}) for your own store, or share one through PostgreSQL")
 #: Secret values remembered by a Store (to scrub them from later records), at most.
 _MAX_REMEMBERED = 4096
 #: Fields of a record that cleanslate makes and teardown acts on (ids, the marker, the run's
@@ -166,7 +175,10 @@ class Store:
         Bad input is an :class:`InputError` naming ``--store`` (or ``$CLEANSLATE_STORE``) with
         the URL shown without its password: a URL that does not parse, an unknown scheme, a
         port out of 1-65535, a SQLite path that is a folder, in a missing folder, unreadable,
-        or a file that is not a SQLite database, and a database that cannot be reached.
+        or a file that is not a SQLite database, and a database that cannot be reached. So is
+        a SQLite file (or the folder holding it) that another user owns or could replace, and,
+        with ``create``, an artifacts folder that another user owns or could write
+        (:meth:`_refuse_untrusted`, :attr:`artifacts_root`).
         """
         self.url = resolve_store_url(url)
         self._where = "--store" if url else (f"${STORE_ENV}" if os.environ.get(STORE_ENV)
@@ -183,6 +195,8 @@ class Store:
             connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
         elif parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
             connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+        if create:  # a store that launches: its artifacts folder is checked before anything
+            self.artifacts_root  # noqa: B018
         try:
             self.engine: Engine = create_engine(self.url, future=True, connect_args=connect_args)
         except NoSuchModuleError:
@@ -270,6 +284,8 @@ class Store:
         if not parent.is_dir():
             raise self._error(f"the folder {parent} does not exist",
                               hint="create the folder first, or pass another path")
+        if not path.exists():
+            self._refuse_untrusted(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                          STORE_FILE_MODE)
@@ -290,6 +306,7 @@ class Store:
             raise self._error("not a regular file",
                               hint="--store names the SQLite file cleanslate writes "
                                    "(cleanslate.db), or a postgresql:// URL")
+        self._refuse_untrusted(path)
         try:
             with path.open("rb") as fh:
                 head = fh.read(len(_SQLITE_MAGIC))
@@ -301,11 +318,37 @@ class Store:
                                    "(cleanslate.db), or a postgresql:// URL")
         self._tighten = path if head == _SQLITE_MAGIC else None
 
+    def _refuse_untrusted(self, path: Path) -> None:
+        """Refuse a SQLite store that another user planted or could replace, as OpenSSH refuses
+        such a key: the file (or a journal beside it, which SQLite would roll into it) owned by
+        another user or writable by group or others, a folder that lets another user replace
+        it, a link of another user's (:func:`cleanslate.hosts.files.untrusted`). Its records
+        direct ``stop``, ``clean --run`` and ``tune``'s recovery at processes, and its studies
+        are what every worker launches. A missing file is checked for its folders only."""
+        for candidate in (path, *(path.with_name(path.name + s) for s in _JOURNALS)):
+            problem = untrusted(candidate)
+            if problem is not None:
+                raise self._error(f"refused: {problem}", hint=_UNTRUSTED_HINT)
+
+    @property
+    def artifacts_root(self) -> Path:
+        """The folder for run folders and logs beside the store (:func:`artifacts_root`), not
+        created; an existing one that another user owns or could write into is an
+        :class:`InputError` (its run folders' logs and state are read back as the run's)."""
+        root = artifacts_root(self.url)
+        problem = untrusted(root, folder=True)
+        if problem is not None:
+            where = "$CLEANSLATE_ARTIFACTS" if os.environ.get("CLEANSLATE_ARTIFACTS") \
+                else self._where
+            raise InputError(f"{self.display_url}: refused the artifacts folder: {problem}",
+                             where=where, hint=_UNTRUSTED_HINT)
+        return root
+
     @property
     def artifacts(self) -> Path:
-        """The folder for run folders and logs beside the store; created with mode 0700 when
-        missing (an existing folder is left as it is: it may be one the user shares)."""
-        root = artifacts_root(self.url)
+        """:attr:`artifacts_root`, created with mode 0700 when missing (an existing folder is
+        left as it is: it may be one the user keeps elsewhere)."""
+        root = self.artifacts_root
         if not root.exists():
             with contextlib.suppress(FileExistsError):
                 root.mkdir(mode=ARTIFACTS_MODE, parents=True)
@@ -516,6 +559,7 @@ class Store:
         first: Sequence[tuple[str, dict[str, Any]]] = (),
         limit: int,
         gone: Callable[[LeaseRecord], bool] | None = None,
+        valid: Callable[[LeaseRecord], str | None] | None = None,
     ) -> Claim:
         """Claim the next configuration of ``template.study`` for ``template``'s worker and
         slot, atomically across processes (:meth:`_study_lock`).
@@ -529,10 +573,16 @@ class Store:
         ``first`` never claimed (the baseline), else a new one (``params`` empty, ``key``
         ``new:...``: the caller asks the sampler and :meth:`bind_lease`). The lease expires
         ``timeout_s`` after its last heartbeat.
+
+        A row that is not a lease (:func:`~cleanslate.store._leases.parse_lease`), and a
+        re-queued configuration that ``valid`` names a problem with (the caller's check against
+        the study's space), is marked ``invalid`` and skipped (``Claim.invalid``): one garbled
+        or hostile row stops no worker.
         """
         now = time.time()
+        invalid: list[InvalidLease] = []
         with self._study_lock(template.study) as conn:
-            expired, active = self._expire(conn, template.study, now, gone)
+            expired, active = self._expire(conn, template.study, now, gone, invalid)
             finished = [config_key(data.get("params") or {}) for data in conn.scalars(
                 select(TrialRow.data).where(TrialRow.study == template.study,
                                             TrialRow.status.in_(_FINISHED)))]
@@ -547,7 +597,7 @@ class Store:
                 done = all(k in finished for k, _ in targets)
                 chosen = next(((k, p) for k, p in targets if k not in taken), None)
             elif len(finished) + len(active) < limit:
-                chosen = self._requeued(conn, template.study, taken)
+                chosen = self._requeued(conn, template.study, taken, valid, invalid)
                 if chosen is None:
                     ever = set(conn.scalars(select(LeaseRow.key).where(
                         LeaseRow.study == template.study)))
@@ -557,8 +607,8 @@ class Store:
             else:
                 done = len(finished) >= limit
             if chosen is None:
-                return Claim(lease=None, expired=expired, done=done, finished=len(finished),
-                             active=len(active))
+                return Claim(lease=None, expired=expired, invalid=invalid, done=done,
+                             finished=len(finished), active=len(active))
             lease = template.model_copy(update={
                 "key": chosen[0], "params": chosen[1], "state": LeaseState.ACTIVE,
                 "acquired_at": now, "heartbeat_at": now, "expires_at": now + timeout_s})
@@ -567,20 +617,53 @@ class Store:
             lease = lease.model_copy(update={"id": row_id})
             conn.execute(update(LeaseRow).where(LeaseRow.id == row_id).values(
                 data=self.redacted(lease.to_document())))
-        return Claim(lease=lease, expired=expired, done=False, finished=len(finished),
-                     active=len(active) + 1)
+        return Claim(lease=lease, expired=expired, invalid=invalid, done=False,
+                     finished=len(finished), active=len(active) + 1)
+
+    @staticmethod
+    def _lease_rows(conn: Connection, study: str, *states: LeaseState
+                    ) -> Iterator[tuple[int, str, LeaseRecord | str]]:
+        """``(id, state, lease or why it is none)`` of the study's rows in ``states`` (every
+        state but ``invalid`` when none is given), oldest first; the document is read as text
+        and parsed here (:func:`parse_lease`), so that one row that is not JSON fails only
+        itself."""
+        query = select(LeaseRow.id, LeaseRow.state, cast(LeaseRow.data, Text)).where(
+            LeaseRow.study == study)
+        query = query.where(LeaseRow.state.in_([s.value for s in states])) if states else \
+            query.where(LeaseRow.state != LeaseState.INVALID.value)
+        for row_id, state, raw in conn.execute(query.order_by(LeaseRow.id)):
+            yield row_id, state, parse_lease(row_id, raw)
+
+    def _invalidate(self, conn: Connection, row_id: int, lease: LeaseRecord | None, why: str,
+                    invalid: list[InvalidLease] | None) -> None:
+        """Mark the row ``invalid`` with why (in its document too when it holds a lease)."""
+        if lease is None:
+            conn.execute(update(LeaseRow).where(LeaseRow.id == row_id).values(
+                state=LeaseState.INVALID.value))
+        else:
+            conn.execute(update(LeaseRow).where(LeaseRow.id == row_id).values(
+                **self._lease_values(lease.model_copy(update={
+                    "state": LeaseState.INVALID, "detail": why,
+                    "released_at": lease.released_at or time.time()}))))
+        if invalid is not None:
+            invalid.append(InvalidLease(row_id, why))
 
     def _expire(self, conn: Connection, study: str, now: float,
                 gone: Callable[[LeaseRecord], bool] | None,
+                invalid: list[InvalidLease] | None = None,
                 ) -> tuple[list[LeaseRecord], dict[str, LeaseRecord]]:
-        """Inside the study's lock: mark ``expired`` every active lease whose heartbeat is
-        older than its timeout or whose worker is ``gone``; returns those, and the active
-        leases left by key."""
+        """Inside the study's lock: mark ``invalid`` every row of the study that is not a lease
+        (:meth:`_lease_rows`), and ``expired`` every active lease whose heartbeat is older than
+        its timeout or whose worker is ``gone``; returns those, and the active leases left by
+        key."""
         expired: list[LeaseRecord] = []
         active: dict[str, LeaseRecord] = {}
-        for row in conn.execute(select(LeaseRow).where(
-                LeaseRow.study == study, LeaseRow.state == LeaseState.ACTIVE)):
-            lease = self._lease_of(row)
+        for row_id, state, lease in self._lease_rows(conn, study):
+            if isinstance(lease, str):
+                self._invalidate(conn, row_id, None, lease, invalid)
+                continue
+            if state != LeaseState.ACTIVE:
+                continue
             if lease.expires_at < now or (gone is not None and gone(lease)):
                 why = ("no heartbeat since " + time.strftime(
                     "%H:%M:%S", time.gmtime(lease.heartbeat_at)) + " UTC") \
@@ -604,16 +687,24 @@ class Store:
         with self._study_lock(study) as conn:
             return self._expire(conn, study, time.time(), gone)[0]
 
-    def _requeued(self, conn: Connection, study: str,
-                  taken: set[str]) -> tuple[str, dict[str, Any]] | None:
+    def _requeued(self, conn: Connection, study: str, taken: set[str],
+                  valid: Callable[[LeaseRecord], str | None] | None = None,
+                  invalid: list[InvalidLease] | None = None,
+                  ) -> tuple[str, dict[str, Any]] | None:
         """The oldest configuration of ``study`` whose lease expired or was given back without
-        a result, and that has no result and no active lease now."""
-        for row in conn.execute(select(LeaseRow).where(
-                LeaseRow.study == study, LeaseRow.state != LeaseState.ACTIVE).order_by(
-                LeaseRow.id)):
-            lease = self._lease_of(row)
+        a result, and that has no result and no active lease now; one that ``valid`` names a
+        problem with is marked ``invalid`` and passed over."""
+        for row_id, _state, lease in self._lease_rows(conn, study, LeaseState.EXPIRED,
+                                                      LeaseState.RELEASED):
+            if isinstance(lease, str):
+                self._invalidate(conn, row_id, None, lease, invalid)
+                continue
             if lease.key in taken or lease.key.startswith("new:") or \
                     lease.outcome == LeaseOutcome.RESULT:
+                continue
+            problem = valid(lease) if valid is not None else None
+            if problem is not None:
+                self._invalidate(conn, row_id, lease, problem, invalid)
                 continue
             return lease.key, dict(lease.params)
         return None
@@ -656,11 +747,11 @@ class Store:
         given."""
         if self._empty or not inspect(self.engine).has_table(LeaseRow.__tablename__):
             return []
-        with Session(self.engine) as session:
-            query = select(LeaseRow).where(LeaseRow.study == study).order_by(LeaseRow.id)
-            if state is not None:
-                query = query.where(LeaseRow.state == LeaseState(state).value)
-            return [self._lease_of(r) for r in session.scalars(query)]
+        # Rows that hold no lease are left out (a claim marks them invalid).
+        with self.engine.connect() as conn:
+            states = list(LeaseState) if state is None else [LeaseState(state)]
+            return [lease for _id, _state, lease in self._lease_rows(conn, study, *states)
+                    if not isinstance(lease, str)]
 
     @_guarded("saving a slot")
     def save_slot(self, slot: SlotRecord) -> None:
@@ -746,8 +837,7 @@ def tighten(path: Path) -> None:
     """Mode 0600 for a SQLite store file this user owns and its journal files (``-wal``,
     ``-shm``, ``-journal``) when others could read them. Only regular files that are not
     symbolic links are touched; files of other users, and errors, are left alone."""
-    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm",
-                                                                      "-journal"))):
+    for candidate in (path, *(path.with_name(path.name + s) for s in _JOURNALS)):
         with contextlib.suppress(OSError):
             # O_NOFOLLOW | O_NONBLOCK: never through a link, never blocked on a FIFO.
             fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
