@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from cleanslate.hosts.base import CommandResult, bad_command, refused
+from cleanslate.hosts.files import read_under
 
 
 class LocalExecutor:
@@ -86,8 +87,10 @@ class LocalExecutor:
             tmp.unlink(missing_ok=True)
             raise
 
-    async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False
-                        ) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False,
+                        under: str | None = None) -> bytes:
+        if under is not None:
+            return read_under(under, path, max_bytes=max_bytes, tail=tail)
         with open(path, "rb") as fh:
             if tail:
                 size = fh.seek(0, os.SEEK_END)

@@ -509,14 +509,33 @@ class SSHExecutor:
         if not result.ok:
             raise OSError(f"cannot write {path} on {self.name}: {result.describe_failure()}")
 
-    async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False
-                        ) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = 1 << 20, tail: bool = False,
+                        under: str | None = None) -> bytes:
+        if under is not None:
+            return await self._read_under(under, path, max_bytes=max_bytes, tail=tail)
         reader = "tail" if tail else "head"
         script = f'test -e "$1" || exit 44; exec {reader} -c "$2" -- "$1"'
         result = await self.run(["sh", "-c", script, "sh", path, str(max_bytes)],
                                 timeout=30.0 + max_bytes / 1e6)
         if result.returncode == 44:
             raise FileNotFoundError(f"{path} does not exist on {self.name}")
+        if not result.ok:
+            raise OSError(f"cannot read {path} on {self.name}: {result.describe_failure()}")
+        return result.stdout
+
+    async def _read_under(self, root: str, path: str, *, max_bytes: int, tail: bool) -> bytes:
+        """``read_file(..., under=root)`` on the host: :mod:`cleanslate.hosts.files` run by
+        the host's ``python3`` (a shell has no ``O_NOFOLLOW`` open)."""
+        from cleanslate.hosts.files import MISSING_STATUS, REFUSED_STATUS, remote_source
+
+        result = await self.run([self.python, "-I", "-S", "-c", remote_source(), root, path,
+                                 str(max_bytes), "1" if tail else "0"],
+                                timeout=30.0 + max_bytes / 1e6)
+        if result.returncode == MISSING_STATUS:
+            raise FileNotFoundError(f"{path} does not exist on {self.name}")
+        if result.returncode == REFUSED_STATUS:
+            why = result.stderr.decode(errors="replace").strip().splitlines()
+            raise PermissionError(f"{self.name}: {why[-1] if why else 'refused'}")
         if not result.ok:
             raise OSError(f"cannot read {path} on {self.name}: {result.describe_failure()}")
         return result.stdout

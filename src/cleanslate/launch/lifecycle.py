@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cleanslate.doctor.snapshot import HostSnapshot, snapshot_host
@@ -46,7 +47,7 @@ from cleanslate.launch.launcher import (
     register_secrets,
     scrubber_for,
 )
-from cleanslate.launch.ready import classify_run_log, log_tail, wait_ready
+from cleanslate.launch.ready import classify_run_log, log_tail, run_state, wait_ready
 from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
@@ -415,6 +416,9 @@ async def stop_server(
     :data:`~cleanslate.verdict.check.DEFAULT_SETTLE_S`).
     """
     say = progress or (lambda _m: None)
+    # The run's log and state are read only from its folder in the store's own artifacts
+    # folder (an InputError, before anything is signalled, when another user could write it).
+    artifacts = store.artifacts_root if executor.is_local else None
     settle = {"verify_settle_s": verify_settle_s} if verify_settle_s is not None else {}
     scrub = scrubber_for(run.id)
     leftovers = engine_class(run.engine).leftovers
@@ -434,7 +438,8 @@ async def stop_server(
     else:
         if status == "stopped" and cause is None and run.status in ("starting", "ready"):
             # Asked to stop a run that was serving: did its server die before we came?
-            status, cause, detail = await ended_before_stop(executor, run, detail)
+            status, cause, detail = await ended_before_stop(executor, run, detail,
+                                                            artifacts=artifacts)
         cgroup = valid_cgroup(run.cgroup, run.id)
         if run.cgroup and cgroup is None:
             say(f"ignoring the recorded cgroup {run.cgroup!r}: not this run's")
@@ -465,7 +470,7 @@ async def stop_server(
         detail = detail or (f"the server's root process {run.pid} was gone before `stop`; its "
                             "exit status was not recorded (the run's supervisor is gone too)")
     if log_tail_text is None and status != "stopped":
-        log_tail_text = await log_tail(executor, run)
+        log_tail_text = await log_tail(executor, run, artifacts=artifacts)
     updated = run.model_copy(update={
         "status": status if run.status not in ("stopped", "failed") else run.status,
         "cause": cause or run.cause,
@@ -492,12 +497,13 @@ def describe_exit(code: int) -> tuple[str, str]:
 
 
 async def ended_before_stop(executor: Executor, run: RunRecord, detail: str | None,
-                            when: str = "before `stop`") -> tuple[str, str | None, str | None]:
+                            when: str = "before `stop`", *, artifacts: Path | None = None
+                            ) -> tuple[str, str | None, str | None]:
     """(status, cause, detail) for a serving run that ``stop`` was asked to end, or whose
     foreground wait saw its engine exit: ``stopped`` while its server still runs, else
     ``crashed`` with the cause from its log (``model_load``, ``oom``...) or from its exit
     status (``killed`` by a signal, ``exited``)."""
-    code = await run_exit_code(executor, run)
+    code = await run_exit_code(executor, run, artifacts=artifacts)
     if code is None:
         return "stopped", None, detail
     found: tuple[str, str] | None = None
@@ -506,14 +512,17 @@ async def ended_before_stop(executor: Executor, run: RunRecord, detail: str | No
     except (InputError, TypeError):
         adapter = None  # an engine that needs its options (command): the exit status says why
     if adapter is not None:
-        found = await classify_run_log(executor, adapter, run, returncode=code)
+        found = await classify_run_log(executor, adapter, run, returncode=code,
+                                       artifacts=artifacts)
     cause, why = found if found is not None else describe_exit(code)
     return "crashed", cause, detail or f"{when}: {why}"
 
 
-async def run_exit_code(executor: Executor, run: RunRecord) -> int | None:
-    """The engine root's exit status from the supervisor's state, ``None`` while it runs."""
-    from cleanslate.launch.launcher import read_state
-
-    state = await read_state(executor, f"{run.artifacts_dir}/state.json")
-    return None if state is None else state.get("exit_code")
+async def run_exit_code(executor: Executor, run: RunRecord, *,
+                        artifacts: Path | None = None) -> int | None:
+    """The engine root's exit status from the supervisor's state, ``None`` while it runs (or
+    when the state is not in the run's own folder: :func:`~cleanslate.launch.ready.run_state`,
+    ``artifacts`` the store's artifacts folder)."""
+    state = await run_state(executor, run, artifacts=artifacts)
+    code = None if state is None else state.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
