@@ -28,11 +28,17 @@ Contract (checked on every executor by :mod:`cleanslate.testing.executor_contrac
   ``PermissionError`` saying why (:func:`cleanslate.hosts.files.open_under`).
 - ``close`` releases what the executor holds (connections); it may be called more than once,
   and a later command opens what it needs again.
-- ``forward_port(port)`` is an async context manager giving the base URL (``http://127.0.0.1:N``)
-  at which *this* machine reaches ``127.0.0.1:port`` on the host: the port itself locally, an
-  SSH local forward over the executor's connection remotely. Every HTTP request cleanslate
-  makes to a server it launched (readiness, smoke test, a study's benchmark) goes through it, so
-  a remote run is never polled on the client's own loopback, where another server may listen.
+- ``forward_port(port)`` is an async context manager giving the base URL at which *this*
+  machine reaches ``127.0.0.1:port`` on the host: the port itself locally
+  (``http://127.0.0.1:N``); remotely an SSH forward over the executor's connection to a Unix
+  socket in a folder only this user can enter (0700), named by a base URL of its own
+  (``http://fwd-<random>.cleanslate.invalid``, :mod:`cleanslate.hosts.forward`). No other local
+  user can reach a remote run through it (a forward on a loopback TCP port let them inject
+  requests into a trial). Every HTTP request cleanslate makes to a server it launched
+  (readiness, smoke test, a study's benchmark and its liveness probe) goes through it and makes
+  its connection with :func:`cleanslate.hosts.forward.connector_for` (or
+  :func:`~cleanslate.hosts.forward.open_connection`), so a remote run is never polled on the
+  client's own loopback, where another server may listen.
 - Long-lived processes are started with ``run`` on a script that daemonizes itself (the run
   supervisor, :mod:`cleanslate.launch._supervise`), so no executor needs a "start in the
   background" primitive of its own.
