@@ -544,13 +544,30 @@ async def cgroup_op(executor: Executor, cgroup: str, op: str = "members", *,
     return data
 
 
-async def _cgroup_members(executor: Executor, spec: ScopeSpec, wait_s: float = 0.0
+async def _cgroup_members(executor: Executor, spec: ScopeSpec, *, checked: bool = False
                           ) -> tuple[frozenset[int] | None, str | None]:
     """(the PIDs in the run's cgroup, ``None``) ; (``None``, why the recorded path is not the
-    run's cgroup); (``None``, ``None``) when it cannot be read."""
+    run's cgroup); (``None``, ``None``) when it cannot be read.
+
+    ``checked``: the path passed :func:`cgroup_op`'s check earlier in this teardown, so its
+    ``cgroup.procs`` is read as a file (no command on the host). Every directory on that path is
+    real (it was its own ``realpath``) and its last two are in a cgroup v2 file system, where no
+    one can make a symbolic link and only a writer of the parent cgroup (the run's own user or
+    root) can make a directory; ``cgroup.kill`` and the removal check again all the same."""
     assert spec.cgroup is not None
+    if checked:
+        try:
+            raw = await executor.read_file(f"{spec.cgroup}/cgroup.procs", max_bytes=1 << 22)
+        except FileNotFoundError:
+            return frozenset(), None
+        except OSError:
+            return None, None
+        try:
+            return frozenset(int(line) for line in raw.split()), None
+        except ValueError:
+            return None, None
     data = await cgroup_op(executor, spec.cgroup, "members", uid=spec.uid,
-                           cgroup_id=spec.cgroup_id, wait_s=wait_s)
+                           cgroup_id=spec.cgroup_id)
     if data.get("refused"):
         return None, str(data["refused"])
     if not data.get("ok"):
@@ -616,9 +633,10 @@ class _Scan:
 
 async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None = None,
                 users: dict[int, str | None] | None = None,
-                verify: CheckOptions | None = None) -> _Scan:
+                verify: CheckOptions | None = None, cgroup_checked: bool = False) -> _Scan:
     """The scope now. With ``verify`` (and no port to read that verification does not read),
-    the snapshot is the one a verification reading judges, and that reading comes with it."""
+    the snapshot is the one a verification reading judges, and that reading comes with it.
+    ``cgroup_checked``: see :func:`_cgroup_members`."""
     if not executor.is_local:
         spec = replace(spec, exclude_roots=frozenset())  # our PIDs mean nothing there
     ports = [spec.port] if spec.port is not None and (spec.pgid or spec.sid) else []
@@ -631,7 +649,8 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
     if not snapshot.sources or not all(s.ok for s in snapshot.sources if s.name == "processes"):
         raise OSError(f"could not list processes on {executor.name}: "
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
-    members, refused = await _cgroup_members(executor, spec) if spec.cgroup else (None, None)
+    members, refused = await _cgroup_members(executor, spec, checked=cgroup_checked) \
+        if spec.cgroup else (None, None)
     if gpu is not None and members is None and (spec.pgid or spec.sid) \
             and not isinstance(gpu, NoGpuBackend) \
             and not (taken is not None and taken.gpu.ok and taken.gpu.backend == gpu.name):
@@ -745,7 +764,8 @@ async def teardown(
     for attempt in range(5):
         # The first rescan is also the verification's first reading when nothing is left.
         rescan = await _scan(executor, spec, gpu=gpu, users=users,
-                             verify=verify if attempt == 0 else None)
+                             verify=verify if attempt == 0 else None,
+                             cgroup_checked=first.members is not None)
         last = rescan
         members = rescan.members
         for t in rescan.targets:
