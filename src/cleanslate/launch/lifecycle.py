@@ -454,7 +454,8 @@ async def stop_server(
             if run.supervisor_pid and run.supervisor_create_time else None,
             pgid=run.pgid, sid=run.sid, marker=run.marker, signature=run.engine,
             gpus=frozenset(run.gpus) if run.gpus is not None else None, port=run.port,
-            cgroup=cgroup, not_before=run.started_at, not_after=run.stopped_at,
+            cgroup=cgroup, cgroup_id=run.cgroup_id, uid=run.uid,
+            not_before=run.started_at, not_after=run.stopped_at,
             exclude_roots=frozenset({os.getpid()}),
         )
         report = await teardown(
