@@ -498,3 +498,34 @@ def test_program_flags_keep_the_flag_and_hide_the_value(argv: list[str],
 ])
 def test_text_forms(text: str, expected: str) -> None:
     assert redact_text(text) == expected
+
+
+# Other processes' command lines as a snapshot reads them from /proc (what `check --json`, a
+# baseline and a teardown's targets hold): the command-line rows of the spelling table, each a
+# real process.
+_PROCESS_ROWS = [(what, value) for what, where, value in SPELLINGS if where == "argv"]
+
+
+def test_other_processes_command_lines_are_redacted_in_a_snapshot(procs: Any) -> None:
+    import asyncio
+    import sys
+
+    from cleanslate.hosts.local import LocalExecutor
+    from cleanslate.probe.gpu.none import NoGpuBackend
+    from cleanslate.probe.host import probe_host
+
+    secrets: dict[str, str] = {}
+    started = []
+    for n, (what, value) in enumerate(_PROCESS_ROWS):
+        argv, secret = _unique(value, n)
+        secrets[secret] = what
+        # python ignores the words after -c's code: /proc shows them as the process's argv
+        started.append(procs.python("import time; time.sleep(60)", *argv).pid)
+    snapshot = asyncio.run(probe_host(LocalExecutor(python=sys.executable), NoGpuBackend(),
+                                      timeout=20))
+    seen = {p.pid: p for p in snapshot.processes}
+    assert all(pid in seen for pid in started)
+    text = snapshot.model_dump_json()
+    leaked = [what for secret, what in secrets.items() if secret in text]
+    print(f"{len(secrets)} command lines, {len(leaked)} leaked")
+    assert leaked == []
