@@ -150,14 +150,26 @@ def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float 
 
 def shm_remover(run: RunRecord, leftovers: Leftovers) -> Callable[[Snapshot], list[str]]:
     """Pick the run's own ``/dev/shm`` files: matching the engine's leftovers (or the generic
-    patterns), absent before the launch, and modified after it started."""
+    patterns), absent before the launch, modified after it started, and owned by the run's
+    user: the uid its supervisor ran as (``RunRecord.uid``), or, for a record made before that
+    was kept, the user this probe ran as on the host (the collector's uid). A file of another
+    user (``/dev/shm`` is world-writable: anyone can create a name that matches) or whose owner
+    was not read is never removed."""
     globs = leftovers.shm_globs
 
     def pick(snapshot: Snapshot) -> list[str]:
         before = set(run.shm_before)
+        uid = run.uid
+        if uid is None and snapshot.collector_pid is not None:
+            collector = snapshot.process(snapshot.collector_pid)
+            uid = collector.uid if collector is not None else None
+        if uid is None:
+            return []
         out = []
         for entry in snapshot.shm:
             if entry.name in before or entry.mtime < run.started_at - 1.0:
+                continue
+            if entry.uid != uid:
                 continue
             if globs and not any(fnmatch.fnmatchcase(entry.name, g) for g in globs):
                 continue
