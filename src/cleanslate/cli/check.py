@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -198,16 +199,29 @@ def _recorded_runs(store_url: str | None, hosts: list[str],
     when it exists: ``check`` never creates one. A ``--store`` that does not exist or cannot be
     read, and a ``$CLEANSLATE_STORE`` that cannot be read, are input errors; the default
     ``./cleanslate.db`` (or a ``$CLEANSLATE_STORE`` SQLite file) that does not exist is no
-    store at all."""
+    store at all. A store that another user owns or could replace is refused when it was named
+    (``--store``, ``$CLEANSLATE_STORE``: exit 2, by :class:`~cleanslate.store.Store`), and the
+    default ``./cleanslate.db`` is then ignored with a warning on stderr: the check goes on
+    without its recorded ports, none of its records is acted on."""
     if store_url is None:
         # Without importing the database stack (a quarter of a second) when there is no store.
-        url = os.environ.get("CLEANSLATE_STORE") or "cleanslate.db"
+        named = os.environ.get("CLEANSLATE_STORE")
+        url = named or "cleanslate.db"
         if "://" not in url:
             url = "sqlite:///" + url
         if url.startswith("sqlite:///"):
             database = url.removeprefix("sqlite:///").split("?", 1)[0]
             if not database or database == ":memory:" or not Path(database).exists():
                 return []
+            if not named:
+                from cleanslate.hosts.files import untrusted
+
+                problem = untrusted(database)
+                if problem is not None:
+                    print(f"warning: ignoring the store {Path(database).absolute()}: "
+                          f"{problem}; its recorded runs' ports are not checked (pass --store "
+                          "or set $CLEANSLATE_STORE for your own store)", file=sys.stderr)
+                    return []
     from cleanslate.store import Store
 
     runs = Store(store_url, create=False).runs()

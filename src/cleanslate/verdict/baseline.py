@@ -15,11 +15,14 @@ boot id) still loads, and a check against it says what it cannot compare.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cleanslate.errors import InputError
+from cleanslate.hosts.files import untrusted
 from cleanslate.probe.snapshot import ListeningSocket, Snapshot
 
 _HINT = "create one with `cleanslate check --save-baseline FILE`"
@@ -130,9 +133,14 @@ class Baseline(BaseModel):
         return False
 
     def save(self, path: Path) -> None:
-        """Write the baseline (UTF-8 JSON); an unwritable path is an :class:`InputError`."""
+        """Write the baseline (UTF-8 JSON), writable by this user only (:meth:`load` refuses a
+        baseline others could have written); an unwritable path is an :class:`InputError`."""
         try:
-            path.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            with path.open("w", encoding="utf-8") as fh:
+                mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
+                if mode & 0o022 and os.fstat(fh.fileno()).st_uid == os.geteuid():
+                    os.fchmod(fh.fileno(), mode & ~0o022)
+                fh.write(self.model_dump_json(indent=2) + "\n")
         except OSError as exc:
             raise InputError(f"cannot write the baseline: {exc.strerror or exc}",
                              where=str(path)) from None
@@ -140,7 +148,17 @@ class Baseline(BaseModel):
     @classmethod
     def load(cls, path: Path) -> Baseline:
         """Read a baseline file; a missing, unreadable, oversized, non-UTF-8, non-JSON or
-        malformed file is an :class:`InputError`."""
+        malformed file is an :class:`InputError`, and so is one that another user owns or
+        could have written (writable by group or others, or in a folder that lets others
+        replace it: :func:`cleanslate.hosts.files.untrusted`): what a baseline lists is
+        accepted as the idle state."""
+        problem = untrusted(path)
+        if problem is not None:
+            raise InputError(f"refused: {problem}", where=str(path),
+                             hint="a baseline says which listeners and processes were there "
+                                  "when the host was idle: keep it where only you can write "
+                                  "(chmod go-w FILE), or save a new one with "
+                                  "`cleanslate check --save-baseline FILE`")
         try:
             with path.open("rb") as fh:
                 raw = fh.read(MAX_BASELINE_BYTES + 1)
