@@ -529,3 +529,37 @@ def test_other_processes_command_lines_are_redacted_in_a_snapshot(procs: Any) ->
     leaked = [what for secret, what in secrets.items() if secret in text]
     print(f"{len(secrets)} command lines, {len(leaked)} leaked")
     assert leaked == []
+
+
+def test_a_studys_secrets_are_not_stored(tmp_path: Any) -> None:
+    """A study's ``env:`` and ``launch`` holding every environment and command-line spelling,
+    saved to a real SQLite store: no secret is in the database file, nor in what it returns."""
+    from cleanslate.store import Store, StudyStatus
+
+    env: dict[str, str] = {}
+    launch: list[str] = []
+    secrets: dict[str, str] = {}
+    for n, (what, where, value) in enumerate(SPELLINGS):
+        unique, secret = _unique(value, n)
+        if where == "env":
+            env.update({f"{k}_{n}" if not k.isupper() or k in env else k: v
+                        for k, v in unique.items()})
+        elif where == "argv":
+            launch += [*unique, ";"]
+        else:
+            continue
+        secrets[secret] = what
+    folder = tmp_path / "store"
+    folder.mkdir(mode=0o700)
+    store = Store(f"sqlite:///{folder}/s.db")
+    try:
+        store.save_study("s", {"name": "s", "engine": "sim", "env": env, "launch": launch},
+                         StudyStatus.RUNNING)
+        returned = repr(store.study("s"))
+    finally:
+        store.close()
+    raw = b"".join(f.read_bytes() for f in folder.iterdir() if f.is_file())
+    leaked = [what for secret, what in secrets.items()
+              if secret.encode() in raw or secret in returned]
+    print(f"{len(secrets)} study secrets, {len(leaked)} stored")
+    assert leaked == []
