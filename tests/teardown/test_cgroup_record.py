@@ -23,6 +23,7 @@ from cleanslate.launch._supervise import cgroup_parent
 from cleanslate.launch.lifecycle import stop_server
 from cleanslate.store import RunRecord, RunStatus, Store
 from cleanslate.teardown.teardown import CGROUP, TeardownReport, cgroup_op
+from tests.hosts.conftest import ssh_home, sshd  # noqa: F401
 from tests.teardown._reuse import Strangers, start_time, strangers  # noqa: F401
 
 RUN = "r-20261201-000000-cgrp"
@@ -143,3 +144,28 @@ def test_the_runs_own_cgroup_is_used(tmp_path: Path, strangers: Strangers,  # no
     assert report.cgroup_removed and not Path(path).exists()
     assert not Path(f"/proc/{member}").exists() or \
         Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_the_check_runs_on_the_remote_host(tmp_path: Path, cgroups: list[str],
+                                           sshd: object, ssh_home: Path,  # noqa: F811
+                                           ) -> None:
+    """Over SSH the same script runs on the host (its python3): the plain folder is refused
+    there, the real cgroup admitted."""
+    from cleanslate.hosts.ssh import SSHExecutor
+
+    fake = tmp_path / f"cleanslate-{RUN}"
+    fake.mkdir()
+    (fake / "cgroup.procs").write_text("1\n")
+    real = make_cgroup(cgroups)
+
+    async def both() -> tuple[dict[str, object], dict[str, object]]:
+        executor = SSHExecutor("plain")
+        try:
+            return (await cgroup_op(executor, str(fake), uid=0),
+                    await cgroup_op(executor, real, uid=0, cgroup_id=os.stat(real).st_ino))
+        finally:
+            await executor.close()
+
+    refused, admitted = asyncio.run(both())
+    assert "not in a cgroup v2 file system" in str(refused.get("refused")), refused
+    assert admitted.get("ok") is True and admitted.get("members") == [], admitted
