@@ -468,7 +468,8 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     return (
         [target(pid, why) for pid, why in chosen.items() if by_pid[pid].state != "Z"],
         [target(pid, why, protected[pid]) for pid, why in refused.items()]
-        + [target(pid, why, reason) for pid, (why, reason) in unverified.items()
+        + [target(pid, why, protected.get(pid, reason))
+           for pid, (why, reason) in unverified.items()
            if pid not in chosen and pid not in refused and by_pid[pid].state != "Z"],
     )
 
