@@ -443,7 +443,8 @@ SURVIVORS: list[tuple[str, str, Any]] = [
                         "bucket-time-to-first-token": "0.1,0.5",
                         "prefill-delayer-token-usage-low-watermark": 0.2,
                         "bucket-inter-token-latency": "1,2",
-                        "return-tokens-as-token-ids": True}),
+                        "return-tokens-as-token-ids": True, "pad-token-id": 0,
+                        "eos_token_id": 2}),
     ("argv", "argv", ["python", "-m", "sglang.launch_server", "--tbo-token-distribution-threshold",
                       "0.48", "--speculative-token-map", "/m.pt", "--kt-max-deferred-experts-"
                       "per-token", "4", "--bucket-time-to-first-token", "0.1", "--model-path",

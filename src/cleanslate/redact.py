@@ -12,7 +12,7 @@ progress lines) goes through the functions here first. What counts as a secret:
   or ``PWD`` after another part (``HF_TOKEN``, ``OPENAI_API_KEY``, ``PGPASSWORD``,
   ``MYSQL_PWD``, ``GITHUB_PAT``, ``--api-key``; ``PWD`` alone is the working directory),
   unless a later part says it names a place or a measure of the secret rather than the secret
-  (``PATH``, ``FILE``, ``DIR``, ``THROUGHPUT``, ``THRESHOLD``, ``MAP``, ``STDIN``, ...:
+  (``PATH``, ``FILE``, ``DIR``, ``THROUGHPUT``, ``THRESHOLD``, ``MAP``, ``ID``, ``STDIN``, ...:
   ``HF_TOKEN_PATH``, ``--api-key-file``, ``total_token_throughput``,
   ``--password-stdin``) or the part before it makes it a unit (``PER``, ``FIRST``:
   ``--kt-max-deferred-experts-per-token``); not ``TOKENIZERS_PARALLELISM``,
@@ -62,7 +62,7 @@ _NOT_FIRST = frozenset({"PWD"})
 # A part after the secret one that makes the name a place or a measure, not the secret itself.
 _NOT_THE_VALUE = frozenset({"PATH", "FILE", "FILES", "DIR", "THROUGHPUT", "LEN", "LENGTH",
                             "COUNT", "SIZE", "THRESHOLD", "LATENCY", "WATERMARK", "METRICS",
-                            "MAP", "IDS", "JAR", "STDIN"})
+                            "MAP", "ID", "IDS", "JAR", "STDIN"})
 # A part before the secret one that makes it a unit ("--kt-max-deferred-experts-per-token",
 # "--bucket-time-to-first-token"): a measure, not the secret.
 _UNIT_OF = frozenset({"PER", "FIRST", "LAST", "NEXT", "EACH"})
