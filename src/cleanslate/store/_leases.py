@@ -6,7 +6,10 @@ a trial is cleanslate's own: a :class:`LeaseRecord` per claimed configuration (`
 A lease is ``active`` while its worker renews it (:attr:`LeaseRecord.heartbeat_at`); a lease
 whose heartbeat is older than the study's ``lease_timeout_s`` is ``expired`` by whoever claims
 next, and its configuration goes back to the queue; a lease whose trial ended is ``released``
-(``outcome``: ``result`` when the trial produced one, ``requeued`` when it did not).
+(``outcome``: ``result`` when the trial produced one, ``requeued`` when it did not). A row
+that is not a lease (its JSON unreadable or not a valid record) or whose configuration is not
+one of the study's (:meth:`~cleanslate.store.Store.claim_lease`'s ``valid``) is marked
+``invalid`` when a claim meets it, and skipped from then on.
 :class:`SlotRecord` (``cs_slots``) says that a slot is ``suspect`` (a run of an expired lease
 could not be torn down there) or ``quarantined`` (it stayed dirty), with the evidence.
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from cleanslate.store._records import Record
 from cleanslate.verdict.findings import Finding
@@ -36,11 +39,14 @@ def config_key(params: Mapping[str, Any]) -> str:
 
 class LeaseState(StrEnum):
     """``active`` (its worker holds it and renews it), ``released`` (its trial ended: see
-    ``outcome``) or ``expired`` (no heartbeat within the timeout: its worker is gone)."""
+    ``outcome``), ``expired`` (no heartbeat within the timeout: its worker is gone) or
+    ``invalid`` (the row is not a lease of the study: garbled, or written by someone else;
+    skipped, see ``detail``)."""
 
     ACTIVE = "active"
     RELEASED = "released"
     EXPIRED = "expired"
+    INVALID = "invalid"
 
 
 class LeaseOutcome(StrEnum):
@@ -106,19 +112,63 @@ class SlotRecord(Record):
     updated_at: float = Field(default_factory=time.time)
 
 
+#: The largest lease document read (a lease is a few hundred bytes; its parameters are the
+#: study's flags).
+MAX_LEASE_CHARS = 1 << 20
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = text.replace("\n", " ").replace("\r", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def parse_lease(row_id: int, raw: Any) -> LeaseRecord | str:
+    """The lease a row's document holds (``raw``: its JSON text), or why it holds none: not
+    text, larger than :data:`MAX_LEASE_CHARS`, not JSON, not an object, or not a valid
+    :class:`LeaseRecord` (a key missing, a wrong type). A document of a newer schema raises
+    :class:`~cleanslate.store._records.NewerSchemaError`, as every record does."""
+    if isinstance(raw, (bytes, bytearray)):
+        raw = bytes(raw).decode("utf-8", errors="replace")
+    if not isinstance(raw, str):
+        return "its document is not JSON text"
+    if len(raw) > MAX_LEASE_CHARS:
+        return f"its document is {len(raw):,} characters (at most {MAX_LEASE_CHARS:,})"
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return _short(f"its document is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return f"its document is a JSON {type(data).__name__}, not an object"
+    try:
+        return LeaseRecord.from_document({**data, "id": row_id})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "the record"
+        return _short(f"not a lease: {where}: {first.get('msg', 'invalid')}")
+
+
+@dataclass(frozen=True)
+class InvalidLease:
+    """A row a claim marked ``invalid``: its id and why."""
+
+    id: int
+    reason: str
+
+
 @dataclass
 class Claim:
     """What :meth:`~cleanslate.store.Store.claim_lease` did: the lease it granted (``None``:
     nothing to hand out now), the leases it expired on the way, whether the study's plan or
-    budget is done (every target has a result), and how many results and active leases the
-    study has."""
+    budget is done (every target has a result), how many results and active leases the
+    study has, and the rows it marked ``invalid`` on the way."""
 
     lease: LeaseRecord | None
     expired: list[LeaseRecord] = field(default_factory=list)
+    invalid: list[InvalidLease] = field(default_factory=list)
     done: bool = False
     finished: int = 0
     active: int = 0
 
 
-__all__ = ["Claim", "LeaseOutcome", "LeaseRecord", "LeaseState", "SlotRecord", "SlotState",
-           "config_key"]
+__all__ = ["MAX_LEASE_CHARS", "Claim", "InvalidLease", "LeaseOutcome", "LeaseRecord",
+           "LeaseState", "SlotRecord", "SlotState", "config_key", "parse_lease"]

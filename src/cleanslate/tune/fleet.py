@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import time
@@ -39,6 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from cleanslate.doctor.snapshot import snapshot_host
 from cleanslate.errors import InputError
@@ -49,6 +56,7 @@ from cleanslate.launch.lifecycle import Exclusions, stop_server
 from cleanslate.store import RunStatus, Store
 from cleanslate.store._hosts import HostRecord, local_machine
 from cleanslate.store._leases import (
+    Claim,
     LeaseOutcome,
     LeaseRecord,
     LeaseState,
@@ -152,6 +160,26 @@ def _errors(report: CheckReport | None) -> tuple[Finding, ...]:
 # -- the fleet -------------------------------------------------------------------------------------
 
 
+def _in_distribution(dist: BaseDistribution, value: Any) -> bool:
+    """Whether ``value``, as JSON gave it back, is one of ``dist``'s values: of a categorical
+    one's choices with its type (``1`` is not ``True``, ``"16"`` is not ``16``), an integer
+    or a finite number within an int or float range and on its step."""
+    if isinstance(dist, CategoricalDistribution):
+        return any(type(choice) is type(value) and choice == value for choice in dist.choices)
+    if isinstance(dist, IntDistribution):
+        if type(value) is not int:
+            return False
+    elif isinstance(dist, FloatDistribution):
+        if type(value) not in (int, float) or not math.isfinite(value):
+            return False
+    else:
+        return False
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError, OverflowError):
+        return False
+
+
 @dataclass
 class SlotEnd:
     """How one slot's worker ended, and what it did."""
@@ -191,6 +219,40 @@ class Fleet:
         base = dict(self.spec.baseline) if plan is None and self.spec.baseline else None
         self.first = [(self._key(base), base)] if base else []
         self.poll_s = min(2.0, self.spec.lease_timeout_s / 3)
+
+    def claim(self, template: LeaseRecord, say: Callable[[str], None]) -> Claim:
+        """The next lease of ``template``'s slot (:meth:`~cleanslate.store.Store.claim_lease`),
+        every re-queued configuration checked against the study's space
+        (:meth:`lease_problem`); a row that is not a lease of this study is marked ``invalid``
+        by the store, said as a warning, and skipped: the worker goes on."""
+        claim = self.store.claim_lease(
+            template, timeout_s=self.spec.lease_timeout_s, plan=self.plan, first=self.first,
+            limit=self.total, gone=lambda lease: worker_gone(lease.worker),
+            valid=self.lease_problem)
+        for bad in claim.invalid:
+            say(f"warning: lease row {bad.id} in the store is not a lease of this study: "
+                f"{bad.reason}; marked invalid and skipped")
+        return claim
+
+    def lease_problem(self, lease: LeaseRecord) -> str | None:
+        """Why a re-queued lease's configuration is not one this study may run (``None``: it
+        is): no parameters, a key that is not its parameters', a flag that is not in the
+        space, or a value that is not one of the space's (a planned configuration must be one
+        of the plan's). The store marks such a row ``invalid`` and the claim goes on."""
+        params = lease.params
+        if not params:
+            return "it names no parameters"
+        if lease.key != self._key(params):
+            return "its key is not the key of its parameters"
+        if self.plan is not None and lease.key not in self.params:
+            return "its configuration is not one of the study's plan"
+        for name, value in params.items():
+            dist = self.dists.get(name)
+            if dist is None:
+                return f"{name[:80]!r} is not a flag of the study's space"
+            if not _in_distribution(dist, value):
+                return f"{name}: {str(value)[:80]!r} is not a value of the study's space"
+        return None
 
     def _key(self, params: dict[str, Any]) -> str:
         """A configuration's key as the store compares it (its redacted parameters)."""
@@ -299,11 +361,7 @@ class Fleet:
                 return end
             if not await self.usable(slot, executor, spec, exclusions, say, end):
                 return end
-            run_id = new_run_id()
-            claim = self.store.claim_lease(
-                template.model_copy(update={"run_id": run_id}),
-                timeout_s=spec.lease_timeout_s, plan=self.plan, first=self.first,
-                limit=self.total, gone=lambda lease: worker_gone(lease.worker))
+            claim = self.claim(template.model_copy(update={"run_id": new_run_id()}), say)
             for lost in claim.expired:
                 await self.requeue(lost, say)
             if claim.lease is None:
