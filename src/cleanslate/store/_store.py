@@ -747,9 +747,11 @@ class Store:
         given."""
         if self._empty or not inspect(self.engine).has_table(LeaseRow.__tablename__):
             return []
-        # Rows that hold no lease are left out (a claim marks them invalid).
+        # Rows that hold no lease are left out, and those marked invalid unless asked for
+        # (they are no slot's work).
         with self.engine.connect() as conn:
-            states = list(LeaseState) if state is None else [LeaseState(state)]
+            states = [s for s in LeaseState if s != LeaseState.INVALID] if state is None \
+                else [LeaseState(state)]
             return [lease for _id, _state, lease in self._lease_rows(conn, study, *states)
                     if not isinstance(lease, str)]
 
