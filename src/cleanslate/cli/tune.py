@@ -123,11 +123,15 @@ def tune(
         note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
         if note:
             console_err.print(f"[yellow]note:[/] {escape(note)}")
+        from cleanslate.store._store import study_digest
+
         new = store.study(spec.name) is None
         register_study(store, spec)
+        stored = store.study(spec.name)
+        digest = f" (definition {study_digest(stored.spec)})" if stored is not None else ""
         console.print(f"study {escape(spec.name)} {'recorded' if new else 'already'} in "
-                      f"{escape(store.display_url)}: start workers with `cleanslate worker "
-                      f"--study {escape(spec.name)}`", highlight=False)
+                      f"{escape(store.display_url)}{digest}: start workers with `cleanslate "
+                      f"worker --study {escape(spec.name)}`", highlight=False)
         raise typer.Exit(ExitCode.OK)
     if not resume and store.study(spec.name) is not None:
         raise InputError(f"study {spec.name!r} already exists in {store.display_url}",

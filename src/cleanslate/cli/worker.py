@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from cleanslate.cli._common import console, parse_gpus
 from cleanslate.cli.tune import ConsoleView
@@ -34,14 +35,20 @@ def worker(
     """Lease trials of a study that `cleanslate tune` started and run them on one slot (host,
     GPUs, port) until its plan or budget is done. Any number of workers may share a store."""
     from cleanslate.store import Store
+    from cleanslate.store._store import study_digest
     from cleanslate.tune.controller import load_stored_study, run_worker, worker_slot
 
     gpu_list = parse_gpus(gpus) if gpus is not None else None
     reader = Store(store_url, create=False)  # a study that is not there: nothing written
     try:
+        record = reader.study(study)
         spec = load_stored_study(reader, study)
     finally:
         reader.close()
+    if record is not None:  # what this worker launches is what the store's row says: say which
+        console.print(Text(f"worker: study {spec.name} from {reader.display_url}, definition "
+                           f"{study_digest(record.spec)} (engine {spec.engine}, model "
+                           f"{spec.model})"), highlight=False)
     slot = worker_slot(spec, host=host, gpus=gpu_list, port=port)
     store = Store(store_url)
     try:

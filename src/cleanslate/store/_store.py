@@ -101,6 +101,19 @@ def resolve_store_url(url: str | None) -> str:
     return value
 
 
+def study_digest(spec: Any) -> str:
+    """``sha256:<hex>`` of a study definition as the store holds it (:attr:`StudyRecord.spec`,
+    secrets redacted), over its canonical JSON: keys sorted, no blanks, UTF-8. Every worker
+    launches what that row says (its ``engine``, ``launch``, ``fixed`` and ``space``): a worker
+    logs this digest, so that what it ran can be compared with what was registered."""
+    import hashlib
+    import json
+
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def display_url(url: str) -> str:
     """A store URL fit to print: no password (in the authority or the query), e.g.
     ``postgresql+psycopg://u:***@host/db``. Never raises."""
@@ -852,4 +865,4 @@ def tighten(path: Path) -> None:
                 os.close(fd)
 
 
-__all__ = ["SQLAlchemyError", "Store", "display_url", "tighten"]
+__all__ = ["SQLAlchemyError", "Store", "display_url", "study_digest", "tighten"]
