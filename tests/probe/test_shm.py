@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from cleanslate.probe.fallback import run_fallback
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
 from cleanslate.probe.snapshot import Snapshot
+from tests.conftest import Processes
 
 NOBODY = 65534
 MIB = 1 << 20
@@ -84,6 +86,21 @@ def test_both_probes_read_the_owner_and_the_memory_held(shm_dir: Path) -> None:
         assert fallback[name]["uid"] == entry.uid
         assert fallback[name]["size_bytes"] == entry.size_bytes
         assert fallback[name]["allocated_bytes"] == entry.allocated_bytes
+    for entry in fallback.values():
+        assert entry["held_by"] == []
     fb_space = _fallback(shm_dir)["shm_space"]
     assert fb_space["total_bytes"] == space.total_bytes
     assert abs(fb_space["free_bytes"] - space.free_bytes) <= 8 * MIB
+
+
+def test_both_probes_name_the_processes_holding_a_file_open(shm_dir: Path,
+                                                           procs: Processes) -> None:
+    path = shm_dir / "psm_1dea5eed"
+    _write(path, 1)
+    holder = procs.python("import sys, time; f = open(sys.argv[1], 'rb'); print(1, flush=True);"
+                          " time.sleep(30)", str(path), stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline()
+    (entry,) = _collector(shm_dir).shm
+    assert entry.held_by == (holder.pid,)
+    (fb,) = _fallback(shm_dir)["shm"]
+    assert fb["held_by"] == [holder.pid]

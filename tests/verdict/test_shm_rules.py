@@ -28,6 +28,7 @@ from cleanslate.probe.snapshot import GpuReading, ShmEntry, ShmSpace, Snapshot
 from cleanslate.verdict.check import CheckOptions, check_hosts
 from cleanslate.verdict.findings import Finding, FindingKind, Severity, Verdict
 from cleanslate.verdict.rules import SHM_ERROR_BYTES, SHM_MIN_FREE_FRACTION, Scope, evaluate
+from tests.conftest import Processes
 
 MIB = 1 << 20
 
@@ -123,3 +124,18 @@ def test_the_memory_held_counts_not_the_length() -> None:
              if f.kind == FindingKind.SHM_LEFTOVER}
     assert found == {"psm_1": Severity.WARNING, "psm_2": Severity.ERROR,
                      "psm_3": Severity.ERROR}  # unknown blocks: its length counts
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_large_segment_in_use_is_not_a_leftover(segment: Path, procs: Processes) -> None:
+    """Another slot's run (or any service) holding its segment open: not a leftover to weigh;
+    otherwise a second run on the host could not even pass its check before the launch."""
+    segment.write_bytes(b"\1" * (80 * MIB))
+    holder = procs.python("import sys, time; f = open(sys.argv[1], 'rb'); print(1, flush=True);"
+                          " time.sleep(30)", str(segment), stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline()
+    verdict, found = _check()
+    (finding,) = [f for f in found if f.evidence["name"] == segment.name]
+    assert finding.severity == Severity.WARNING and finding.evidence["held_by"] == [holder.pid]
+    assert f"open in PID {holder.pid}" in finding.message
+    assert verdict == Verdict.CLEAN

@@ -207,10 +207,13 @@ def _addr(hexaddr: str) -> str:
 
 
 def _fd_scan(
-    pids: list[int], socket_inodes: set[int]
+    pids: list[int], socket_inodes: set[int], shm_prefix: str = "/dev/shm/",
+    shm_open: dict[str, set[int]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[int, set[int]], list[int]]:
     """Device files /dev/nvidia* each process holds, the owners of the given sockets, and the
-    PIDs whose open files could not be read (no permission: they may hold either unseen)."""
+    PIDs whose open files could not be read (no permission: they may hold either unseen).
+    ``shm_open`` (when given) gets, per file name under ``shm_prefix``, the PIDs holding it
+    open: a file in use is not a leftover."""
     holders: list[dict[str, Any]] = []
     owners: dict[int, set[int]] = {}
     unreadable: list[int] = []
@@ -242,6 +245,8 @@ def _fd_scan(
                     continue
                 if target.startswith("/dev/nvidia"):
                     devices.add(target)
+                elif shm_open is not None and target.startswith(shm_prefix):
+                    shm_open.setdefault(target[len(shm_prefix):], set()).add(pid)
                 elif socket_inodes and target.startswith("socket:["):
                     inode = int(target[8:-1])
                     if inode in socket_inodes:
@@ -255,9 +260,12 @@ def _fd_scan(
     return holders, owners, unreadable
 
 
-def _shm(directory: str, patterns: list[str]) -> list[dict[str, Any]]:
+def _shm(directory: str, patterns: list[str],
+         held: dict[str, set[int]] | None = None) -> list[dict[str, Any]]:
     """The files of ``directory`` whose name matches one of ``patterns`` (``fnmatch``), each
-    with the first pattern it matches, its owner and the memory it holds (its blocks)."""
+    with the first pattern it matches, its owner, the memory it holds (its blocks) and the
+    PIDs that hold it open (``held``: from the open-file scan)."""
+    held = held or {}
     out: list[dict[str, Any]] = []
     if not patterns:
         return out
@@ -271,7 +279,8 @@ def _shm(directory: str, patterns: list[str]) -> list[dict[str, Any]]:
                 out.append(
                     {"name": name, "size_bytes": st.st_size, "mtime": st.st_mtime,
                      "pattern": pattern, "uid": st.st_uid,
-                     "allocated_bytes": st.st_blocks * 512}
+                     "allocated_bytes": st.st_blocks * 512,
+                     "held_by": sorted(held.get(name, ()))}
                 )
                 break
     return out
@@ -409,8 +418,11 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         sockets_error = f"{type(exc).__name__}: {exc}"
 
+    shm_open: dict[str, set[int]] = {}
     try:
-        holders, owners, fd_unreadable = _fd_scan([p["pid"] for p in procs], set(sockets))
+        holders, owners, fd_unreadable = _fd_scan(
+            [p["pid"] for p in procs], set(sockets),
+            (options.get("shm_dir") or "/dev/shm").rstrip("/") + "/", shm_open)
         result["device_holders"] = holders
         result["fd_unreadable"] = fd_unreadable
         sources.append(_source("device_files", True, started))
@@ -435,7 +447,8 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     try:
         shm_dir = options.get("shm_dir") or "/dev/shm"
-        result["shm"] = _shm(shm_dir, [str(p) for p in options.get("shm_patterns") or ()])
+        result["shm"] = _shm(shm_dir, [str(p) for p in options.get("shm_patterns") or ()],
+                             shm_open)
         result["shm_space"] = _shm_space(shm_dir)
         sources.append(_source("shm", False, started))
     except Exception as exc:

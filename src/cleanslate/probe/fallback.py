@@ -131,7 +131,7 @@ async def run_fallback(
     if not result.stdout.endswith(f"@@{token} done\n".encode()):
         return None, result
     return parse_fallback(result.stdout, token=token, ports=set(ports), listeners=listeners,
-                          shm_patterns=shm_patterns), result
+                          shm_patterns=shm_patterns, shm_dir=shm_dir or "/dev/shm"), result
 
 
 def _sh_quote(value: str) -> str:
@@ -248,7 +248,7 @@ def _problem(section: _Section | None, name: str, whole: str | None) -> str | No
 
 def parse_fallback(
     raw: bytes, *, token: str, ports: set[int], listeners: bool = False,
-    shm_patterns: Sequence[str] | None = None,
+    shm_patterns: Sequence[str] | None = None, shm_dir: str = "/dev/shm",
 ) -> dict[str, Any]:
     """Turn the script's output into the collector's raw snapshot dict (see the module doc).
     ``shm_patterns``: the ``/dev/shm`` names to report (``None``: the registered engines',
@@ -304,9 +304,11 @@ def parse_fallback(
     holders: list[dict[str, Any]] = []
     sockets_by_inode: dict[int, set[int]] = {}
     fd_unreadable: set[int] = set()
+    shm_open: dict[str, set[int]] = {}
     fd_error = fd_problem or fderr_problem
     if fd_error is None and fd_section is not None and fderr_section is not None:
-        holders, sockets_by_inode, fd_unreadable, fd_error = _fds(fd_section, fderr_section)
+        holders, sockets_by_inode, fd_unreadable, fd_error = _fds(
+            fd_section, fderr_section, shm_dir.rstrip("/") + "/", shm_open)
     out["device_holders"] = holders
     out["fd_unreadable"] = sorted(fd_unreadable)
     sources.append(_source("device_files", True, fd_error))
@@ -336,7 +338,7 @@ def parse_fallback(
     shm_error = shm_problem
     if shm_section is not None:
         patterns = registered_shm_patterns() if shm_patterns is None else tuple(shm_patterns)
-        shm, shm_error = _shm(shm_section, patterns)
+        shm, shm_error = _shm(shm_section, patterns, shm_open)
     shmfs_section, shmfs_problem = usable("shmfs")
     if shmfs_section is not None:
         out["shm_space"], shmfs_problem = _shm_space(shmfs_section)
@@ -429,12 +431,14 @@ _LS_ERROR = re.compile(r"^ls: cannot [a-z ]+ [`'\"]?/proc/(\d+)/fd(?:/\d+)?[`'\"
 
 
 def _fds(
-    section: _Section, errors: _Section
+    section: _Section, errors: _Section, shm_prefix: str = "/dev/shm/",
+    shm_open: dict[str, set[int]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[int, set[int]], set[int], str | None]:
     """Device holders, socket owners and the PIDs whose open files could not be read, from
     ``ls -ln -b /proc/[0-9]*/fd`` (``section``) and its stderr (``errors``). ls exits 1 or 2
     when some directory vanished or could not be read (other users' processes): not a
-    failure, but the unreadable ones are reported."""
+    failure, but the unreadable ones are reported. ``shm_open`` (when given) gets, per file
+    name under ``shm_prefix``, the PIDs holding it open."""
     lines = section.lines()
     if section.rc not in (0, 1, 2) or not lines:
         detail = " ".join(errors.lines()[-1:])
@@ -460,6 +464,8 @@ def _fds(
         target = unescape_ls(entry.group(2))
         if target.startswith("/dev/nvidia"):
             devices.setdefault(pid, set()).add(target)
+        elif shm_open is not None and target.startswith(shm_prefix):
+            shm_open.setdefault(target[len(shm_prefix):], set()).add(pid)
         elif target.startswith("socket:[") and target.endswith("]"):
             inode = target[8:-1]
             if inode.isdigit():
@@ -580,9 +586,11 @@ def unescape_ls(text: str) -> str:
     return out.decode("utf-8", "replace")
 
 
-def _shm(section: _Section, patterns: Sequence[str]) -> tuple[list[dict[str, Any]], str | None]:
+def _shm(section: _Section, patterns: Sequence[str], held: dict[str, set[int]] | None = None
+         ) -> tuple[list[dict[str, Any]], str | None]:
     """``ls -lns --block-size=1``: blocks (bytes held), mode, links, uid, gid, size, mtime,
-    name."""
+    name; ``held``: the PIDs holding each name open (from the open-file section)."""
+    held = held or {}
     lines = section.lines()
     if section.rc != 0:
         detail = " ".join(lines[-1:]) or "no output"
@@ -604,7 +612,8 @@ def _shm(section: _Section, patterns: Sequence[str]) -> tuple[list[dict[str, Any
             if fnmatch.fnmatchcase(name, pattern):
                 out.append({"name": name, "size_bytes": int(parts[5]), "mtime": float(parts[6]),
                             "pattern": pattern, "uid": int(parts[3]),
-                            "allocated_bytes": int(parts[0])})
+                            "allocated_bytes": int(parts[0]),
+                            "held_by": sorted(held.get(name, ()))})
                 break
     return sorted(out, key=lambda e: str(e["name"])), None
 

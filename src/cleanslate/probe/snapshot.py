@@ -96,7 +96,8 @@ class ShmEntry(Frozen):
     ``size_bytes`` is its length (``st_size``); ``allocated_bytes`` the memory it holds
     (``st_blocks`` x 512: a segment created at its full length and never written holds
     nothing), ``None`` when not read. ``uid`` is its owner, ``None`` when not read: teardown
-    removes only files of the run's user.
+    removes only files of the run's user. ``held_by``: the PIDs that have it open (a file in
+    use is a live process's, not a leftover to weigh; a file only mapped is not seen here).
     """
 
     name: str
@@ -105,6 +106,7 @@ class ShmEntry(Frozen):
     pattern: str
     uid: int | None = None
     allocated_bytes: int | None = None
+    held_by: tuple[int, ...] = ()
 
     @property
     def held_bytes(self) -> int:

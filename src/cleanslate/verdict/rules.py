@@ -613,7 +613,9 @@ def _mib(n: int) -> str:
 def _shm_rules(snapshot: Snapshot, scope: Scope, baseline: Baseline | None) -> list[Finding]:
     """A leftover is a warning, and an error when it holds more than :data:`SHM_ERROR_BYTES`
     (its blocks; its length where they were not read), when ``/dev/shm`` has less than
-    :data:`SHM_MIN_FREE_FRACTION` free, or with ``strict``."""
+    :data:`SHM_MIN_FREE_FRACTION` free, or with ``strict``. A file that a live process holds
+    open is that process's (another slot's run, a service): a warning naming it, never
+    escalated by its size; a stray holding it is an error of its own."""
     known = set(baseline.shm) if baseline else set()
     space = snapshot.shm_space
     low = space is not None and space.total_bytes > 0 and \
@@ -623,24 +625,26 @@ def _shm_rules(snapshot: Snapshot, scope: Scope, baseline: Baseline | None) -> l
         if entry.name in known:
             continue
         held = entry.held_bytes
-        large = held > SHM_ERROR_BYTES
+        in_use = bool(entry.held_by)
         why = []
-        if large:
+        if held > SHM_ERROR_BYTES and not in_use:
             why.append(f"more than {_mib(SHM_ERROR_BYTES)} that the next start cannot use")
-        if low and space is not None:
+        if low and space is not None and not in_use:
             why.append(f"/dev/shm has {_mib(space.free_bytes)} free of "
                        f"{_mib(space.total_bytes)} (less than "
                        f"{SHM_MIN_FREE_FRACTION:.0%}): the next start's segments may not fit")
         evidence: dict[str, object] = {
             "name": entry.name, "size_bytes": entry.size_bytes,
             "allocated_bytes": entry.allocated_bytes, "pattern": entry.pattern,
-            "uid": entry.uid}
+            "uid": entry.uid, "held_by": list(entry.held_by)}
         if space is not None:
             evidence.update(shm_free_bytes=space.free_bytes, shm_total_bytes=space.total_bytes)
         out.append(Finding(
             kind=_K.SHM_LEFTOVER, severity=_S.ERROR if scope.strict or why else _S.WARNING,
             message=f"/dev/shm/{entry.name} ({_mib(held)} held, {entry.size_bytes} bytes long) "
-                    f"is left over (matches {entry.pattern})"
+                    + (f"is open in PID {', '.join(map(str, entry.held_by[:5]))}"
+                       if in_use else "is left over")
+                    + f" (matches {entry.pattern})"
                     + (f": {'; '.join(why)}" if why else ""),
             evidence=evidence,
         ))
