@@ -146,6 +146,7 @@ def test_the_runs_own_cgroup_is_used(tmp_path: Path, strangers: Strangers,  # no
         Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
+@pytest.mark.slow  # an SSH session and two Python starts on the host: 1.6-3 s here
 def test_the_check_runs_on_the_remote_host(tmp_path: Path, cgroups: list[str],
                                            sshd: object, ssh_home: Path,  # noqa: F811
                                            ) -> None:
