@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -196,3 +197,43 @@ def test_a_forward_is_served_over_its_socket(tmp_path: Path) -> None:
                 await server.wait_closed()
 
     asyncio.run(go())
+
+
+def test_a_benchmark_and_a_smoke_test_run_through_the_ssh_forward(sshd: Sshd,
+                                                                  ssh_home: Path) -> None:
+    """What a remote trial sends, through the real forward: the smoke test, then two
+    benchmark levels (the session's connector, its pool), all served by the fake OpenAI server
+    on the host's loopback; and after the forward has closed, nothing reaches the server."""
+    from cleanslate.bench import BenchConfig, ClosedLoop, RandomWorkload, run_benchmark
+    from cleanslate.engines._smoke import smoke_test
+    from tests.bench.conftest import fake_server
+
+    async def go() -> tuple[Any, Any, int, str]:
+        async with fake_server() as (server_url, stats):
+            port = urlsplit(server_url).port
+            assert port is not None
+            executor = SSHExecutor("plain")
+            try:
+                async with executor.forward_port(port) as url:
+                    smoke = await smoke_test(url, "m", request_timeout=20)
+                    config = BenchConfig(url=url, model="m",
+                                         workload=RandomWorkload(input_len=8, output_len=5),
+                                         loads=(ClosedLoop(concurrency=1),
+                                                ClosedLoop(concurrency=4)), num_prompts=12)
+                    result = await run_benchmark(config)
+                served = stats.requests
+                async with aiohttp.ClientSession(connector=forward.connector_for(url)) as http:
+                    try:
+                        async with http.get(url + "/health") as response:
+                            after = f"answered {response.status}"
+                    except aiohttp.ClientError as exc:
+                        after = f"refused: {type(exc).__name__}"
+            finally:
+                await executor.close()
+            return smoke, result, served, after
+
+    smoke, result, served, after = asyncio.run(go())
+    assert smoke.passed, smoke.detail
+    assert [lv.completed for lv in result.levels] == [12, 12] and not result.partial
+    assert served == len(smoke.outputs) + 24
+    assert after.startswith("refused"), after
