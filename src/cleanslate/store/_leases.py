@@ -122,11 +122,9 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def parse_lease(row_id: int, raw: Any) -> LeaseRecord | str:
-    """The lease a row's document holds (``raw``: its JSON text), or why it holds none: not
-    text, larger than :data:`MAX_LEASE_CHARS`, not JSON, not an object, or not a valid
-    :class:`LeaseRecord` (a key missing, a wrong type). A document of a newer schema raises
-    :class:`~cleanslate.store._records.NewerSchemaError`, as every record does."""
+def lease_document(raw: Any) -> dict[str, Any] | str:
+    """A row's document (``raw``: its JSON text) as a mapping, or why it is none: not text,
+    larger than :data:`MAX_LEASE_CHARS`, not JSON, or not an object."""
     if isinstance(raw, (bytes, bytearray)):
         raw = bytes(raw).decode("utf-8", errors="replace")
     if not isinstance(raw, str):
@@ -139,6 +137,17 @@ def parse_lease(row_id: int, raw: Any) -> LeaseRecord | str:
         return _short(f"its document is not JSON: {exc}")
     if not isinstance(data, dict):
         return f"its document is a JSON {type(data).__name__}, not an object"
+    return data
+
+
+def parse_lease(row_id: int, raw: Any) -> LeaseRecord | str:
+    """The lease a row's document holds (``raw``: its JSON text), or why it holds none: not a
+    document (:func:`lease_document`), or not a valid :class:`LeaseRecord` (a key missing, a
+    wrong type). A document of a newer schema raises
+    :class:`~cleanslate.store._records.NewerSchemaError`, as every record does."""
+    data = lease_document(raw)
+    if isinstance(data, str):
+        return data
     try:
         return LeaseRecord.from_document({**data, "id": row_id})
     except ValidationError as exc:
@@ -171,4 +180,5 @@ class Claim:
 
 
 __all__ = ["MAX_LEASE_CHARS", "Claim", "InvalidLease", "LeaseOutcome", "LeaseRecord",
-           "LeaseState", "SlotRecord", "SlotState", "config_key", "parse_lease"]
+           "LeaseState", "SlotRecord", "SlotState", "config_key", "lease_document",
+           "parse_lease"]

@@ -37,6 +37,7 @@ from cleanslate.store._leases import (
     LeaseState,
     SlotRecord,
     config_key,
+    lease_document,
     parse_lease,
 )
 from cleanslate.store._records import NewerSchemaError, RunRecord, RunStatus
@@ -634,17 +635,23 @@ class Store:
                      finished=len(finished), active=len(active) + 1)
 
     @staticmethod
-    def _lease_rows(conn: Connection, study: str, *states: LeaseState
-                    ) -> Iterator[tuple[int, str, LeaseRecord | str]]:
-        """``(id, state, lease or why it is none)`` of the study's rows in ``states`` (every
-        state but ``invalid`` when none is given), oldest first; the document is read as text
-        and parsed here (:func:`parse_lease`), so that one row that is not JSON fails only
-        itself."""
+    def _raw_lease_rows(conn: Connection, study: str, *states: LeaseState
+                        ) -> Iterator[tuple[int, str, Any]]:
+        """``(id, state, document as text)`` of the study's rows in ``states`` (every state but
+        ``invalid`` when none is given), oldest first: the document is read as text and parsed
+        by the caller, so that one row that is not JSON fails only itself."""
         query = select(LeaseRow.id, LeaseRow.state, cast(LeaseRow.data, Text)).where(
             LeaseRow.study == study)
         query = query.where(LeaseRow.state.in_([s.value for s in states])) if states else \
             query.where(LeaseRow.state != LeaseState.INVALID.value)
-        for row_id, state, raw in conn.execute(query.order_by(LeaseRow.id)):
+        for row in conn.execute(query.order_by(LeaseRow.id)):
+            yield row[0], row[1], row[2]
+
+    def _lease_rows(self, conn: Connection, study: str, *states: LeaseState
+                    ) -> Iterator[tuple[int, str, LeaseRecord | str]]:
+        """``(id, state, lease or why it is none)`` (:meth:`_raw_lease_rows`,
+        :func:`parse_lease`)."""
+        for row_id, state, raw in self._raw_lease_rows(conn, study, *states):
             yield row_id, state, parse_lease(row_id, raw)
 
     def _invalidate(self, conn: Connection, row_id: int, lease: LeaseRecord | None, why: str,
@@ -671,11 +678,15 @@ class Store:
         key."""
         expired: list[LeaseRecord] = []
         active: dict[str, LeaseRecord] = {}
-        for row_id, state, lease in self._lease_rows(conn, study):
+        for row_id, state, raw in self._raw_lease_rows(conn, study):
+            # Every row's JSON is read (a row that is not JSON would fail the claim's queries
+            # into the documents); an active one's lease too (the others' when re-queued).
+            lease = parse_lease(row_id, raw) if state == LeaseState.ACTIVE else \
+                lease_document(raw)
             if isinstance(lease, str):
                 self._invalidate(conn, row_id, None, lease, invalid)
                 continue
-            if state != LeaseState.ACTIVE:
+            if not isinstance(lease, LeaseRecord):
                 continue
             if lease.expires_at < now or (gone is not None and gone(lease)):
                 why = ("no heartbeat since " + time.strftime(
