@@ -177,3 +177,38 @@ def test_a_genuine_requeued_lease_still_runs_its_configuration(db: Path) -> None
         assert again.lease.key == bound.key
     finally:
         store.close()
+
+
+@pytest.mark.slow  # a PostgreSQL database and Optuna's tables in it: 2-4 s on the 2-core machine
+def test_hostile_rows_in_postgresql_are_skipped_too(postgres_url: str) -> None:
+    import uuid
+
+    import psycopg
+
+    name = f"cs_leases_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = postgres_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        store = Store(url)
+        try:
+            register_study(store, StudySpec.model_validate(SAMPLED))
+            fleet = _fleet(store, SAMPLED)
+            rows = []
+            with psycopg.connect(url, autocommit=True) as conn:
+                for text in ("[1, 2]", json.dumps(_doc({**GOOD, "mrr": 17})), '"x"'):
+                    rows.append(conn.execute(
+                        "insert into cs_leases (study, key, state, worker, host, slot, "
+                        "acquired_at, heartbeat_at, expires_at, data) values ('h', 'k', "
+                        "'expired', 'w', 'local', 's', 0, 0, 0, %s::json) returning id",
+                        (text,)).fetchone()[0])  # type: ignore[index]
+            said: list[str] = []
+            claim = fleet.claim(_template(fleet), said.append)
+            assert claim.lease is not None and claim.lease.key.startswith("new:")
+            assert sorted(bad.id for bad in claim.invalid) == sorted(rows) and len(said) == 3
+            assert [lease.id for lease in store.leases("h")] == [claim.lease.id]
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
