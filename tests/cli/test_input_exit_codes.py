@@ -65,3 +65,22 @@ def test_tune_check_and_register_together_are_refused(
     assert res.code == 2, (res.out, res.err)
     assert "--register: --check and --register cannot be given together" in res.err
     assert not db.exists() and "Traceback" not in res.err
+
+
+@pytest.mark.parametrize("command", ["tune", "slurm"])
+def test_an_unknown_gpu_backend_is_refused_before_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        command: str) -> None:
+    # slurm submit wrote it into the script (quoted, but every task then failed); tune found
+    # it only at the first check, after the study was recorded.
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\nengine: sim\nmodel: sim\nspace: {fault: [null]}\n"
+                     "strategy: grid\nconcurrency: [1]\nrequests_per_level: 1\n")
+    db = tmp_path / "s.db"
+    args = (["slurm", "submit", str(study), "--workers", "1", "--dry-run"] if command == "slurm"
+            else ["tune", str(study)])
+    res = run_main(capsys, monkeypatch, *args, "--gpu-backend", "x\ny", "--store",
+                   f"sqlite:///{db}")
+    assert res.code == 2, (res.out, res.err)
+    assert "--gpu-backend: unknown GPU backend 'x\\ny'" in res.err
+    assert not db.exists() and "#SBATCH" not in res.out

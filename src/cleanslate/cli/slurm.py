@@ -60,6 +60,10 @@ def submit(
     from cleanslate.tune import load_study, validate_study_flags
     from cleanslate.tune.controller import check_slot_hosts, register_study
 
+    if gpu_backend != "auto":  # written into the script: an unknown name fails every task
+        from cleanslate.probe.gpu import backend_class
+
+        backend_class(gpu_backend)
     spec, root = load_study(study_file)
     if spec.hosts and len(spec.hosts) > 1:
         raise InputError("a study submitted to Slurm runs on the nodes Slurm gives it; it "

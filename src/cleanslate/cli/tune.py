@@ -97,6 +97,10 @@ def tune(
         raise InputError("--check and --register cannot be given together: --check leaves the "
                          "store alone, --register writes the study to it", where="--register",
                          hint="run --check first, then --register")
+    if gpu_backend != "auto":  # an unknown name: before the store is opened
+        from cleanslate.probe.gpu import backend_class
+
+        backend_class(gpu_backend)
     from cleanslate.tune import load_study, run_study, validate_study_flags
     from cleanslate.tune.controller import check_slot_hosts
 
