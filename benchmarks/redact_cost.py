@@ -62,6 +62,10 @@ ADVERSARIAL = {
     "unclosed lists": "key=[" * (1 << 16),
     "many secret words": "key " * (1 << 16),
     "many assignments": "token=a " * (1 << 15),
+    # issue 23's spellings: program flags, signed query strings, names holding "pat"
+    "mysql -p": "mysql -px " * ((1 << 18) // 10),
+    "query parameters": "?sig=a&" * ((1 << 18) // 7),
+    "path assignments": "path=" * ((1 << 18) // 5),
 }
 
 
