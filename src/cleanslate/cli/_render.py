@@ -115,7 +115,10 @@ def print_teardown(report: TeardownReport) -> None:
     if report.targets:
         console.print(targets_table("teardown", report.targets))
     if report.left_alone:
-        console.print(targets_table("left alone (protected)", report.left_alone))
+        console.print(targets_table("left alone (protected, or not proven the run's)",
+                                    report.left_alone))
+    if report.cgroup_refused:
+        console.print(Text(f"  recorded cgroup not used: {report.cgroup_refused}"))
     if report.cgroup:
         state = "removed" if report.cgroup_removed else (
             f"still holds {', '.join(map(str, report.cgroup_left))}" if report.cgroup_left
