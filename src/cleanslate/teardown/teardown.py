@@ -643,15 +643,24 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
     ports = [spec.port] if spec.port is not None and (spec.pgid or spec.sid) else []
     verified: CheckReport | None = None
     taken: Snapshot | None = None
-    if verify is not None and set(ports) <= set(verify.ports):
-        verified, taken = await check_one(executor, verify)
-    snapshot = taken if taken is not None else \
-        await probe_host(executor, NoGpuBackend(), ports=ports, timeout=15.0)
+    # The cgroup is read beside the probe: unchecked, that is a command on the host.
+    cgroup = asyncio.ensure_future(_cgroup_members(executor, spec, checked=cgroup_checked)) \
+        if spec.cgroup else None
+    try:
+        if verify is not None and set(ports) <= set(verify.ports):
+            verified, taken = await check_one(executor, verify)
+        snapshot = taken if taken is not None else \
+            await probe_host(executor, NoGpuBackend(), ports=ports, timeout=15.0)
+    except BaseException:
+        if cgroup is not None:
+            cgroup.cancel()  # the executor ends the command it was running
+            with contextlib.suppress(BaseException):
+                await cgroup
+        raise
+    members, refused = await cgroup if cgroup is not None else (None, None)
     if not snapshot.sources or not all(s.ok for s in snapshot.sources if s.name == "processes"):
         raise OSError(f"could not list processes on {executor.name}: "
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
-    members, refused = await _cgroup_members(executor, spec, checked=cgroup_checked) \
-        if spec.cgroup else (None, None)
     if gpu is not None and members is None and (spec.pgid or spec.sid) \
             and not isinstance(gpu, NoGpuBackend) \
             and not (taken is not None and taken.gpu.ok and taken.gpu.backend == gpu.name):
