@@ -19,6 +19,8 @@ teardown   stop -> verified CLEAN                  the physical release (an inde
 search     trials to within 2 % of the optimum     the full grid
 check      ``check`` wall time and probe time      the seeds' one-liner, ``ps -eo``
 overhead   the tool's seconds per trial            the engine's seconds in the same trial
+selection  wrong winners, false differences, cost  single-shot selection on the same noise
+capacity   the capacity search's boundary error    the sim's true boundary; a fixed level list
 ========== ======================================= ===========================================
 
 A benchmark that fails is reported as such on the page (its last good result is not shown as
@@ -236,6 +238,42 @@ def render_overhead(data: dict[str, Any]) -> list[str]:
             "Medians per trial; no target was set for this figure."]
 
 
+def render_selection(data: dict[str, Any]) -> list[str]:
+    from selection import render
+
+    return render(data)
+
+
+def targets_selection(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    from selection import results_targets
+
+    return results_targets(data)
+
+
+def render_capacity(data: dict[str, Any]) -> list[str]:
+    from capacity import table
+
+    total = data.get("totals", {})
+    lines = table(data.get("rows", [])).splitlines()
+    lines += ["", f"Within the tolerance (true boundary in [capacity x 0.9, upper x 1.1]): "
+              f"{total.get('within')} of {total.get('seeds')}; mean |error| "
+              f"{total.get('mean_abs_error_pct', float('nan')):.1f} % in "
+              f"{total.get('mean_probes', float('nan')):.1f} probes, against the fixed list's "
+              f"{total.get('fixed_mean_abs_error_pct', float('nan')):.1f} % in "
+              f"{total.get('fixed_mean_probes', float('nan')):.1f} (one run; "
+              "`docs/sim-model.md`, \"Capacity under an SLO\")."]
+    return lines
+
+
+def targets_capacity(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    total = data.get("totals", {})
+    within, seeds = total.get("within"), total.get("seeds")
+    if not isinstance(within, int) or not isinstance(seeds, int) or seeds == 0:
+        return [("capacity search: boundary within the tolerance in 9 of 10 seeds", None)]
+    return [(f"capacity search: boundary within the tolerance in at least 90 % of seeds "
+             f"({within} of {seeds})", within >= 0.9 * seeds)]
+
+
 PARTS = [
     Part("client", "Client capacity against AIPerf and GuideLLM",
          lambda out, quick: _py("client_capacity.py", "--json", str(out), "--install-peers",
@@ -268,6 +306,15 @@ PARTS = [
          render_check, gpu=True, targets=targets_check),
     Part("overhead", "Tool overhead per trial against engine time",
          lambda out, quick: _py("trial_overhead.py", "--json", str(out)), render_overhead),
+    Part("selection", "Selection under noise: single-shot against noise-aware",
+         lambda out, quick: _py("selection.py", "--json", str(out), "--sweep",
+                                *(["--seeds", "5"] if quick else ["--seeds", "100",
+                                                                  "--sweep-seeds", "30"])),
+         render_selection, targets=targets_selection),
+    Part("capacity", "Capacity under an SLO: the search against the sim's true boundary",
+         lambda out, quick: _py("capacity.py", "--json", str(out),
+                                *(["--seeds", "3"] if quick else [])),
+         render_capacity, targets=targets_capacity),
 ]
 
 

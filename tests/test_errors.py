@@ -80,3 +80,22 @@ def test_exit_codes() -> None:
 
     assert [Verdict(v).exit_code for v in ("clean", "dirty", "unknown")] == [
         ExitCode.OK, ExitCode.FAILED, ExitCode.UNKNOWN]
+
+
+def test_every_deliberate_error_is_a_cleanslate_error() -> None:
+    """One base for what the package raises on purpose; each keeps the builtin it was (a host
+    key refused is still an OSError, a bad nvidia-smi row still a ValueError)."""
+    from cleanslate.doctor.parse import SmiParseError
+    from cleanslate.errors import CleanslateError
+    from cleanslate.hosts.ssh import HostKeyError
+    from cleanslate.launch.launcher import LaunchError
+    from cleanslate.probe.gpu.nvml import NvmlTimeout
+    from cleanslate.store._records import NewerSchemaError
+    from cleanslate.tune.fleet import LeaseLost
+    from cleanslate.tune.trial import HostQuarantined, Interrupted
+
+    for error in (SmiParseError, HostKeyError, LaunchError, NvmlTimeout, NewerSchemaError,
+                  LeaseLost, HostQuarantined, Interrupted):
+        assert issubclass(error, CleanslateError), error
+    assert issubclass(HostKeyError, OSError)
+    assert issubclass(SmiParseError, ValueError) and issubclass(NewerSchemaError, ValueError)

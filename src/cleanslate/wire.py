@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 #: The last event of every stream.
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -73,11 +73,47 @@ def json_string_body(text: str) -> bytes:
     return json.dumps(text, ensure_ascii=False)[1:-1].encode()
 
 
+class CachedTokens(TypedDict):
+    cached_tokens: int
+
+
+class Usage(TypedDict):
+    """The ``usage`` object of a response."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: NotRequired[CachedTokens]
+
+
+class ErrorBody(TypedDict):
+    """An HTTP error response's body, as SGLang and vLLM write it."""
+
+    object: str
+    message: str
+    type: str
+    param: None
+    code: int
+
+
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: None
+    code: int
+
+
+class ErrorEvent(TypedDict):
+    """An error inside a 200 response or a stream."""
+
+    error: ErrorDetail
+
+
 def usage(prompt_tokens: int, completion_tokens: int,
-          cached_tokens: int | None = None) -> dict[str, Any]:
+          cached_tokens: int | None = None) -> Usage:
     """The ``usage`` object: token counts of one request; ``cached_tokens`` (prompt tokens
     served from a prefix cache) goes in ``prompt_tokens_details`` as OpenAI and vLLM put it."""
-    out: dict[str, Any] = {
+    out: Usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -169,13 +205,13 @@ def models_body(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": [{"object": "model", **e} for e in entries]}
 
 
-def http_error_body(status: int, message: str, kind: str = "BadRequestError") -> dict[str, Any]:
+def http_error_body(status: int, message: str, kind: str = "BadRequestError") -> ErrorBody:
     """The JSON body of an HTTP error response (status >= 400)."""
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
 
 def error_event_body(message: str, kind: str = "InternalServerError", code: int = 500
-                     ) -> dict[str, Any]:
+                     ) -> ErrorEvent:
     """An error reported inside a 200 response or as a stream event."""
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 

@@ -27,7 +27,8 @@ RECORDED = Path(__file__).parent / "data" / "json_keys.json"
 #: Maps whose keys are values (a flag name, a phase, an error kind), not fields.
 FREE_FORM = {"phases", "flags", "params", "env", "errors", "level_verdicts", "evidence",
              "error_details", "best_params", "spec", "fixed", "space", "baseline", "slo",
-             "workload", "extra_body", "headers", "held", "by_kind", "errors_by_kind"}
+             "workload", "extra_body", "headers", "held", "by_kind", "errors_by_kind",
+             "limit_counts", "limits", "host_effects", "slo_checks"}
 
 
 def key_paths(doc: Any, prefix: str = "") -> set[str]:

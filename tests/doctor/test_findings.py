@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from cleanslate.doctor.analyze import analyze
-from cleanslate.doctor.report import Bandwidth, HostDoctor, Measurement, Severity
+from cleanslate.doctor.report import Bandwidth, DoctorSeverity, HostDoctor, Measurement
 from cleanslate.doctor.run import _group_allows, bandwidth_findings, link_allows, pcie_allows
 from tests.doctor.captures import H200X1, H200X2, edit_smi, h200x1_raw, h200x2_smi_raw, with_p2p
 
 
-def codes(report: HostDoctor) -> dict[str, Severity]:
+def codes(report: HostDoctor) -> dict[str, DoctorSeverity]:
     return {f.code: f.severity for f in report.findings}
 
 
@@ -47,7 +47,8 @@ def test_the_real_single_h200_in_a_microvm() -> None:
         assert env is not None and env.virtualization == "firecracker"
         assert env.memlock == "unlimited" and env.shm_bytes == 128 << 30
         assert env.pid1_container is not None and env.pid1_container.startswith("unreadable")
-        assert codes(report) == {"virtual_machine": Severity.INFO, "dockerenv": Severity.INFO}
+        assert codes(report) == {"virtual_machine": DoctorSeverity.INFO,
+                                 "dockerenv": DoctorSeverity.INFO}
         vm = finding(report, "virtual_machine")
         assert any("-fc-" in e for e in vm.evidence)
 
@@ -58,10 +59,10 @@ def test_two_h200_with_nv18_and_a_replay() -> None:
     (pair,) = report.pairs
     assert pair.link == "NV18" and pair.p2p_read is None
     replays = finding(report, "pcie_replays")
-    assert replays.gpus == (1,) and replays.severity == Severity.WARNING
+    assert replays.gpus == (1,) and replays.severity == DoctorSeverity.WARNING
     assert replays.evidence == ("nvidia-smi -q GPU 00000000:00:07.0: PCI/Replays Since Reset : 1",)
     assert "pcie_host_path" not in codes(report)
-    assert codes(report)["p2p_unknown"] == Severity.INFO
+    assert codes(report)["p2p_unknown"] == DoctorSeverity.INFO
     assert report.exit_code == 0
 
 
@@ -69,7 +70,7 @@ def test_p2p_read_not_supported_between_0_and_1() -> None:
     raw = with_p2p(with_p2p(h200x2_smi_raw(), "r", "NS"), "w", "OK")
     report = analyze(raw, host="h")
     f = finding(report, "p2p_not_supported")
-    assert f.severity == Severity.ERROR and f.gpus == (0, 1)
+    assert f.severity == DoctorSeverity.ERROR and f.gpus == (0, 1)
     assert "read" in f.message and "custom all-reduce falls back to NCCL" in f.consequence
     assert any(e.startswith("nvidia-smi topo -p2p r: GPU0 X NS") for e in f.evidence)
     assert report.exit_code == 1
@@ -92,7 +93,7 @@ def test_a_pair_through_the_host_bridge() -> None:
         "NV18", "PHB")
     report = analyze(raw, host="h")
     f = finding(report, "pcie_host_path")
-    assert f.severity == Severity.WARNING and f.gpus == (0, 1)
+    assert f.severity == DoctorSeverity.WARNING and f.gpus == (0, 1)
     assert "PHB" in f.message and "host bridge" in f.consequence
     assert f.evidence == ("nvidia-smi topo -m: GPU0  X  PHB 0-31 0  N/A",)
 
@@ -101,7 +102,7 @@ def test_a_pcie_link_at_x8_of_x16() -> None:
     raw = edit_smi(h200x2_smi_raw(), 1, ("Link Width", "Current"), "16x", "8x")
     report = analyze(raw, host="h")
     f = finding(report, "pcie_width_downtrained")
-    assert f.severity == Severity.ERROR and f.gpus == (1,)
+    assert f.severity == DoctorSeverity.ERROR and f.gpus == (1,)
     assert f.message == "GPU 1: PCIe link at x8 of x16"
     assert "PCI/GPU Link Info/Link Width/Current : 8x" in f.evidence[0]
     assert report.exit_code == 1
@@ -117,14 +118,14 @@ def test_a_lower_pcie_gen_while_idle_is_said_carefully() -> None:
     raw["nvml"]["gpus"][0]["pcie_gen"] = 1
     report = analyze(raw, host="h")
     f = finding(report, "pcie_gen_below_max")
-    assert f.severity == Severity.INFO and "while idle" in f.message
+    assert f.severity == DoctorSeverity.INFO and "while idle" in f.message
     assert "normal" in f.consequence and report.exit_code == 0
 
 
 def test_pending_retired_pages_and_remapped_rows() -> None:
     raw = edit_smi(h200x2_smi_raw(), 0, "Pending Page Blacklist", "N/A", "Yes")
     f = finding(analyze(raw, host="h"), "retired_pages_pending")
-    assert f.severity == Severity.ERROR and f.gpus == (0,)
+    assert f.severity == DoctorSeverity.ERROR and f.gpus == (0,)
     assert f.evidence == ("nvidia-smi -q GPU 00000000:00:06.0: Retired Pages/Pending Page "
                           "Blacklist : Yes",)
     raw = edit_smi(h200x2_smi_raw(), 1, "Remapped Rows", "No", "Yes")
@@ -135,7 +136,7 @@ def test_pending_retired_pages_and_remapped_rows() -> None:
     # NVML's remapped rows: (correctable, uncorrectable, pending, failure)
     raw = h200x1_raw()
     raw["nvml"]["gpus"][0]["remapped"] = [0, 2, 0, 1]
-    assert codes(analyze(raw, host="h"))["remapped_rows_failure"] == Severity.ERROR
+    assert codes(analyze(raw, host="h"))["remapped_rows_failure"] == DoctorSeverity.ERROR
 
 
 def test_device_health_from_nvml() -> None:
@@ -145,19 +146,19 @@ def test_device_health_from_nvml() -> None:
              persistence=0, pcie_replay=12)
     report = analyze(raw, host="h")
     got = codes(report)
-    assert got["ecc_uncorrected"] == Severity.ERROR
-    assert got["clock_events"] == Severity.ERROR  # HW thermal slowdown
+    assert got["ecc_uncorrected"] == DoctorSeverity.ERROR
+    assert got["clock_events"] == DoctorSeverity.ERROR  # HW thermal slowdown
     assert finding(report, "clock_events").message == (
         "GPU 0: clocks held down by HW Thermal Slowdown")
-    assert got["power_limit_below_default"] == Severity.WARNING
-    assert got["persistence_off"] == Severity.WARNING
-    assert got["pcie_replays"] == Severity.WARNING
+    assert got["power_limit_below_default"] == DoctorSeverity.WARNING
+    assert got["persistence_off"] == DoctorSeverity.WARNING
+    assert got["pcie_replays"] == DoctorSeverity.WARNING
     assert [f.severity for f in report.findings] == sorted(
         (f.severity for f in report.findings),
-        key=[Severity.ERROR, Severity.WARNING, Severity.INFO].index)
+        key=[DoctorSeverity.ERROR, DoctorSeverity.WARNING, DoctorSeverity.INFO].index)
     g.update(ecc_uncorrected_volatile=0, throttle=0x4, power_limit=700000, persistence=1,
              pcie_replay=0)
-    assert codes(analyze(raw, host="h"))["clock_events"] == Severity.WARNING  # SW power cap
+    assert codes(analyze(raw, host="h"))["clock_events"] == DoctorSeverity.WARNING  # SW power cap
 
 
 def test_an_lxc_container_with_p2p_not_supported() -> None:
@@ -175,7 +176,7 @@ def test_an_lxc_container_with_p2p_not_supported() -> None:
     assert report.environment.container == "proxmox-lxc"
     assert report.environment.virtualization is None
     f = finding(report, "container_lxc")
-    assert f.severity == Severity.WARNING and "Proxmox" in f.message
+    assert f.severity == DoctorSeverity.WARNING and "Proxmox" in f.message
     assert "/proc/1/environ: container=lxc" in f.evidence
     assert "/proc/1/cgroup: 0::/lxc/101/ns/init.scope" in f.evidence
     p2p = finding(report, "p2p_not_supported")
@@ -191,13 +192,13 @@ def test_a_docker_container_with_a_small_shm_and_memlock() -> None:
     report = analyze(raw, host="h")
     assert report.environment is not None and report.environment.container == "docker"
     got = codes(report)
-    assert got["container"] == Severity.INFO
-    assert got["shm_small"] == Severity.ERROR  # two GPUs: NCCL needs it
+    assert got["container"] == DoctorSeverity.INFO
+    assert got["shm_small"] == DoctorSeverity.ERROR  # two GPUs: NCCL needs it
     assert finding(report, "shm_small").message == "/dev/shm is 64 MiB"
-    assert got["memlock_limited"] == Severity.WARNING
+    assert got["memlock_limited"] == DoctorSeverity.WARNING
     assert report.exit_code == 1
     # One GPU in scope: a warning.
-    assert codes(analyze(raw, host="h", gpus=[0]))["shm_small"] == Severity.WARNING
+    assert codes(analyze(raw, host="h", gpus=[0]))["shm_small"] == DoctorSeverity.WARNING
 
 
 def test_a_machine_without_a_driver() -> None:
@@ -209,7 +210,7 @@ def test_a_machine_without_a_driver() -> None:
     assert report.driver.nvidia_smi == "missing"
     assert report.devices == () and report.environment is not None
     f = finding(report, "no_driver")
-    assert f.severity == Severity.INFO
+    assert f.severity == DoctorSeverity.INFO
     assert "NVML: NVML did not start: NVML Shared Library Not Found" in f.evidence
     assert report.exit_code == 0
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from cleanslate.doctor._hostscript import SMI_Q_LIMIT, run_command
+from cleanslate.doctor._doctor_script import SMI_Q_LIMIT, run_command
 from cleanslate.doctor.analyze import analyze
 from cleanslate.doctor.parse import SmiParseError, parse_smi_q
 from tests.doctor.captures import H200X2, edit_smi, h200x1_raw, ok

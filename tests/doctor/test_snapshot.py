@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from cleanslate.doctor.analyze import analyze
-from cleanslate.doctor.report import Finding, HostDoctor, Severity
+from cleanslate.doctor.report import DoctorFinding, DoctorSeverity, HostDoctor
 from cleanslate.doctor.snapshot import (
     MAX_FINDINGS,
     MAX_TEXT,
@@ -75,15 +75,15 @@ def test_two_gpus_give_their_pair_and_a_p2p_finding() -> None:
     [pair] = snap.pairs
     assert (pair.a, pair.b, pair.link, pair.p2p_read) == (0, 1, "NV18", "NS")
     p2p = next(f for f in snap.findings if f.code == "p2p_not_supported")
-    assert p2p.severity == Severity.ERROR and p2p.gpus == (0, 1) and p2p.evidence
+    assert p2p.severity == DoctorSeverity.ERROR and p2p.gpus == (0, 1) and p2p.evidence
     assert "1 errors" in snap.summary()
 
 
 def test_a_snapshot_is_bounded_and_says_what_was_cut() -> None:
-    many = tuple(Finding(code="x", severity=Severity.WARNING, message="m" * 5000,
+    many = tuple(DoctorFinding(code="x", severity=DoctorSeverity.WARNING, message="m" * 5000,
                          consequence="c", evidence=tuple(f"e{i}" for i in range(10)))
                  for _ in range(MAX_FINDINGS + 10))
-    error = Finding(code="ecc_uncorrected", severity=Severity.ERROR, message="e",
+    error = DoctorFinding(code="ecc_uncorrected", severity=DoctorSeverity.ERROR, message="e",
                     consequence="c")
     report = _h200x1_report().model_copy(update={"findings": (*many, error)})
     snap = HostSnapshot.of(report, taken_at=1.0)
@@ -103,9 +103,10 @@ def test_secrets_in_host_text_are_redacted() -> None:
     report = _h200x1_report()
     assert report.environment is not None
     env = report.environment.model_copy(update={"kernel": "6.1 HF_TOKEN=hf_abcdefgh123"})
-    finding = Finding(code="iommu", severity=Severity.INFO, message="m", consequence="c",
-                      evidence=("/proc/cmdline: db=postgresql://u:pgsecret99@db/x",
-                                "Authorization: Bearer tok-secret-777"))
+    finding = DoctorFinding(code="iommu", severity=DoctorSeverity.INFO, message="m",
+                            consequence="c",
+                            evidence=("/proc/cmdline: db=postgresql://u:pgsecret99@db/x",
+                                      "Authorization: Bearer tok-secret-777"))
     snap = redacted(HostSnapshot.of(report.model_copy(update={
         "environment": env, "findings": (finding,)}), taken_at=1.0))
     text = snap.model_dump_json()

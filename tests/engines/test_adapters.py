@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from cleanslate.engines import EngineAdapter, engine_names, get_engine, get_signature
+from cleanslate.engines import EngineAdapter, engine_names, get_engine, require_signature
 from cleanslate.engines.vllm import API_SERVER_MODULE
 from cleanslate.errors import InputError
 
@@ -26,7 +26,7 @@ def test_registry_has_every_engine_users_name_in_yaml() -> None:
         assert isinstance(adapter, EngineAdapter)
         assert adapter.readiness_path == "/health"
         assert 0 < adapter.default_port < 65536
-        assert adapter.signature is get_signature(name)
+        assert adapter.signature is require_signature(name)
 
 
 def test_unknown_engine_suggests_the_closest_name() -> None:

@@ -17,10 +17,10 @@ from cleanslate.engines import (
     ProcessSignature,
     engine_class,
     engine_names,
-    engine_signature,
-    get_signature,
+    find_signature,
     match_engine,
     register_engine,
+    require_signature,
     shm_patterns,
     signatures,
 )
@@ -65,9 +65,9 @@ def test_lookups_come_from_the_adapters() -> None:
     by_engine = {s.engine: s for s in signatures()}
     for name in engine_names():
         assert by_engine.get(name) is engine_class(name).signature
-        assert engine_signature(name) is engine_class(name).signature
-    assert engine_signature("command") is None and engine_signature("no-such") is None
-    assert get_signature("vllm") is engine_class("vllm").signature
+        assert find_signature(name) is engine_class(name).signature
+    assert find_signature("command") is None and find_signature("no-such") is None
+    assert require_signature("vllm") is engine_class("vllm").signature
     patterns = shm_patterns()
     assert patterns[:len(RUNTIME_SHM_GLOBS)] == RUNTIME_SHM_GLOBS
     assert len(set(patterns)) == len(patterns)
@@ -81,10 +81,10 @@ def test_an_engine_without_a_signature_matches_nothing_and_check_says_why() -> N
     assert match_engine("python3", argv, ["command"]) is None
     assert match_engine("python3", argv, ["command", "sim"]) == "sim"
     with pytest.raises(InputError, match="has no process signature") as info:
-        get_signature("command")
+        require_signature("command")
     assert info.value.where == "--engine" and "sim" in (info.value.hint or "")
     with pytest.raises(InputError, match="unknown engine 'nope'"):
-        get_signature("nope")
+        require_signature("nope")
     with pytest.raises(InputError, match="unknown engine 'nope'"):
         match_engine("x", ["x"], ["nope"])
 

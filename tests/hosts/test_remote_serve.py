@@ -2,8 +2,8 @@
 
 The run is launched, checked, torn down and verified entirely through the SSH executor: the
 supervisor script and the spec are written over the connection, the run's files stay on the
-host, teardown signals through ``teardown/_signal.py`` run by the remote ``python3``. The host
-is this machine, so the test can also confirm by PID that nothing of the run is left.
+host, teardown signals through ``teardown/_signal_script.py`` run by the remote ``python3``.
+The host is this machine, so the test can also confirm by PID that nothing of the run is left.
 
 On a shared developer machine, other people's simulated servers make the preflight refuse (the
 host is rightly not clean); the test then skips, saying so. CI is quiet.

@@ -142,14 +142,22 @@ def test_a_sigkilled_server_is_recorded_killed_and_stop_ends_clean(lab: Lab, fig
     figure(f"llama.cpp SIGKILL to CLEAN (stop included) {kill_to_clean:.2f} s")
 
 
-def test_a_missing_model_file_is_classified(lab: Lab) -> None:
-    served = lab.cli("serve", str(lab.server_file(free_port(), FLAGS,
-                                                  model=lab.root / "missing.gguf")),
+def test_a_missing_model_file_is_refused_and_a_broken_one_classified(lab: Lab) -> None:
+    """A model path that does not exist is an input error before any launch (exit 2, naming
+    it); a file that exists but is not a GGUF model makes llama-server fail to load it: the run
+    ends ``model_load``."""
+    missing = lab.cli("serve", str(lab.server_file(free_port(), FLAGS,
+                                                   model=lab.root / "missing.gguf")),
+                      "--store", lab.store, "--json")
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "missing.gguf" in missing.stderr and "does not exist" in missing.stderr
+    broken = lab.root / "broken.gguf"
+    broken.write_bytes(b"not a gguf file\n" * 64)
+    served = lab.cli("serve", str(lab.server_file(free_port(), FLAGS, model=broken)),
                      "--store", lab.store, "--json")
     assert served.returncode == 1, served.stdout + served.stderr
     doc = served.json()
-    assert doc["cause"] == "model_load"
-    assert "failed to open GGUF file" in doc["detail"]
+    assert doc["cause"] == "model_load", doc
 
 
 def test_a_bad_argument_is_classified(lab: Lab) -> None:

@@ -125,8 +125,9 @@ def _snapshot(*procs: ProcessInfo, **extra: object) -> Snapshot:
 
 
 def test_kernel_threads_zombies_and_own_processes_are_not_counted() -> None:
-    snapshot = _snapshot(_proc(2, environ_readable=False), _proc(3, ppid=2,
-                         environ_readable=False), _proc(4, state="Z", environ_readable=False),
+    snapshot = _snapshot(_proc(2, ppid=0, pgid=0, sid=0, environ_readable=False),
+                         _proc(3, ppid=2, pgid=0, sid=0, environ_readable=False),
+                         _proc(4, state="Z", environ_readable=False),
                          _proc(5, environ_readable=False), _proc(6, environ_readable=False))
     found = _unreadable(snapshot, Scope(exclude_roots=frozenset({5})))
     assert found["the environment"]["pids"] == [6]

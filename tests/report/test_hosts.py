@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from cleanslate.doctor import HostDoctor
-from cleanslate.doctor.report import Severity
+from cleanslate.doctor.report import DoctorSeverity
 from cleanslate.doctor.snapshot import GpuRow, HostSnapshot, SnapshotFinding
 from cleanslate.report import load_report, print_report, render_html, study_document
 from cleanslate.store import HostRecord, Store
@@ -36,7 +36,7 @@ def hostile_snapshot() -> HostSnapshot:
         driver="580<b>", cuda="13.0", kernel=HOSTILE_KERNEL, shm_bytes=64 * 2**20,
         gpus=(GpuRow(index=0, name=HOSTILE_NAME, uuid="GPU-<u>", pcie_gen=4, pcie_gen_max=5,
                      pcie_width=8, pcie_width_max=16),),
-        findings=(SnapshotFinding(code="pcie_width_downtrained", severity=Severity.ERROR,
+        findings=(SnapshotFinding(code="pcie_width_downtrained", severity=DoctorSeverity.ERROR,
                                   message="GPU 0 <marquee>x8 of x16</marquee>",
                                   consequence="a fraction [/] of the bandwidth", gpus=(0,),
                                   evidence=(HOSTILE_EVIDENCE,)),))

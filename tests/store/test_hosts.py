@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm import Session
 
-from cleanslate.doctor.report import Severity
+from cleanslate.doctor.report import DoctorSeverity
 from cleanslate.doctor.snapshot import HostSnapshot, SnapshotFinding
 from cleanslate.errors import InputError
 from cleanslate.redact import REDACTED
@@ -23,7 +23,7 @@ def snapshot(host: str = "gpu-a", **changes: object) -> HostSnapshot:
     fields: dict[str, object] = {
         "host": host, "taken_at": 100.0, "elapsed_s": 0.2, "driver_present": False,
         "kernel": "6.8.0", "shm_bytes": 2**30,
-        "findings": (SnapshotFinding(code="no_driver", severity=Severity.INFO,
+        "findings": (SnapshotFinding(code="no_driver", severity=DoctorSeverity.INFO,
                                      message="no NVIDIA driver", consequence="nothing to check",
                                      evidence=("nvidia-smi: missing",)),)}
     fields.update(changes)
@@ -60,7 +60,7 @@ def test_serve_runs_keep_one_each(store: Store) -> None:
 
 def test_nothing_secret_is_written(store: Store) -> None:
     secret = snapshot(kernel="6.8 HF_TOKEN=hf_hostsecret42", error=None, findings=(
-        SnapshotFinding(code="x", severity=Severity.WARNING, message="m", consequence="c",
+        SnapshotFinding(code="x", severity=DoctorSeverity.WARNING, message="m", consequence="c",
                         evidence=("postgresql://u:pw-host-99@db/x",)),))
     store.save_host(HostRecord(study="s", host="gpu-a", snapshot=secret))
     with Session(store.engine) as session:

@@ -19,13 +19,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cleanslate.store import SCHEMA_VERSION, Store
-from cleanslate.store._leases import (
+from cleanslate.store import (
+    SCHEMA_VERSION,
     LeaseOutcome,
     LeaseRecord,
     LeaseState,
     SlotRecord,
     SlotState,
+    Store,
     config_key,
 )
 from cleanslate.store._tables import LeaseRow, SlotRow
@@ -126,8 +127,7 @@ def test_every_lease_and_slot_row_carries_the_schema_version(store: Store) -> No
 
 CLAIMER = """
 import json, sys, time
-from cleanslate.store import Store
-from cleanslate.store._leases import LeaseRecord, LeaseOutcome, config_key
+from cleanslate.store import LeaseOutcome, LeaseRecord, Store, config_key
 url, worker, start, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 store = Store(url)
 template = LeaseRecord(study="s", key="", worker=worker, host="local", port=1, slot=worker)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cleanslate.hosts.local import LocalExecutor
-from cleanslate.launch._supervise import cgroup_parent
+from cleanslate.launch._supervise_script import cgroup_parent
 from cleanslate.launch.lifecycle import stop_server
 from cleanslate.store import RunRecord, RunStatus, Store
 from cleanslate.teardown.teardown import CGROUP, TeardownReport, cgroup_op

@@ -1,5 +1,6 @@
-"""Teardown's waits (``_signal.py``'s wait mode): they end when the last target exits, not at
-the next tick of a fixed sleep, and never wait on a PID that now names another process."""
+"""Teardown's waits (``_signal_script.py``'s wait mode): they end when the last target exits,
+not at the next tick of a fixed sleep, and never wait on a PID that now names another
+process."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ import time
 import pytest
 
 from cleanslate.hosts.local import LocalExecutor
-from cleanslate.teardown import _signal
+from cleanslate.teardown import _signal_script
 from cleanslate.teardown.teardown import ROOT, Target, _wait_gone
 from tests.conftest import Processes
 
-BOOT = _signal._boot_time()
+BOOT = _signal_script._boot_time()
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _target(pid: int) -> dict[str, float]:
-    found = _signal.identity(pid, BOOT, TICKS)
+    found = _signal_script.identity(pid, BOOT, TICKS)
     assert found is not None
     return {"pid": pid, "create_time": found[0]}
 
@@ -43,18 +44,18 @@ def test_the_wait_ends_when_the_last_target_exits(
     targets = [_target(_sleeper(procs, 0.6)), _target(_sleeper(procs, 0.9))]
     time.sleep(0.2)  # both are running
     started = time.monotonic()
-    _signal.wait_exit(targets, 20.0, BOOT, TICKS)
+    _signal_script.wait_exit(targets, 20.0, BOOT, TICKS)
     waited = time.monotonic() - started
     assert 0.5 <= waited < 5.0, waited  # until the second exits (0.7 s from here), not 20 s
     for target in targets:
-        found = _signal.identity(int(target["pid"]), BOOT, TICKS)
+        found = _signal_script.identity(int(target["pid"]), BOOT, TICKS)
         assert found is None or found[1] == "Z"  # exited (our children stay zombies)
 
 
 def test_the_wait_ends_at_its_deadline(procs: Processes) -> None:
     target = _target(_sleeper(procs, 30))
     started = time.monotonic()
-    _signal.wait_exit([target], 0.3, BOOT, TICKS)
+    _signal_script.wait_exit([target], 0.3, BOOT, TICKS)
     assert 0.25 <= time.monotonic() - started < 3.0
 
 
@@ -63,7 +64,7 @@ def test_a_reused_pid_is_not_waited_on(procs: Processes) -> None:
     target = _target(_sleeper(procs, 30))
     target["create_time"] -= 100.0
     started = time.monotonic()
-    _signal.wait_exit([target], 10.0, BOOT, TICKS)
+    _signal_script.wait_exit([target], 10.0, BOOT, TICKS)
     assert time.monotonic() - started < 1.0
 
 

@@ -262,3 +262,27 @@ def test_self_exclusion_covers_descendants_and_remote_wrappers() -> None:
     ]
     snap = _snapshot(_reading(), procs, collector_pid=103)
     assert excluded_pids(snap, [200]) == {101, 102, 103, 200, 201, 202}
+
+
+def test_kernel_threads_of_the_host_are_not_new_but_pid_2_of_a_namespace_is() -> None:
+    init = _proc(1, ppid=0)
+    before = _snapshot(_reading(), [init], listeners=())
+    kthreads = [_proc(2, comm="kthreadd", cmdline=(), ppid=0, pgid=0, sid=0),
+                _proc(80, comm="kworker/0:1", cmdline=(), ppid=2, pgid=0, sid=0)]
+    in_namespace = [_proc(2, comm="bash", ppid=1), _proc(80, comm="sleep", ppid=2)]
+    baseline = Baseline.from_snapshot(before)
+    host = evaluate(_snapshot(_reading(), [init, *kthreads], listeners=()), Scope(), baseline)
+    assert FindingKind.NEW_PROCESS not in _kinds(host)
+    container = evaluate(_snapshot(_reading(), [init, *in_namespace], listeners=()), Scope(),
+                         baseline)
+    assert sorted(f.pid for f in container.findings
+                  if f.kind == FindingKind.NEW_PROCESS) == [2, 80]
+
+
+def test_a_forged_parent_loop_above_the_collector_ends_the_walks() -> None:
+    procs = [_proc(1, ppid=0), _proc(300, ppid=301, sid=300), _proc(301, ppid=300, sid=300),
+             _proc(302, ppid=301, sid=300)]  # 302: the collector
+    baseline = Baseline.from_snapshot(_snapshot(_reading(), procs[:1], listeners=()))
+    snap = _snapshot(_reading(), procs, collector_pid=302, listeners=())
+    assert excluded_pids(snap, []) == {300, 301, 302}
+    assert FindingKind.NEW_PROCESS not in _kinds(evaluate(snap, Scope(), baseline))

@@ -7,14 +7,19 @@ Programmatic use (the tuner's)::
     result = asyncio.run(run_benchmark(config))
     result.levels[0].output_throughput, result.levels[0].ttft_ms.p99, result.model_dump_json()
 
-:func:`run_level` runs one level over a caller-owned ``aiohttp`` session. Results are frozen
-pydantic models; their JSON uses vLLM's ``vllm bench serve`` key names (``docs/bench.md``, which
-also defines every metric). A new workload kind subclasses :class:`Workload` and registers its
+:func:`run_level` runs one level over a caller-owned ``aiohttp`` session, once;
+:func:`run_repeats` measures it ``BenchConfig.repeats`` times and combines the repeats with
+intervals; :func:`first_repeat_slow` says whether a first repeat is to be discarded.
+Results are frozen pydantic models; their JSON uses vLLM's ``vllm bench serve`` key names
+(``docs/bench.md``, which also defines every metric). A new workload kind subclasses
+:class:`Workload` and registers its
 generator with :func:`register_workload`.
 
-The runner (:func:`run_benchmark`, :func:`run_level`, :func:`make_session`,
-:class:`LevelProgress`) needs aiohttp and numpy and loads on first use: the records of a study
-(``LevelResult``) are read without them (``cleanslate report``, ``stop``).
+The runner (:func:`run_benchmark`, :func:`run_level`, :func:`run_repeats`,
+:func:`make_session`, :class:`LevelProgress`) needs aiohttp and numpy, and the statistics of
+repeats (:func:`combine`, :func:`first_repeat_slow`) numpy and scipy; they load on first
+use: the records of a study (``LevelResult``) are read without them (``cleanslate report``,
+``stop``).
 """
 
 from __future__ import annotations
@@ -22,12 +27,42 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cleanslate._lazy import lazy_exports
+from cleanslate.bench._capacity import (
+    CAPACITY_OBJECTIVES,
+    DEFAULT_CLIFF,
+    DEFAULT_MAX_EXTENSIONS,
+    DEFAULT_MAX_LOAD,
+    DEFAULT_MAX_PROBES,
+    DEFAULT_START,
+    DEFAULT_TOLERANCE,
+    PER_REQUEST_KEYS,
+    CapacityResult,
+    CapacitySearch,
+    CapacitySLO,
+    Probe,
+    ProbeVerdict,
+    SloCheck,
+    StopReason,
+    level_key,
+    parse_slo_keys,
+    share_target,
+    worst_check,
+)
+from cleanslate.bench._limits import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_LEVELS,
+    MAX_NUM_PROMPTS,
+    MIN_RATE,
+)
 from cleanslate.bench._models import (
     LEVEL_METRICS,
     SLO,
+    TARGET_CI_MIN_REPEATS,
     BenchConfig,
     BenchResult,
     ClosedLoop,
+    Endpoint,
     LevelResult,
     Load,
     OpenLoop,
@@ -48,34 +83,99 @@ from cleanslate.bench._workloads import (
 )
 
 if TYPE_CHECKING:
-    from cleanslate.bench._runner import LevelProgress, make_session, run_benchmark, run_level
+    from cleanslate.bench._client import printable
+    from cleanslate.bench._find_max import find_max
+    from cleanslate.bench._keepalive import (
+        fresh_session,
+        is_stale,
+        note_retry,
+        request_context,
+        trace_config,
+    )
+    from cleanslate.bench._live import LiveView, summary_table
+    from cleanslate.bench._repeats import STEADY_FLOOR, combine, first_repeat_slow
+    from cleanslate.bench._runner import (
+        LevelProgress,
+        make_session,
+        run_benchmark,
+        run_level,
+        run_repeats,
+    )
 
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(
-    ("LevelProgress", "make_session", "run_benchmark", "run_level"), "cleanslate.bench._runner"))
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "find_max": "cleanslate.bench._find_max",
+    **dict.fromkeys(("LiveView", "summary_table"), "cleanslate.bench._live"),
+    "printable": "cleanslate.bench._client",
+    **dict.fromkeys(("fresh_session", "is_stale", "note_retry", "request_context",
+                     "trace_config"), "cleanslate.bench._keepalive"),
+    **dict.fromkeys(("LevelProgress", "make_session", "run_benchmark", "run_level",
+                     "run_repeats"), "cleanslate.bench._runner"),
+    **dict.fromkeys(("STEADY_FLOOR", "combine", "first_repeat_slow"),
+                    "cleanslate.bench._repeats"),
+})
 
 __all__ = [
+    "CAPACITY_OBJECTIVES",
+    "DEFAULT_CLIFF",
+    "DEFAULT_MAX_EXTENSIONS",
+    "DEFAULT_MAX_LOAD",
+    "DEFAULT_MAX_PROBES",
+    "DEFAULT_START",
+    "DEFAULT_TOLERANCE",
     "LEVEL_METRICS",
+    "MAX_CONCURRENCY",
+    "MAX_DURATION_S",
+    "MAX_LEVELS",
+    "MAX_NUM_PROMPTS",
+    "MIN_RATE",
+    "PER_REQUEST_KEYS",
     "SLO",
+    "STEADY_FLOOR",
+    "TARGET_CI_MIN_REPEATS",
     "WORKLOADS",
     "BenchConfig",
     "BenchResult",
+    "CapacityResult",
+    "CapacitySLO",
+    "CapacitySearch",
     "ClosedLoop",
+    "Endpoint",
     "LevelProgress",
     "LevelResult",
+    "LiveView",
     "Load",
     "OpenLoop",
+    "Probe",
+    "ProbeVerdict",
     "Prompt",
     "RandomWorkload",
     "ShareGPTWorkload",
     "SharedPrefixWorkload",
+    "SloCheck",
     "Stats",
+    "StopReason",
     "Workload",
     "WorkloadSpec",
+    "combine",
+    "find_max",
+    "first_repeat_slow",
+    "fresh_session",
     "generate",
+    "is_stale",
+    "level_key",
     "make_session",
+    "note_retry",
+    "parse_slo_keys",
     "parse_workload",
+    "printable",
     "register_workload",
+    "request_context",
     "run_benchmark",
     "run_level",
+    "run_repeats",
+    "share_target",
+    "summary_table",
+    "trace_config",
     "workload_from_dict",
+    "worst_check",
 ]

@@ -71,3 +71,6 @@ def request_deadline_s(output_len: int, override: float | None = None) -> float:
 def response_byte_cap(output_len: int) -> int:
     """The most bytes read from one response before it is failed as ``response_too_large``."""
     return RESPONSE_BYTES_FLOOR + RESPONSE_BYTES_PER_TOKEN * max(0, output_len)
+
+#: Measurements of one level (``--repeats``).
+MAX_REPEATS = 1_000

@@ -58,36 +58,60 @@ class LiveView:
 
 
 def summary_table(result: BenchResult) -> Table:
-    """One row per level: the figures a user reads first."""
+    """One row per level: the figures a user reads first. A level of several repeats shows
+    ``mean ± half-width`` of the 95 % interval (the ``n`` column says how many repeats); a
+    level that is not a throughput result says ``(invalid)``, one whose steady window was
+    short ``(not steady)``."""
     table = Table(title=escape(f"{result.model} @ {result.url} ({result.endpoint})"))
     with_slo = not result.slo.is_empty()
-    cols = ["level", "ok", "err", "s", "req/s", "out tok/s", "TTFT ms p50/p99", "TPOT ms p50/p99"]
-    cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "cpu"]
+    repeated = any(lv.n_repeats > 1 for lv in result.levels)
+    cols = ["level", *(["n"] if repeated else []), "ok", "err", "s", "req/s", "out tok/s",
+            "TTFT ms p50/p99", "TPOT ms p50/p99"]
+    cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "steady", "cpu"]
     for col in cols:
         table.add_column(col, justify="right" if col != "level" else "left")
     for lv in result.levels:
+        flags = ""
+        if lv.partial:
+            flags += " [red](partial)[/]"
+        elif not lv.valid:
+            flags += " [red](invalid)[/]"
+        if lv.steady_ok is False:
+            flags += " [yellow](not steady)[/]"
         cells = [
-            escape(lv.label) + (" [red](partial)[/]" if lv.partial else ""),
+            escape(lv.label) + flags,
+            *([str(lv.n_repeats)] if repeated else []),
             str(lv.completed),
             str(lv.failed),
             f"{lv.duration:.1f}",
-            f"{lv.request_throughput:.2f}",
-            f"{lv.output_throughput:,.0f}",
+            _pm(lv, "request_throughput", lv.request_throughput, ".2f"),
+            _pm(lv, "output_throughput", lv.output_throughput, ",.0f"),
             _pair(lv, "ttft"),
             _pair(lv, "tpot"),
-            _fmt(lv.itl_ms.median),
+            _pm(lv, "median_itl_ms", lv.itl_ms.median, ".1f"),
         ]
         if with_slo:
-            cells.append("-" if lv.request_goodput is None else f"{lv.request_goodput:.2f}")
+            cells.append(_pm(lv, "request_goodput", lv.request_goodput, ".2f"))
+        cells.append("-" if lv.steady_share is None else f"{lv.steady_share:.0%}")
         cells.append(f"{lv.client_cpu_util:.0%}")
         table.add_row(*cells)
     return table
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _pm(lv: LevelResult, key: str, value: float | None, spec: str) -> str:
+    """``value`` and, for a repeated level, ``± half-width`` of its interval (the JSON has
+    the interval's own ends: a percentile's bootstrap interval need not be symmetric)."""
+    low, high = lv.interval(key)
+    if value is None or low is None or high is None:
+        return _fmt(value, spec)
+    return f"{format(value, spec)} ± {format((high - low) / 2, spec)}"
 
 
 def _pair(lv: LevelResult, metric: str) -> str:
     stats = getattr(lv, f"{metric}_ms")
-    return f"{_fmt(stats.median)}/{_fmt(stats.p99)}"
+    return (f"{_pm(lv, f'median_{metric}_ms', stats.median, '.1f')}/"
+            f"{_pm(lv, f'p99_{metric}_ms', stats.p99, '.1f')}")

@@ -13,6 +13,7 @@ Units: times in milliseconds where the key ends in ``_ms``, seconds where it end
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -32,6 +33,7 @@ from cleanslate.bench._limits import (
     MAX_LEVELS,
     MAX_NUM_PROMPTS,
     MAX_PROMPT_TOKENS,
+    MAX_REPEATS,
     MAX_TIMEOUT_S,
     MIN_BURSTINESS,
     MIN_RATE,
@@ -49,6 +51,19 @@ PERCENTILES: tuple[tuple[str, float], ...] = (
 
 #: The latency distributions of a level, by vLLM's metric name.
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+
+#: Suffixes of the interval keys a repeated level's JSON holds beside a metric ``KEY``:
+#: ``KEY_ci_low``, ``KEY_ci_high`` (95 % interval) and ``KEY_cv`` (the repeats' coefficient of
+#: variation).
+CI_SUFFIXES: tuple[str, ...] = ("_ci_low", "_ci_high", "_cv")
+
+#: A per-request latency limit's key (``BenchConfig.limits``): the statistic it caps, the
+#: distribution and ``_ms`` (``p99_ttft_ms``, ``mean_tpot_ms``, ``max_e2el_ms``).
+LIMIT_KEY = re.compile(r"^(mean|median|max|p50|p90|p95|p99|p99\.9)_(ttft|tpot|itl|e2el)_ms$")
+
+#: Repeats a ``target_ci_pct`` run takes at least, and at most when ``repeats`` is not set.
+TARGET_CI_MIN_REPEATS = 3
+TARGET_CI_DEFAULT_CAP = 10
 
 Endpoint = Literal["completions", "chat"]
 Arrival = Literal["poisson", "constant", "gamma"]
@@ -204,6 +219,51 @@ class BenchConfig(_Frozen):
     )
     api_key: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    repeats: int | None = Field(
+        default=None, ge=1, le=MAX_REPEATS,
+        description="measurements of each level (each with the seed seed + repeat index); "
+        "None: 1, or up to 10 with target_ci_pct")
+    target_ci_pct: float | None = Field(
+        default=None, gt=0, lt=100,
+        description="repeat a level (at least 3 times, at most repeats) until the 95 % "
+        "interval's half-width of its output throughput is at most this percent of its mean")
+    max_error_rate: float = Field(
+        default=0.01, ge=0, le=1,
+        description="a level whose share of failed requests is above this is not a "
+        "throughput result (valid: false)")
+    limits: dict[str, float] = Field(
+        default_factory=dict,
+        description="per-request latency limits by key (p99_ttft_ms: 8000): each level "
+        "counts the samples that met each (limit_counts)")
+
+    @field_validator("limits")
+    @classmethod
+    def _limits(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, limit in value.items():
+            if not LIMIT_KEY.match(key):
+                raise ValueError(
+                    f"{key!r} is not a latency key (STAT_METRIC_ms: STAT one of mean, median, "
+                    "max, p50, p90, p95, p99, p99.9; METRIC one of ttft, tpot, itl, e2el)")
+            if not math.isfinite(limit) or limit <= 0:
+                raise ValueError(f"{key}: the limit must be a positive number of ms, not {limit}")
+        return value
+
+    @model_validator(mode="after")
+    def _repeats(self) -> BenchConfig:
+        if (self.target_ci_pct is not None and self.repeats is not None
+                and self.repeats < TARGET_CI_MIN_REPEATS):
+            raise ValueError(f"target_ci_pct repeats a level at least {TARGET_CI_MIN_REPEATS} "
+                             f"times: repeats must be at least {TARGET_CI_MIN_REPEATS}, not "
+                             f"{self.repeats}")
+        return self
+
+    @property
+    def max_repeats(self) -> int:
+        """The most measurements of one level: ``repeats``, else 10 with ``target_ci_pct``,
+        else 1."""
+        if self.repeats is not None:
+            return self.repeats
+        return TARGET_CI_DEFAULT_CAP if self.target_ci_pct is not None else 1
 
     @field_validator("url")
     @classmethod
@@ -325,6 +385,50 @@ class LevelResult(_Frozen):
     client_wall_s: float
     client_cpu_util: float
     warnings: tuple[str, ...] = ()
+    seed: int | None = Field(
+        default=None, description="the seed of this measurement's prompts and arrivals (the "
+        "run's seed plus the repeat index); None for a level of several repeats")
+    error_rate: float = Field(
+        default=0.0, description="failed / (completed + failed) requests")
+    valid: bool = Field(
+        default=True, description="whether the level is a throughput result: false when its "
+        "error rate is above max_error_rate, it ended early or no request completed")
+    invalid_reason: str | None = None
+    steady_share: float | None = Field(
+        default=None, description="the steady window's share of the level's duration (closed "
+        "loops: the span where requests in flight were at least 95 % of the concurrency)")
+    steady_duration: float | None = None
+    steady_output_throughput: float | None = Field(
+        default=None, description="output tokens received inside the steady window per second")
+    steady_request_throughput: float | None = Field(
+        default=None, description="requests completed inside the steady window per second")
+    steady_requests: int | None = Field(
+        default=None, description="completed requests sent and ended inside the window (the "
+        "steady latencies' samples)")
+    steady_median_ttft_ms: float | None = None
+    steady_p99_ttft_ms: float | None = None
+    steady_median_tpot_ms: float | None = None
+    steady_p99_tpot_ms: float | None = None
+    steady_ok: bool | None = Field(
+        default=None, description="false when the steady window is under STEADY_FLOOR of the "
+        "level; None for open loops")
+    limit_counts: dict[str, tuple[int, int]] = Field(
+        default_factory=dict, description="per BenchConfig.limits key: (samples that met the "
+        "limit, samples)")
+    n_repeats: int = 1
+    first_repeat_slow: bool | None = Field(
+        default=None, description="with 3 or more repeats: whether the first was significantly "
+        "slower than the rest (first_repeat_slow); None below 3")
+    ci: dict[str, tuple[float | None, float | None, float | None]] = Field(
+        default_factory=dict, description="per metric key: (ci_low, ci_high, cv) over the "
+        "repeats; serialized flat as KEY_ci_low, KEY_ci_high, KEY_cv")
+    repeats: tuple[LevelResult, ...] = Field(
+        default=(), description="each repeat's own result, in order (empty for one)")
+
+    def interval(self, key: str) -> tuple[float | None, float | None]:
+        """The 95 % interval of a metric key over the repeats (``(None, None)`` without)."""
+        low, high, _cv = self.ci.get(key, (None, None, None))
+        return low, high
 
     def metric(self, key: str) -> Any:
         """Any serialized key of this level, e.g. ``metric("p99_ttft_ms")``."""
@@ -333,6 +437,10 @@ class LevelResult(_Frozen):
     @model_serializer(mode="wrap")
     def _flatten(self, handler: Any) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
+        if "ttft_ms" not in data and "mean_ttft_ms" in data:
+            # already flat: pydantic calls a self-referencing model's serializer on its own
+            # output when it is nested (BenchResult.levels, LevelResult.repeats)
+            return data
         head_keys = (
             "completed",
             "failed",
@@ -354,19 +462,32 @@ class LevelResult(_Frozen):
             data.pop(f"{metric}_ms")
             out.update(stats.flat(metric))
             out[f"count_{metric}"] = stats.count
+        ci = data.pop("ci", {})
         out.update(data)
+        for key, values in ci.items():
+            for suffix, value in zip(CI_SUFFIXES, values, strict=True):
+                out[key + suffix] = value
         return out
 
     @model_validator(mode="before")
     @classmethod
     def _unflatten(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ci" not in data and any(
+                isinstance(k, str) and k.endswith("_ci_low") for k in data):
+            data = dict(data)
+            ci: dict[str, list[Any]] = {}
+            for key in [k for k in data if isinstance(k, str)]:
+                for i, suffix in enumerate(CI_SUFFIXES):
+                    if key.endswith(suffix):
+                        ci.setdefault(key[: -len(suffix)], [None, None, None])[i] = data.pop(key)
+                        break
+            data["ci"] = {k: tuple(v) for k, v in ci.items()}
         if isinstance(data, dict) and "ttft_ms" not in data and "mean_ttft_ms" in data:
             data = dict(data)
             for metric in LATENCY_METRICS:
                 data[f"{metric}_ms"] = Stats.from_flat(data, metric)
-                for key in list(data):
-                    if key.endswith(f"_{metric}_ms") or key == f"count_{metric}":
-                        del data[key]
+                for key in (*Stats().flat(metric), f"count_{metric}"):
+                    data.pop(key, None)
         return data
 
 
@@ -393,6 +514,11 @@ class BenchResult(_Frozen):
     client_cpu_s: float
     client_wall_s: float
     warnings: tuple[str, ...] = ()
+    max_repeats: int = Field(default=1, description="the most measurements of each level "
+                             "(BenchConfig.max_repeats); each level's n_repeats says how many")
+    target_ci_pct: float | None = None
+    max_error_rate: float = 0.01
+    limits: dict[str, float] = Field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -400,9 +526,14 @@ class BenchResult(_Frozen):
         return self.partial or any(lv.failed > 0 or lv.bad_output for lv in self.levels)
 
 
+#: Numeric fields that describe how a level was measured, not what: no objective names them.
+_NOT_METRICS = frozenset({"seed", "n_repeats"})
+
+
 def _level_metrics() -> frozenset[str]:
     numeric = (int, float, int | None, float | None)
-    keys = {name for name, f in LevelResult.model_fields.items() if f.annotation in numeric}
+    keys = {name for name, f in LevelResult.model_fields.items()
+            if f.annotation in numeric and name not in _NOT_METRICS}
     for metric in LATENCY_METRICS:
         keys.update(Stats().flat(metric))
         keys.add(f"count_{metric}")

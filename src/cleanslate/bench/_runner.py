@@ -31,6 +31,7 @@ from time import perf_counter
 from urllib.parse import urlsplit
 
 import aiohttp
+import numpy as np
 
 from cleanslate import __version__
 from cleanslate.bench import _keepalive as keepalive
@@ -53,14 +54,20 @@ from cleanslate.bench._models import (
     LevelResult,
     OpenLoop,
 )
+from cleanslate.bench._repeats import combine, steady_verdict, target_reached, validity
 from cleanslate.bench._tokens import HFTokenizer, Tokenizer
-from cleanslate.bench._workloads import Prompt, generate
+from cleanslate.bench._workloads import Prompt, RandomWorkload, generate
 from cleanslate.hosts.forward import connector_for, open_connection
 from cleanslate.outputs import has_nan_marker, judge_text, level_verdict
 
 #: Client CPU use (CPU seconds / wall seconds) above which a level warns that the client may
 #: itself be the bottleneck. The event loop runs on one core.
 CPU_SATURATION = 0.9
+
+#: On the chat endpoint a chat template's head is the same for every request and an engine
+#: may serve it from its prefix cache: a random workload warns about cached prompt tokens
+#: there only above this share of its input tokens (on completions, above none).
+CHAT_CACHED_SHARE = 0.10
 
 
 @dataclass
@@ -328,8 +335,11 @@ class _Level:
 
 
 def _result(
-    level: _Level, load: ClosedLoop | OpenLoop, cpu_s: float, wall_s: float, num_prompts: int
+    level: _Level, load: ClosedLoop | OpenLoop, cpu_s: float, wall_s: float, num_prompts: int,
+    latency: dict[str, np.ndarray] | None = None,
 ) -> LevelResult:
+    """The level's result from its records; ``latency``: their samples
+    (:func:`cleanslate.bench._metrics.samples_ms`), computed here when not given."""
     config = level.config
     records = level.records
     ok = [r for r in records if r.ok]
@@ -415,10 +425,33 @@ def _result(
         if len(sends) > 1 and sends[-1] > sends[0]
         else 0.0
     )
+    cached = sum(reported) if reported else None
+    if cached and _prefix_free(config):
+        share = cached / total_in if total_in else 1.0
+        if config.endpoint == "completions" or share > CHAT_CACHED_SHARE:
+            warnings.append(
+                f"the server served {cached:,} prompt tokens ({share:.1%} of the input) from "
+                "its prefix cache on a random workload without a shared prefix: the prompts "
+                "were seen before (a level or repeat with the same seed, or another client), "
+                "so prefill was not measured in full")
     is_open = isinstance(load, OpenLoop)
     partial = level.abort_reason is not None
     if partial:
         warnings.append(f"level ended early: {level.abort_reason}")
+    error_rate, valid, invalid_reason = validity(
+        len(ok), len(records) - len(ok), config.max_error_rate, level.abort_reason)
+    window = (m.steady(records, load.concurrency, duration)
+              if isinstance(load, ClosedLoop) and records else None)
+    steady_share: float | None = None
+    if isinstance(load, ClosedLoop):
+        steady_share = window.share if window is not None else 0.0
+    steady_ok, steady_warning = steady_verdict(steady_share)
+    if steady_warning is not None:
+        warnings.append(steady_warning)
+    steady_ttft = m.stats_ms(window.ttft_s) if window is not None else None
+    steady_tpot = m.stats_ms(window.tpot_s) if window is not None else None
+    if latency is None:
+        latency = m.samples_ms(records)
     return LevelResult(
         label=load.label,
         load=load,
@@ -446,7 +479,7 @@ def _result(
         error_details=dict(sorted(details.items())),
         malformed_sse_events=malformed,
         connection_retries=retried,
-        cached_prompt_tokens=sum(reported) if reported else None,
+        cached_prompt_tokens=cached,
         output_samples=samples,
         output_issues=issues,
         output_evidence=tuple(evidence),
@@ -461,7 +494,28 @@ def _result(
         client_wall_s=wall_s,
         client_cpu_util=cpu_util,
         warnings=tuple(warnings),
+        seed=config.seed,
+        error_rate=error_rate,
+        valid=valid,
+        invalid_reason=invalid_reason,
+        steady_share=steady_share,
+        steady_duration=(window.end - window.start) if window is not None else None,
+        steady_output_throughput=window.output_throughput if window is not None else None,
+        steady_request_throughput=window.request_throughput if window is not None else None,
+        steady_requests=window.requests if window is not None else None,
+        steady_median_ttft_ms=steady_ttft.median if steady_ttft is not None else None,
+        steady_p99_ttft_ms=steady_ttft.p99 if steady_ttft is not None else None,
+        steady_median_tpot_ms=steady_tpot.median if steady_tpot is not None else None,
+        steady_p99_tpot_ms=steady_tpot.p99 if steady_tpot is not None else None,
+        steady_ok=steady_ok,
+        limit_counts=m.limit_counts(latency, config.limits),
     )
+
+
+def _prefix_free(config: BenchConfig) -> bool:
+    """Whether the workload's prompts share nothing a prefix cache could serve (a random
+    workload without a shared prefix)."""
+    return isinstance(config.workload, RandomWorkload) and config.workload.prefix_len == 0
 
 
 def make_session(config: BenchConfig) -> aiohttp.ClientSession:
@@ -493,7 +547,8 @@ async def run_level(
     stop: asyncio.Event | None = None,
     reference: LevelResult | None = None,
 ) -> LevelResult:
-    """Run one level of ``config`` at ``load`` and measure it.
+    """Run one level of ``config`` at ``load`` and measure it once, with ``config.seed``
+    (:func:`run_repeats` measures it ``config.repeats`` times).
 
     ``reference``: the run's first level, whose sampled outputs tell whether this level's went
     bad under load (:func:`cleanslate.outputs.level_verdict`); ``None`` for the first level.
@@ -523,6 +578,26 @@ async def run_level(
                 stop=stop,
                 reference=reference,
             )
+    result, _samples = await _measure(config, load, session, tokenizer, prompts, warmup,
+                                      on_progress, stop, reference)
+    return result
+
+
+async def _measure(
+    config: BenchConfig,
+    load: ClosedLoop | OpenLoop,
+    session: aiohttp.ClientSession,
+    tokenizer: Tokenizer | None,
+    prompts: list[Prompt],
+    warmup: int,
+    on_progress: ProgressHook | None,
+    stop: asyncio.Event | None,
+    reference: LevelResult | None,
+    *,
+    tag: str | None = None,
+) -> tuple[LevelResult, dict[str, np.ndarray]]:
+    """One measurement of a level: its result and its per-request latency samples (ms).
+    ``tag``: what the live view calls it (the level's label by default)."""
     builder = RequestBuilder(
         config.url,
         config.model,
@@ -535,7 +610,7 @@ async def run_level(
     if warmup:
         await _warmup(session, builder, prompts, warmup, load, tokenizer, config)
     progress = LevelProgress(
-        label=load.label,
+        label=tag or load.label,
         total=None if config.duration_s is not None else len(prompts),
         duration_s=config.duration_s,
         target_rate=load.rate if isinstance(load, OpenLoop) else None,
@@ -548,7 +623,62 @@ async def run_level(
     await level.run()
     cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
     progress.finished = True
-    return _result(level, load, cpu_s, wall_s, len(prompts) if config.duration_s is None else 0)
+    latency = m.samples_ms(level.records)
+    return _result(level, load, cpu_s, wall_s, len(prompts) if config.duration_s is None else 0,
+                   latency), latency
+
+
+async def run_repeats(
+    config: BenchConfig,
+    load: ClosedLoop | OpenLoop,
+    *,
+    session: aiohttp.ClientSession | None = None,
+    tokenizer: Tokenizer | None = None,
+    warmup: int = 0,
+    on_progress: ProgressHook | None = None,
+    stop: asyncio.Event | None = None,
+    reference: LevelResult | None = None,
+) -> LevelResult:
+    """Measure one level ``config.max_repeats`` times, back to back, and combine the repeats
+    (:func:`cleanslate.bench._repeats.combine`: means with Student-t intervals, pooled
+    percentiles with bootstrap intervals, each repeat kept under ``repeats``).
+
+    Repeat ``r`` (from 0) uses the seed ``config.seed + r`` for its prompts and arrivals (so
+    repeat 0 is what one measurement is, and no repeat's prompts are in the server's prefix
+    cache from the one before). With ``config.target_ci_pct`` it stops once three or more
+    repeats give an output-throughput interval within that percent of the mean. A partial
+    repeat (the server died, Ctrl-C) ends the repeats. ``warmup`` requests go before the first
+    repeat only; ``reference`` is as for :func:`run_level` (``None``: the first repeat is its
+    own reference for the later ones)."""
+    if tokenizer is None and config.tokenizer:
+        tokenizer = load_tokenizer(config.tokenizer)
+    if session is None:
+        async with make_session(config) as own:
+            return await run_repeats(config, load, session=own, tokenizer=tokenizer,
+                                     warmup=warmup, on_progress=on_progress, stop=stop,
+                                     reference=reference)
+    results: list[LevelResult] = []
+    samples: list[dict[str, np.ndarray]] = []
+    for r in range(config.max_repeats):
+        seed = config.seed + r
+        cfg = config if r == 0 else config.model_copy(update={"seed": seed})
+        prompts = generate(config.workload, config.prompts_for(load),
+                           seed=level_seed(seed, load.label), tokenizer=tokenizer)
+        ref = reference if reference is not None else (results[0] if results else None)
+        tag = load.label if config.max_repeats == 1 else (
+            f"{load.label} repeat {r + 1}/{config.max_repeats}")
+        result, sample = await _measure(cfg, load, session, tokenizer, prompts,
+                                        warmup if r == 0 else 0, on_progress, stop, ref,
+                                        tag=tag)
+        results.append(result)
+        samples.append(sample)
+        if result.partial:
+            break
+        if config.target_ci_pct is not None and target_reached(
+                [x.output_throughput for x in results], config.target_ci_pct):
+            break
+    return combine(results, samples, max_error_rate=config.max_error_rate, seed=config.seed,
+                   target_pct=config.target_ci_pct)
 
 
 def level_seed(seed: int, label: str) -> int:
@@ -588,7 +718,8 @@ async def run_benchmark(
     on_progress: ProgressHook | None = None,
     stop: asyncio.Event | None = None,
 ) -> BenchResult:
-    """Run every level of ``config`` in order over one connection pool.
+    """Run every level of ``config`` in order over one connection pool, each
+    ``config.max_repeats`` times (:func:`run_repeats`).
 
     Levels after a partial one are not run (the server is gone or the run was interrupted).
     """
@@ -599,20 +730,17 @@ async def run_benchmark(
     warnings: list[str] = []
     async with make_session(config) as session:
         for i, load in enumerate(config.loads):
-            prompts = generate(
-                config.workload, config.prompts_for(load),
-                seed=level_seed(config.seed, load.label), tokenizer=tokenizer,
-            )
-            level = await run_level(
+            first = levels[0] if levels else None
+            level = await run_repeats(
                 config,
                 load,
                 session=session,
                 tokenizer=tokenizer,
-                prompts=prompts,
                 warmup=config.warmup if i == 0 else 0,
                 on_progress=on_progress,
                 stop=stop,
-                reference=levels[0] if levels else None,
+                reference=(first.repeats[0] if first is not None and first.repeats
+                           else first),
             )
             levels.append(level)
             if level.partial:
@@ -640,4 +768,8 @@ async def run_benchmark(
         client_cpu_s=time.process_time() - cpu0,
         client_wall_s=perf_counter() - wall0,
         warnings=tuple(warnings),
+        max_repeats=config.max_repeats,
+        target_ci_pct=config.target_ci_pct,
+        max_error_rate=config.max_error_rate,
+        limits=config.limits,
     )

@@ -19,7 +19,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, field_serializer
 
 from cleanslate.doctor.snapshot import HostSnapshot
-from cleanslate.engines._smoke import SmokeResult
+from cleanslate.engines import SmokeResult
 from cleanslate.store import RunRecord, RunStatus, TrialRecord
 from cleanslate.teardown.teardown import TargetRecord, TeardownReport
 from cleanslate.verdict.check import CheckReport
@@ -142,9 +142,53 @@ class CleanNothing(Document):
     verify: None = None
 
 
+class StatisticsDoc(Document):
+    """``tune --json``'s ``statistics``: the best trial's value with its interval, the trials
+    tied with it and those not told apart from it, what the statistics cost, and the slots'
+    host effects (ratios minus one, with their intervals)."""
+
+    replicates: str
+    tie_margin: float
+    confidence: float
+    best: int | None
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n_replicates: int
+    tied_with: list[int]
+    undecided: list[int]
+    beaten: list[int]
+    statistics_gpu_s: float
+    total_gpu_s: float
+    host_effects: dict[str, dict[str, float | None]]
+
+    @classmethod
+    def of(cls, spec: StudySpec, trials: list[TrialRecord]) -> StatisticsDoc:
+        from cleanslate.tune.race import host_effects, tie_set
+
+        found = tie_set(trials, spec)
+        stats = spec.statistics
+        best = found.best
+        interval = found.interval
+        effects = {slot: {"effect": e.mean, "ci_low": e.low, "ci_high": e.high}
+                   for slot, e in host_effects(trials, stats.confidence).items()}
+        return cls(replicates=str(stats.replicates), tie_margin=stats.tie_margin,
+                   confidence=stats.confidence, best=best.number if best else None,
+                   value=interval.mean if interval else None,
+                   ci_low=interval.low if interval else None,
+                   ci_high=interval.high if interval else None,
+                   n_replicates=interval.n if interval else 0,
+                   tied_with=list(found.tied), undecided=list(found.undecided),
+                   beaten=list(found.beaten), statistics_gpu_s=round(found.statistics_gpu_s, 3),
+                   total_gpu_s=round(found.total_gpu_s, 3), host_effects=effects)
+
+
 class TuneDone(Document):
     """``tune --json``: how the run of the study ended, the best trial and every trial (their
-    log tails left out; ``cleanslate report`` shows them)."""
+    log tails left out; ``cleanslate report`` shows them). ``capacity``: for a capacity
+    objective, the best trial's search (capacity, upper, bracket, stopped_by, crash, cliffs,
+    unresolved, probes: :func:`cleanslate.report._capacity.capacity_document`); every trial
+    record carries its own search as ``capacity``."""
 
     study: str
     stopped_by: str
@@ -152,6 +196,8 @@ class TuneDone(Document):
     new_trials: int
     best: TrialRecord | None
     trials: list[TrialRecord]
+    statistics: dict[str, Any] | None = None
+    capacity: dict[str, Any] | None = None
 
     @field_serializer("trials")
     def _without_log_tails(self, trials: list[TrialRecord]) -> list[dict[str, Any]]:
@@ -159,8 +205,14 @@ class TuneDone(Document):
 
     @classmethod
     def of(cls, spec: StudySpec, outcome: StudyOutcome) -> TuneDone:
+        from cleanslate.report import capacity_document
+
+        best = outcome.best
         return cls(study=spec.name, stopped_by=outcome.stopped_by, message=outcome.message,
-                   new_trials=outcome.new_trials, best=outcome.best, trials=outcome.trials)
+                   new_trials=outcome.new_trials, best=best, trials=outcome.trials,
+                   statistics=StatisticsDoc.of(spec, outcome.trials).model_dump(mode="json"),
+                   capacity=capacity_document(best.capacity)
+                   if best is not None and best.capacity is not None else None)
 
 
 class PlanObjective(Document):

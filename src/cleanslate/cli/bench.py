@@ -3,7 +3,11 @@
 Options -> a :class:`~cleanslate.bench.BenchConfig` (every bound is the model's: its errors are
 reported against the option that set the field) -> :func:`~cleanslate.bench.run_benchmark` ->
 rendering. Exit codes: 0 every level completed with no failed request, 1 a level ended early
-(the server died, Ctrl-C) or requests failed, 2 bad input.
+(the server died, Ctrl-C) or requests failed (a level above ``--max-error-rate`` is moreover
+marked as no throughput result), 2 bad input.
+
+``--find-max concurrency|rate`` searches the most load within ``--slo`` instead of measuring
+a list of levels (:mod:`cleanslate.cli._find_max`; exit 0 with an answer, 1 without).
 """
 
 from __future__ import annotations
@@ -46,9 +50,16 @@ def parse_slo(text: str | None) -> SLO:
         if not eq:
             raise InputError(f"{part!r} is not key=value", where="--slo", hint="e.g. ttft_ms=500")
         if key not in allowed:
-            raise InputError(
-                f"unknown SLO {key!r}", where="--slo", hint=f"one of {', '.join(allowed)}"
-            )
+            from cleanslate.bench import level_key
+
+            try:
+                level_key(key)
+            except ValueError:
+                hint = f"one of {', '.join(allowed)}"
+            else:  # p99_tpot_ms: a statistic, the target of a search
+                hint = (f"{key} is a statistic: an SLO of --find-max; a level's goodput "
+                        f"counts requests meeting per-request limits: {', '.join(allowed)}")
+            raise InputError(f"unknown SLO {key!r}", where="--slo", hint=hint)
         try:
             number = float(value)
         except ValueError:
@@ -111,7 +122,11 @@ def bench(
     duration: Annotated[
         float | None, typer.Option(help="seconds of sending per level (instead of a count)")
     ] = None,
-    warmup: Annotated[int, typer.Option(help="unmeasured requests before the first level")] = 0,
+    warmup: Annotated[
+        int | None,
+        typer.Option(help="unmeasured requests before the first level [default: 0; with "
+                     "--find-max the start's concurrency, at least 8]", show_default=False),
+    ] = None,
     seed: Annotated[int, typer.Option(help="seed of prompts and arrivals")] = 0,
     workload: Annotated[
         str | None,
@@ -129,7 +144,10 @@ def bench(
         str | None, typer.Option(help="local Hugging Face tokenizer directory: exact token counts")
     ] = None,
     slo: Annotated[
-        str | None, typer.Option(help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000")
+        str | None,
+        typer.Option(help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000; with "
+                     "--find-max statistics (p99_tpot_ms=200, also tpot_p99_ms=200), or "
+                     "per-request limits with --slo-attainment"),
     ] = None,
     json_out: Annotated[
         str | None, typer.Option("--json", help="write the result JSON here ('-' for stdout)")
@@ -152,10 +170,110 @@ def bench(
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token", show_default=False)
     ] = None,
     live: Annotated[bool, typer.Option(help="live view on a terminal")] = True,
+    repeats: Annotated[
+        int | None,
+        typer.Option(help="measure each level N times (seeds SEED, SEED+1, ...) and report "
+                     "means with 95 % intervals [default: 1; 10 at most with --target-ci]",
+                     show_default=False),
+    ] = None,
+    target_ci: Annotated[
+        float | None,
+        typer.Option(help="repeat each level (3 times at least, --repeats at most) until the "
+                     "95 % interval of its output throughput is within PCT % of its mean",
+                     metavar="PCT", show_default=False),
+    ] = None,
+    max_error_rate: Annotated[
+        float, typer.Option(help="a level with a larger share of failed requests is not a "
+                            "throughput result (invalid)")
+    ] = 0.01,
+    find_max: Annotated[
+        str | None,
+        typer.Option("--find-max", metavar="concurrency|rate",
+                     help="search the most load within --slo (double, then bisect) instead "
+                     "of measuring --concurrency/--rate levels", rich_help_panel="Capacity"),
+    ] = None,
+    slo_attainment: Annotated[
+        float | None,
+        typer.Option(help="--find-max: the share of requests (0-1) that must meet every "
+                     "per-request --slo limit [default: none: each --slo is a statistic]",
+                     show_default=False, rich_help_panel="Capacity"),
+    ] = None,
+    start: Annotated[
+        float | None,
+        typer.Option(help="--find-max: the first load [default: concurrency 8, rate 1]",
+                     show_default=False, rich_help_panel="Capacity"),
+    ] = None,
+    max_load: Annotated[
+        float | None,
+        typer.Option(help="--find-max: the most load probed [default: concurrency 4096, "
+                     "rate 10000]", show_default=False, rich_help_panel="Capacity"),
+    ] = None,
+    tolerance: Annotated[
+        float | None,
+        typer.Option(help="--find-max: stop when the bracket is within this share of its "
+                     "low end (and 1 request apart) [default: 0.1]", show_default=False,
+                     rich_help_panel="Capacity"),
+    ] = None,
+    max_probes: Annotated[
+        int | None,
+        typer.Option(help="--find-max: the most probes [default: 16]", show_default=False,
+                     rich_help_panel="Capacity"),
+    ] = None,
+    max_extensions: Annotated[
+        int | None,
+        typer.Option(help="--find-max: times a probe whose interval straddles its target is "
+                     "measured again before it is unresolved [default: 3]",
+                     show_default=False, rich_help_panel="Capacity"),
+    ] = None,
+    cliff: Annotated[
+        float | None,
+        typer.Option(help="--find-max: a throughput fall (share) between two passing probes "
+                     "reported as a cliff [default: 0.2]", show_default=False,
+                     rich_help_panel="Capacity"),
+    ] = None,
+    confidence: Annotated[
+        float | None,
+        typer.Option(help="--find-max: the level of each probe's Wilson interval "
+                     "[default: 0.95]", show_default=False, rich_help_panel="Capacity"),
+    ] = None,
+    server_log: Annotated[
+        Path | None,
+        typer.Option(help="--find-max: the server's log: a crash's cause is classified from "
+                     "it (with --engine's crash patterns)", show_default=False,
+                     rich_help_panel="Capacity"),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="--find-max: the engine whose crash patterns read --server-log "
+                     "[default: the generic patterns]", show_default=False,
+                     rich_help_panel="Capacity"),
+    ] = None,
 ) -> None:
     """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
     (--rate), streaming, with TTFT/TPOT/ITL/E2E percentiles, throughputs and goodput."""
-    from cleanslate.bench._live import summary_table
+    if find_max is not None:
+        _find_max_command(
+            find_max, url=url, model=model, concurrency=concurrency, rate=rate,
+            arrival=arrival, burstiness=burstiness, max_concurrency=max_concurrency,
+            num_prompts=num_prompts, duration=duration, warmup=warmup, seed=seed,
+            workload=workload, dataset=dataset, endpoint=endpoint, tokenizer=tokenizer,
+            slo=slo, json_out=json_out, request_timeout=request_timeout,
+            read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, live=live,
+            repeats=repeats, target_ci=target_ci, max_error_rate=max_error_rate,
+            slo_attainment=slo_attainment, start=start, max_load=max_load,
+            tolerance=tolerance, max_probes=max_probes, max_extensions=max_extensions,
+            cliff=cliff, confidence=confidence, server_log=server_log, engine=engine)
+    given = [name for name, value in (
+        ("--slo-attainment", slo_attainment), ("--start", start), ("--max-load", max_load),
+        ("--tolerance", tolerance), ("--max-probes", max_probes),
+        ("--max-extensions", max_extensions), ("--cliff", cliff),
+        ("--confidence", confidence), ("--server-log", server_log),
+        ("--engine", engine)) if value is not None]
+    if given:
+        raise InputError("an option of the capacity search (--find-max)", where=given[0],
+                         hint="add --find-max concurrency (or rate) with --slo, or leave "
+                         f"{given[0]} out")
+    from cleanslate.bench import summary_table
 
     config = build_config(
         url=url,
@@ -167,7 +285,7 @@ def bench(
         max_concurrency=max_concurrency,
         num_prompts=num_prompts,
         duration=duration,
-        warmup=warmup,
+        warmup=warmup or 0,
         seed=seed,
         workload=workload,
         dataset=dataset,
@@ -178,6 +296,9 @@ def bench(
         read_timeout=read_timeout,
         ignore_eos=ignore_eos,
         api_key=api_key,
+        repeats=repeats,
+        target_ci=target_ci,
+        max_error_rate=max_error_rate,
     )
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
@@ -195,6 +316,9 @@ def bench(
     for warning in (*result.warnings, *(w for lv in result.levels for w in lv.warnings)):
         console_err.print(f"[yellow]warning:[/] {escape(warning)}")
     for lv in result.levels:
+        if not lv.valid:
+            console_err.print(Text(f"{lv.label}: not a throughput result: {lv.invalid_reason}",
+                                   style="red"))
         if lv.errors:
             errs = ", ".join(f"{k}: {v}" for k, v in lv.errors.items())
             console_err.print(f"[red]{lv.label}: {lv.failed} failed requests ({escape(errs)})[/]")
@@ -212,9 +336,81 @@ def bench(
     raise typer.Exit(ExitCode.OK)
 
 
+def _find_max_command(
+    dimension: str, *, url: str, model: str, concurrency: str | None, rate: str | None,
+    arrival: str, burstiness: float, max_concurrency: int | None, num_prompts: int | None,
+    duration: float | None, warmup: int | None, seed: int, workload: str | None,
+    dataset: Path | None, endpoint: str, tokenizer: str | None, slo: str | None,
+    json_out: str | None, request_timeout: float | None, read_timeout: float,
+    ignore_eos: bool, api_key: str | None, live: bool, repeats: int | None,
+    target_ci: float | None, max_error_rate: float, slo_attainment: float | None,
+    start: float | None, max_load: float | None, tolerance: float | None,
+    max_probes: int | None, max_extensions: int | None, cliff: float | None,
+    confidence: float | None, server_log: Path | None, engine: str | None,
+) -> None:
+    """``bench --find-max``: refuse what a search cannot take, run it, exit 0 with an answer,
+    1 without (:mod:`cleanslate.cli._find_max`)."""
+    from cleanslate.bench import (
+        DEFAULT_CLIFF,
+        DEFAULT_MAX_EXTENSIONS,
+        DEFAULT_MAX_PROBES,
+        DEFAULT_TOLERANCE,
+    )
+    from cleanslate.cli import _find_max as fm
+
+    for option, value, hint in (
+            ("--concurrency", concurrency, "--start and --max-load bound the concurrencies "
+             "searched"),
+            ("--rate", rate, "use --find-max rate with --start and --max-load"),
+            ("--repeats", repeats, "a probe straddling its target is measured again "
+             "(--max-extensions)"),
+            ("--target-ci", target_ci, "a probe straddling its target is measured again "
+             "(--max-extensions)")):
+        if value is not None:
+            raise InputError(f"--find-max chooses the levels itself: {option} cannot go "
+                             "with it", where=option, hint=hint)
+    if dimension == "concurrency" and max_concurrency is not None:
+        raise InputError("--max-concurrency caps an open loop", where="--max-concurrency",
+                         hint="use it with --find-max rate, or leave it out")
+    plan = fm.build_plan(
+        dimension=dimension, slo=slo, attainment=slo_attainment, start=start,
+        max_load=max_load,
+        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
+        max_probes=DEFAULT_MAX_PROBES if max_probes is None else max_probes,
+        max_extensions=DEFAULT_MAX_EXTENSIONS if max_extensions is None else max_extensions,
+        cliff=DEFAULT_CLIFF if cliff is None else cliff,
+        confidence=0.95 if confidence is None else confidence, warmup=warmup,
+        max_concurrency=max_concurrency, server_log=server_log, engine=engine)
+    first = fm.number_text(plan.search.start)
+    config = build_config(
+        url=url, model=model, concurrency=first if dimension == "concurrency" else None,
+        rate=first if dimension == "rate" else None, arrival=arrival, burstiness=burstiness,
+        max_concurrency=max_concurrency, num_prompts=num_prompts, duration=duration,
+        warmup=plan.warmup, seed=seed, workload=workload, dataset=dataset, endpoint=endpoint,
+        tokenizer=tokenizer, slo=None, request_timeout=request_timeout,
+        read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key,
+        max_error_rate=max_error_rate)
+    to_stdout = json_out == "-"
+    if json_out is not None and not to_stdout:
+        check_writable(Path(json_out), option="--json")  # before the run, not after it
+    show_live = live and not to_stdout and console_err.is_terminal
+    code, document = fm.run(config, plan, json_out=json_out, show_live=show_live,
+                            console=console, console_err=console_err)
+    if document is not None:
+        if to_stdout:
+            sys.stdout.write(document + "\n")
+            sys.stdout.flush()
+        else:
+            try:
+                Path(json_out or "").write_text(document + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"cannot write {json_out}: {exc.strerror}",
+                                 where="--json") from None
+    raise typer.Exit(code)
+
+
 async def _run(config: BenchConfig, show_live: bool) -> BenchResult:
-    from cleanslate.bench import run_benchmark
-    from cleanslate.bench._live import LiveView
+    from cleanslate.bench import LiveView, run_benchmark
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -249,16 +445,30 @@ def build_config(
     ignore_eos: bool,
     api_key: str | None,
     read_timeout: float = 600.0,
+    repeats: int | None = None,
+    target_ci: float | None = None,
+    max_error_rate: float = 0.01,
 ) -> BenchConfig:
     """Turn the command-line options into a :class:`BenchConfig`; InputError on bad input.
 
     Here: what the options mean together (an open or a closed loop, a count or a duration, a
     workload or a dataset file). Every bound on a value is the model's (``docs/bench.md``
     lists them); its errors name the option that set the field."""
-    from cleanslate.bench import BenchConfig, ShareGPTWorkload, parse_workload
+    from cleanslate.bench import (
+        TARGET_CI_MIN_REPEATS,
+        BenchConfig,
+        ShareGPTWorkload,
+        parse_workload,
+    )
 
     if num_prompts is not None and duration is not None:
         raise InputError("give --num-prompts or --duration, not both", where="--num-prompts")
+    if target_ci is not None and repeats is not None and repeats < TARGET_CI_MIN_REPEATS:
+        raise InputError(
+            f"--target-ci repeats each level at least {TARGET_CI_MIN_REPEATS} times: "
+            f"--repeats {repeats} is fewer", where="--repeats",
+            hint=f"give --repeats {TARGET_CI_MIN_REPEATS} or more (the most repeats), or leave "
+            "it out (at most 10)")
     loads: list[dict[str, Any]]
     if rate is not None:
         if concurrency is not None:
@@ -312,6 +522,9 @@ def build_config(
                 "request_timeout_s": request_timeout,
                 "read_timeout_s": read_timeout,
                 "api_key": api_key,
+                "repeats": repeats,
+                "target_ci_pct": target_ci,
+                "max_error_rate": max_error_rate,
             }
         )
     except ValidationError as exc:
@@ -344,6 +557,9 @@ _OPTIONS = {
     "ttft_ms": "--slo",
     "tpot_ms": "--slo",
     "e2e_ms": "--slo",
+    "repeats": "--repeats",
+    "target_ci_pct": "--target-ci",
+    "max_error_rate": "--max-error-rate",
 }
 
 

@@ -14,7 +14,7 @@ import typer
 
 from cleanslate.cli._common import check_writable, parse_gpus
 from cleanslate.engines import engine_class, engine_names
-from cleanslate.engines.signatures import get_signature
+from cleanslate.engines.signatures import require_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for, set_accept_new_host_keys
 from cleanslate.probe.gpu.base import backend_names
@@ -109,7 +109,7 @@ def check(
         check_writable(save_baseline, option="--save-baseline")
     loaded = Baseline.load(baseline) if baseline else None
     for name in engine or ():
-        get_signature(name)  # unknown engine: an input error naming the known ones
+        require_signature(name)  # unknown engine: an input error naming the known ones
     executors = [executor_for(h) for h in host] if host else [executor_for(None)]
     reasons = _implicit_ports(engine, store, [e.name for e in executors]) if default_ports \
         else {}

@@ -19,7 +19,7 @@ from rich.text import Text
 from cleanslate.cli._common import console, console_err, progress_printer
 from cleanslate.cli._render import print_teardown, targets_table
 from cleanslate.cli.stop import stop_run
-from cleanslate.engines.signatures import get_signature
+from cleanslate.engines.signatures import require_signature
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
 from cleanslate.verdict.check import DEFAULT_SETTLE_S
@@ -64,7 +64,7 @@ def clean(
         raise typer.Exit(stop_run(run, store_url, grace, deadline, gpu_backend, json_out,
                                   settle=settle))
     if engine:
-        get_signature(engine)
+        require_signature(engine)
     bad = [p for p in pid or () if p <= 0]
     if bad:
         raise InputError(f"{bad[0]} is not a process id", where="--pid",

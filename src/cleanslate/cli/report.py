@@ -92,7 +92,9 @@ def report(
     ] = None,
     compare: Annotated[list[str] | None, typer.Option(
         "--compare", metavar="OTHER_STUDY",
-        help="Another study of the store to put side by side (repeatable).")] = None,
+        help="Another study of the store to put side by side (repeatable); each "
+             "configuration it shares with STUDY gets its difference with the interval.")
+    ] = None,
     png: Annotated[Path | None, typer.Option(
         "--png", metavar="DIR", help="Write the plots as PNG files into DIR.")] = None,
     html: Annotated[Path | None, typer.Option(
@@ -108,6 +110,7 @@ def report(
     from cleanslate.report import (
         comparison_table,
         load_report,
+        print_differences,
         print_report,
         print_table,
         render_html,
@@ -139,6 +142,8 @@ def report(
             print_report(screen, item)
         if len(reports) > 1:
             print_table(screen, comparison_table(reports))
+            for other in reports[1:]:
+                print_differences(screen, reports[0], other)
     if png is not None or html is not None:
         plots = render_plots(reports)
         if png is not None:

@@ -66,8 +66,7 @@ def _override_flags(base: dict[str, Any], extra: dict[str, Any],
                     engine: str) -> dict[str, Any]:
     """The file's flags with those after ``--`` on top; a flag given in both, however each
     spells it (``c:`` in YAML, ``-c`` on the command line), is the command line's alone."""
-    from cleanslate.engines import engine_class
-    from cleanslate.engines._flags import option_name
+    from cleanslate.engines import engine_class, option_name
 
     try:
         short = engine_class(engine).short_options

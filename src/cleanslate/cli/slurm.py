@@ -55,8 +55,7 @@ def submit(
     from pydantic import ValidationError
 
     from cleanslate.cluster.slurm import SlurmOptions, render_script, submit, write_script
-    from cleanslate.store import Store
-    from cleanslate.store._store import STORE_ENV, resolve_store_url
+    from cleanslate.store import STORE_ENV, Store, resolve_store_url
     from cleanslate.tune import load_study, validate_study_flags
     from cleanslate.tune.controller import check_slot_hosts, register_study
 

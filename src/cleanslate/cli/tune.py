@@ -63,7 +63,13 @@ class ConsoleView(TuneView):
 
         if self.quiet:
             return
-        if record.status is TrialStatus.FEASIBLE:
+        if record.status is TrialStatus.FEASIBLE and record.capacity is not None:
+            from cleanslate.report import bracket_text
+
+            line = f"  [green]feasible[/] {escape(bracket_text(record.capacity))}"
+            if record.value != record.capacity.capacity:  # max_goodput
+                line += f": {record.value:,.1f}"
+        elif record.status is TrialStatus.FEASIBLE:
             line = f"  [green]feasible[/] {record.value:,.1f} at {record.best_level}"
         else:
             line = (f"  [red]{escape(record.status)}[/] ({escape(str(record.cause))}): "
@@ -108,6 +114,11 @@ def tune(
     if host is not None:  # one host instead of the study's host or hosts
         spec = spec.model_copy(update={"host": host, "hosts": None})
     check_slot_hosts(spec)  # before the store is opened: bad input writes nothing
+    if not register:  # a model path that is not on the host: before any launch (workers
+        # started elsewhere check theirs)
+        from cleanslate.tune.controller import check_model_paths, model_where
+
+        asyncio.run(check_model_paths(spec, model_where(root, study_file)))
     if check:
         from cleanslate.cli._documents import TunePlan, emit
 
@@ -127,7 +138,7 @@ def tune(
         note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
         if note:
             console_err.print(f"[yellow]note:[/] {escape(note)}")
-        from cleanslate.store._store import study_digest
+        from cleanslate.store import study_digest
 
         new = store.study(spec.name) is None
         register_study(store, spec)
@@ -152,7 +163,9 @@ def tune(
         emit(TuneDone.of(spec, outcome))
     else:
         _summary(spec, outcome)
-    stopped = outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED)
+    stopped = outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED, "systemic")
+    if outcome.stopped_by == "systemic" and json_out:  # the reason on stderr too
+        console_err.print(Text(f"stopped: {outcome.message}"), highlight=False)
     raise typer.Exit(ExitCode.FAILED if outcome.best is None or stopped else ExitCode.OK)
 
 
@@ -175,7 +188,12 @@ def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
     per_level = (f"{spec.requests_per_level} requests" if spec.requests_per_level else
                  f"{spec.duration_s_per_level:g} s" if spec.duration_s_per_level else
                  "5 requests per slot (at least 50)")
-    console.print(Text(f"levels {', '.join(plan.levels)}, {per_level} each; workload "
+    c = spec.capacity
+    what = (f"capacity search from c={c.start} up to c={c.max_load} (tolerance "
+            f"{c.tolerance:.0%}, at most {c.max_probes} probes), each probe {per_level} and at "
+            "least its concurrency"
+            if spec.objective.capacity else f"levels {', '.join(plan.levels)}, {per_level} each")
+    console.print(Text(f"{what}; workload "
                        f"{json.dumps(plan.workload)}; {spec.objective.direction} "
                        f"{spec.objective.metric}"
                        + (f"; SLOs {json.dumps(spec.slo)}" if spec.slo else "")), soft_wrap=True)
@@ -188,24 +206,46 @@ def launch_command(record: TrialRecord) -> str:
 
 
 def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
+    from cleanslate.cli._stats import (
+        capacity_cell,
+        capacity_lines,
+        marks,
+        statistics_lines,
+        value_text,
+    )
     from cleanslate.store import StudyStatus, TrialStatus
+    from cleanslate.tune.race import tie_set
 
     results = [t for t in outcome.trials if t.status.finished]
     table = Table(title=escape(f"study {spec.name}: {len(results)} trials "
                                f"({outcome.new_trials} new)"), title_justify="left")
     factors = list(spec.space)
-    for column in ("#", *factors, "status", "best level", spec.objective.metric):
+    searched = any(t.capacity is not None for t in results)  # a capacity objective
+    for column in ("#", *factors, "status", "best level", spec.objective.metric,
+                   *(("capacity [bracket)",) if searched else ())):
         table.add_column(Text(column), overflow="fold")
     maximize = spec.objective.direction == "maximize"
     ordered = sorted(results, key=lambda t: (t.status is not TrialStatus.FEASIBLE,
                                              -(t.value or 0) if maximize else (t.value or 0)))
+    found = tie_set(outcome.trials, spec)
+    words = marks(found) if found.interval is not None and found.interval.low is not None \
+        else {}
     for t in ordered:
         feasible = t.status is TrialStatus.FEASIBLE
         status = "feasible" if feasible else f"{t.status}: {t.cause}"
+        if t.number in words:
+            status += f" ({words[t.number]})"
         table.add_row(str(t.number), *(Text(str(t.params.get(f))) for f in factors),
                       Text(status), t.best_level or "-",
-                      f"{t.value:,.1f}" if feasible and t.value else "-")
+                      value_text(t) if feasible and t.value else "-",
+                      *((Text(capacity_cell(t)),) if searched else ()))
     console.print(table)
+    if outcome.stopped_by == "systemic":
+        console.print("[bold red]stopped: a failure that is not the configuration's[/] "
+                      f"{escape(outcome.message)}", highlight=False)
+        console.print("  its configurations were re-queued, none recorded infeasible: fix "
+                      "the cause and run the study again to resume it", highlight=False)
+        return
     if outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED):
         console.print(f"[bold red]stopped: {outcome.stopped_by}[/] {escape(outcome.message)}")
         if outcome.report is not None:
@@ -216,7 +256,8 @@ def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
         return
     console.print(f"[bold green]best configuration[/] (trial {best.number}): "
                   f"{escape(_params(best.params))}")
-    console.print(f"  {spec.objective.metric} = {best.value:,.1f} at {best.best_level}")
+    for line in [*capacity_lines(best), *statistics_lines(spec, outcome.trials, _params)]:
+        console.print(Text(line), highlight=False, soft_wrap=True)
     level = best.level(best.best_level)
     if level is not None:
         console.print(f"  output {level.output_throughput:,.0f} tok/s, total "

@@ -34,9 +34,13 @@ def worker(
 ) -> None:
     """Lease trials of a study that `cleanslate tune` started and run them on one slot (host,
     GPUs, port) until its plan or budget is done. Any number of workers may share a store."""
-    from cleanslate.store import Store
-    from cleanslate.store._store import study_digest
-    from cleanslate.tune.controller import load_stored_study, run_worker, worker_slot
+    from cleanslate.store import Store, study_digest
+    from cleanslate.tune.controller import (
+        check_model_paths,
+        load_stored_study,
+        run_worker,
+        worker_slot,
+    )
 
     gpu_list = parse_gpus(gpus) if gpus is not None else None
     reader = Store(store_url, create=False)  # a study that is not there: nothing written
@@ -50,6 +54,9 @@ def worker(
                            f"{study_digest(record.spec)} (engine {spec.engine}, model "
                            f"{spec.model})"), highlight=False)
     slot = worker_slot(spec, host=host, gpus=gpu_list, port=port)
+    # a model path that is not on this worker's host: before anything is claimed
+    asyncio.run(check_model_paths(spec.model_copy(update={"host": slot.host, "hosts": None}),
+                                  f"model (of study {spec.name})"))
     store = Store(store_url)
     try:
         outcome = asyncio.run(run_worker(store, spec, slot, view=ConsoleView(),
@@ -57,6 +64,11 @@ def worker(
     finally:
         store.close()
     done = outcome.stopped_by in ("plan", "budget")
+    if outcome.stopped_by == "systemic":
+        console.print(Text(f"worker on {slot.key}: stopped: a failure that is not the "
+                           f"configuration's: {outcome.message}; its configurations were "
+                           "re-queued, none recorded infeasible"), highlight=False)
+        raise typer.Exit(ExitCode.FAILED)
     console.print(f"worker on {escape(slot.key)}: {outcome.new_trials} trials; study "
                   + ("done" if done else f"not done: {escape(outcome.stopped_by)} "
                      f"{escape(outcome.message)}"), highlight=False)

@@ -1,6 +1,6 @@
 """``cleanslate doctor``: why is this host slow, before the first benchmark (``docs/doctor.md``).
 
-- :mod:`~cleanslate.doctor._hostscript`: the stdlib-only host script (``nvidia-smi -q``,
+- :mod:`~cleanslate.doctor._doctor_script`: the stdlib-only host script (``nvidia-smi -q``,
   ``topo -m``, ``topo -p2p``, NVML through ``pynvml`` when the host has it, the environment),
   sent to the host's ``python3`` through the executor, locally or over SSH;
 - :mod:`~cleanslate.doctor.parse`: pure parsers of ``nvidia-smi`` text;
@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     from cleanslate.doctor.report import (
         Bandwidth,
         Device,
+        DoctorFinding,
         DoctorReport,
+        DoctorSeverity,
         Driver,
         Environment,
-        Finding,
         HostDoctor,
         Measurement,
         Pair,
-        Severity,
     )
     from cleanslate.doctor.run import doctor_host, doctor_hosts
     from cleanslate.doctor.snapshot import HostSnapshot, snapshot_host
@@ -43,11 +43,11 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "DoctorReport": "cleanslate.doctor.report",
     "Driver": "cleanslate.doctor.report",
     "Environment": "cleanslate.doctor.report",
-    "Finding": "cleanslate.doctor.report",
+    "DoctorFinding": "cleanslate.doctor.report",
     "HostDoctor": "cleanslate.doctor.report",
     "Measurement": "cleanslate.doctor.report",
     "Pair": "cleanslate.doctor.report",
-    "Severity": "cleanslate.doctor.report",
+    "DoctorSeverity": "cleanslate.doctor.report",
     "doctor_host": "cleanslate.doctor.run",
     "doctor_hosts": "cleanslate.doctor.run",
     "HostSnapshot": "cleanslate.doctor.snapshot",
@@ -57,15 +57,15 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 __all__ = [
     "Bandwidth",
     "Device",
+    "DoctorFinding",
     "DoctorReport",
+    "DoctorSeverity",
     "Driver",
     "Environment",
-    "Finding",
     "HostDoctor",
     "HostSnapshot",
     "Measurement",
     "Pair",
-    "Severity",
     "analyze",
     "doctor_host",
     "doctor_hosts",

@@ -3,7 +3,7 @@ function (no host, no clock), tested on real captures and edited copies of them.
 
 Devices are read from NVML first and from ``nvidia-smi -q`` for what NVML did not give; pairs
 from ``topo -m`` (the link) and NVML P2P status (``topo -p2p`` otherwise); the environment from
-the probes of :mod:`cleanslate.doctor._hostscript`. :mod:`cleanslate.doctor.findings` judges.
+the probes of :mod:`cleanslate.doctor._doctor_script`. :mod:`cleanslate.doctor.findings` judges.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from cleanslate.doctor.parse import (
 )
 from cleanslate.doctor.report import (
     Device,
+    DoctorFinding,
+    DoctorSeverity,
     Driver,
     Environment,
-    Finding,
     HostDoctor,
     Pair,
-    Severity,
 )
 
 #: NVML's P2P status values, as ``topo -p2p`` spells them.
@@ -486,8 +486,8 @@ def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,
     findings = judge(driver, devices, pairs, env, gpus_total=count)
     missing = [g for g in in_scope if g >= count]
     if missing and driver.present:
-        findings.insert(0, Finding(
-            code="gpu_not_found", severity=Severity.ERROR, gpus=tuple(missing),
+        findings.insert(0, DoctorFinding(
+            code="gpu_not_found", severity=DoctorSeverity.ERROR, gpus=tuple(missing),
             message=f"GPU {', '.join(map(str, missing))} asked for with --gpus but the host "
             f"has {count} GPU(s)",
             consequence="nothing was read for it; a server placed on it will not start",

@@ -7,7 +7,14 @@ with its consequence in ``docs/doctor.md``.
 
 from __future__ import annotations
 
-from cleanslate.doctor.report import Device, Driver, Environment, Finding, Pair, Severity
+from cleanslate.doctor.report import (
+    Device,
+    DoctorFinding,
+    DoctorSeverity,
+    Driver,
+    Environment,
+    Pair,
+)
 
 #: ``systemd-detect-virt`` words that are containers, not virtual machines.
 CONTAINER_WORDS = frozenset({"docker", "lxc", "lxc-libvirt", "podman", "systemd-nspawn",
@@ -32,13 +39,13 @@ def _ev(device: Device, *fields: str) -> tuple[str, ...]:
     return tuple(device.sources[f] for f in fields if f in device.sources)
 
 
-def _device_findings(d: Device) -> list[Finding]:
-    out: list[Finding] = []
+def _device_findings(d: Device) -> list[DoctorFinding]:
+    out: list[DoctorFinding] = []
     g = (d.index,)
     if d.pcie_width is not None and d.pcie_width_max is not None \
             and d.pcie_width < d.pcie_width_max:
-        out.append(Finding(
-            code="pcie_width_downtrained", severity=Severity.ERROR, gpus=g,
+        out.append(DoctorFinding(
+            code="pcie_width_downtrained", severity=DoctorSeverity.ERROR, gpus=g,
             message=f"GPU {d.index}: PCIe link at x{d.pcie_width} of x{d.pcie_width_max}",
             consequence="host-to-device copies, host-staged P2P and NCCL traffic over PCIe "
             f"get at most {d.pcie_width}/{d.pcie_width_max} of the bandwidth; a narrower "
@@ -47,8 +54,8 @@ def _device_findings(d: Device) -> list[Finding]:
             evidence=_ev(d, "pcie_width", "pcie_width_max")))
     if d.pcie_gen is not None and d.pcie_gen_max is not None and d.pcie_gen < d.pcie_gen_max:
         idle = d.clock_event_reasons is not None and "Idle" in d.clock_event_reasons
-        out.append(Finding(
-            code="pcie_gen_below_max", severity=Severity.INFO, gpus=g,
+        out.append(DoctorFinding(
+            code="pcie_gen_below_max", severity=DoctorSeverity.INFO, gpus=g,
             message=f"GPU {d.index}: PCIe gen {d.pcie_gen} of gen {d.pcie_gen_max}"
             + (" while idle" if idle else ""),
             consequence="a GPU lowers its PCIe generation to save power when idle and raises "
@@ -56,36 +63,36 @@ def _device_findings(d: Device) -> list[Finding]:
             "--bandwidth): a link that stays below its maximum under load is a problem",
             evidence=_ev(d, "pcie_gen", "pcie_gen_max", "clock_event_reasons")))
     if d.pcie_replays:
-        out.append(Finding(
-            code="pcie_replays", severity=Severity.WARNING, gpus=g,
+        out.append(DoctorFinding(
+            code="pcie_replays", severity=DoctorSeverity.WARNING, gpus=g,
             message=f"GPU {d.index}: {d.pcie_replays} PCIe replay(s) since the last reset",
             consequence="replays are link-level retransmissions after bad packets; a few are "
             "harmless, a count that keeps growing means a marginal link (riser, slot, "
             "signal integrity) that costs bandwidth and can end in the GPU falling off the bus",
             evidence=_ev(d, "pcie_replays")))
     if d.retired_pages_pending:
-        out.append(Finding(
-            code="retired_pages_pending", severity=Severity.ERROR, gpus=g,
+        out.append(DoctorFinding(
+            code="retired_pages_pending", severity=DoctorSeverity.ERROR, gpus=g,
             message=f"GPU {d.index}: retired pages pending",
             consequence="memory pages with errors are waiting to be retired, which happens "
             "only at the next GPU reset or reboot; until then the bad memory is still in use",
             evidence=_ev(d, "retired_pages_pending")))
     if d.remapped_rows_pending:
-        out.append(Finding(
-            code="remapped_rows_pending", severity=Severity.ERROR, gpus=g,
+        out.append(DoctorFinding(
+            code="remapped_rows_pending", severity=DoctorSeverity.ERROR, gpus=g,
             message=f"GPU {d.index}: row remapping pending",
             consequence="a memory row with an uncorrectable error will be remapped at the next "
             "GPU reset; reset the GPU (no process may hold it) before serving",
             evidence=_ev(d, "remapped_rows_pending")))
     if d.remapped_rows_failure:
-        out.append(Finding(
-            code="remapped_rows_failure", severity=Severity.ERROR, gpus=g,
+        out.append(DoctorFinding(
+            code="remapped_rows_failure", severity=DoctorSeverity.ERROR, gpus=g,
             message=f"GPU {d.index}: row remapping failed",
             consequence="the GPU ran out of spare rows for failing memory; it needs service",
             evidence=_ev(d, "remapped_rows_failure")))
     if d.ecc_uncorrected_volatile:
-        out.append(Finding(
-            code="ecc_uncorrected", severity=Severity.ERROR, gpus=g,
+        out.append(DoctorFinding(
+            code="ecc_uncorrected", severity=DoctorSeverity.ERROR, gpus=g,
             message=f"GPU {d.index}: {d.ecc_uncorrected_volatile} uncorrectable ECC error(s) "
             "since the driver loaded",
             consequence="an uncorrectable error kills the process that hit it (Xid 48/63/64) "
@@ -95,8 +102,9 @@ def _device_findings(d: Device) -> list[Finding]:
         bad = [r for r in d.clock_event_reasons if r not in BENIGN_REASONS]
         if bad:
             hw = [r for r in bad if r in HW_REASONS]
-            out.append(Finding(
-                code="clock_events", severity=Severity.ERROR if hw else Severity.WARNING,
+            out.append(DoctorFinding(
+                code="clock_events",
+                severity=DoctorSeverity.ERROR if hw else DoctorSeverity.WARNING,
                 gpus=g, message=f"GPU {d.index}: clocks held down by {', '.join(bad)}",
                 consequence="the GPU runs below its clocks for a reason other than being "
                 "idle: "
@@ -106,16 +114,16 @@ def _device_findings(d: Device) -> list[Finding]:
                 evidence=_ev(d, "clock_event_reasons")))
     if d.power_limit_w is not None and d.power_default_w is not None \
             and d.power_limit_w < d.power_default_w - 0.5:
-        out.append(Finding(
-            code="power_limit_below_default", severity=Severity.WARNING, gpus=g,
+        out.append(DoctorFinding(
+            code="power_limit_below_default", severity=DoctorSeverity.WARNING, gpus=g,
             message=f"GPU {d.index}: power limit {d.power_limit_w:g} W below the default "
             f"{d.power_default_w:g} W",
             consequence="under load the GPU is capped earlier than it was designed for; "
             "prefill-heavy work slows first (nvidia-smi -pl sets it back)",
             evidence=_ev(d, "power_limit_w", "power_default_w")))
     if d.persistence is False:
-        out.append(Finding(
-            code="persistence_off", severity=Severity.WARNING, gpus=g,
+        out.append(DoctorFinding(
+            code="persistence_off", severity=DoctorSeverity.WARNING, gpus=g,
             message=f"GPU {d.index}: persistence mode off",
             consequence="the driver tears the GPU state down when the last process exits and "
             "sets it up again on the next start: seconds added to every launch, and readings "
@@ -123,15 +131,15 @@ def _device_findings(d: Device) -> list[Finding]:
             "nvidia-smi -pm 1)",
             evidence=_ev(d, "persistence")))
     if d.mig:
-        out.append(Finding(
-            code="mig_enabled", severity=Severity.INFO, gpus=g,
+        out.append(DoctorFinding(
+            code="mig_enabled", severity=DoctorSeverity.INFO, gpus=g,
             message=f"GPU {d.index}: MIG mode enabled",
             consequence="the GPU is split into instances; an engine sees one instance, not "
             "the whole GPU, and P2P/NVLink between instances is not available",
             evidence=_ev(d, "mig")))
     if d.ecc is False:
-        out.append(Finding(
-            code="ecc_off", severity=Severity.INFO, gpus=g,
+        out.append(DoctorFinding(
+            code="ecc_off", severity=DoctorSeverity.INFO, gpus=g,
             message=f"GPU {d.index}: ECC off",
             consequence="memory errors are neither corrected nor counted: a little more "
             "memory and bandwidth, and no warning when memory goes bad",
@@ -139,8 +147,8 @@ def _device_findings(d: Device) -> list[Finding]:
     return out
 
 
-def _pair_findings(pairs: list[Pair], env: Environment) -> list[Finding]:
-    out: list[Finding] = []
+def _pair_findings(pairs: list[Pair], env: Environment) -> list[DoctorFinding]:
+    out: list[DoctorFinding] = []
     where = ""
     if env.container:
         where = f" (in a {env.container} container)"
@@ -152,23 +160,23 @@ def _pair_findings(pairs: list[Pair], env: Environment) -> list[Finding]:
                   if status is not None and status != "OK"}
         if failed:
             what = " and ".join(f"{cap} {status}" for cap, status in failed.items())
-            out.append(Finding(
-                code="p2p_not_supported", severity=Severity.ERROR, gpus=g,
+            out.append(DoctorFinding(
+                code="p2p_not_supported", severity=DoctorSeverity.ERROR, gpus=g,
                 message=f"P2P {' and '.join(failed)} not supported between GPUs {p.a} and "
                 f"{p.b} ({what}){where}",
                 consequence=_ALLREDUCE + "; tensor- and expert-parallel layers pay it on every "
                 "token",
                 evidence=p.evidence))
         if p.p2p_read is None and p.p2p_write is None:
-            out.append(Finding(
-                code="p2p_unknown", severity=Severity.INFO, gpus=g,
+            out.append(DoctorFinding(
+                code="p2p_unknown", severity=DoctorSeverity.INFO, gpus=g,
                 message=f"P2P status between GPUs {p.a} and {p.b} not read",
                 consequence="neither NVML nor nvidia-smi topo -p2p answered: whether custom "
                 "all-reduce can use P2P here is unknown (--bandwidth measures it)",
                 evidence=p.evidence))
         if p.link in HOST_PATHS:
-            out.append(Finding(
-                code="pcie_host_path", severity=Severity.WARNING, gpus=g,
+            out.append(DoctorFinding(
+                code="pcie_host_path", severity=DoctorSeverity.WARNING, gpus=g,
                 message=f"GPUs {p.a} and {p.b} are connected through {p.link}, not NVLink",
                 consequence=f"their traffic crosses {HOST_PATHS[p.link]}: all-reduce bandwidth "
                 "is PCIe's at best (tens of GB/s instead of hundreds over NVLink); choose GPUs "
@@ -185,12 +193,12 @@ def _container_evidence(env: Environment) -> tuple[str, ...]:
     return tuple(dict.fromkeys(ev[k] for k in keys if k in ev))
 
 
-def _env_findings(env: Environment, driver: Driver, gpus: int) -> list[Finding]:
-    out: list[Finding] = []
+def _env_findings(env: Environment, driver: Driver, gpus: int) -> list[DoctorFinding]:
+    out: list[DoctorFinding] = []
     ev = env.evidence
     if env.virtualization:
-        out.append(Finding(
-            code="virtual_machine", severity=Severity.INFO,
+        out.append(DoctorFinding(
+            code="virtual_machine", severity=DoctorSeverity.INFO,
             message=f"running in a virtual machine: {env.virtualization}",
             consequence="GPUs in a VM are passed through by the hypervisor: P2P between them "
             "works only where the hypervisor exposes it (IOMMU/ACS settings, NVLink passed "
@@ -200,8 +208,8 @@ def _env_findings(env: Environment, driver: Driver, gpus: int) -> list[Finding]:
                            if k in ev and (k != "detect_virt" or env.detect_virt
                                            not in CONTAINER_WORDS))))
     if env.container in ("lxc", "proxmox-lxc"):
-        out.append(Finding(
-            code="container_lxc", severity=Severity.WARNING,
+        out.append(DoctorFinding(
+            code="container_lxc", severity=DoctorSeverity.WARNING,
             message="running in an LXC container" + (
                 " (Proxmox)" if env.container == "proxmox-lxc" else ""),
             consequence="the GPUs are the host's devices bind-mounted into the container: "
@@ -210,31 +218,31 @@ def _env_findings(env: Environment, driver: Driver, gpus: int) -> list[Finding]:
             "here makes tensor-parallel all-reduce slow whatever the engine's flags",
             evidence=_container_evidence(env)))
     elif env.container:
-        out.append(Finding(
-            code="container", severity=Severity.INFO,
+        out.append(DoctorFinding(
+            code="container", severity=DoctorSeverity.INFO,
             message=f"running in a {env.container} container",
             consequence="NCCL needs the container's /dev/shm and memlock limits raised "
             "(docker: --shm-size, --ulimit memlock=-1, --ipc=host) and the GPUs of a "
             "tensor-parallel group visible together",
             evidence=_container_evidence(env)))
     elif env.dockerenv:
-        out.append(Finding(
-            code="dockerenv", severity=Severity.INFO,
+        out.append(DoctorFinding(
+            code="dockerenv", severity=DoctorSeverity.INFO,
             message="/.dockerenv exists but no container runtime shows in the cgroup paths",
             consequence="the root file system was probably built from a Docker image; on its "
             "own this says nothing about isolation",
             evidence=(ev["dockerenv"],)))
     if env.shm_bytes is not None and env.shm_bytes < SHM_MIN_BYTES:
-        out.append(Finding(
-            code="shm_small", severity=Severity.ERROR if gpus > 1 else Severity.WARNING,
+        out.append(DoctorFinding(
+            code="shm_small", severity=DoctorSeverity.ERROR if gpus > 1 else DoctorSeverity.WARNING,
             message=f"/dev/shm is {env.shm_bytes / 2**20:.0f} MiB",
             consequence="NCCL keeps its intra-node buffers in /dev/shm: with less than 1 GiB "
             "multi-GPU runs fail with 'unhandled system error' or fall back to slower paths "
             "(docker's default is 64 MiB: --shm-size or --ipc=host)",
             evidence=(ev.get("shm", ""),)))
     if env.memlock is not None and env.memlock != "unlimited" and driver.present:
-        out.append(Finding(
-            code="memlock_limited", severity=Severity.WARNING,
+        out.append(DoctorFinding(
+            code="memlock_limited", severity=DoctorSeverity.WARNING,
             message=f"locked-memory limit is {int(env.memlock) // 1024} KiB",
             consequence="pinned host memory (NCCL over InfiniBand/GPUDirect, CUDA host "
             "registration) is capped by it; NCCL and the NVIDIA docs ask for unlimited "
@@ -244,33 +252,33 @@ def _env_findings(env: Environment, driver: Driver, gpus: int) -> list[Finding]:
 
 
 def judge(driver: Driver, devices: list[Device], pairs: list[Pair], env: Environment, *,
-          gpus_total: int) -> list[Finding]:
+          gpus_total: int) -> list[DoctorFinding]:
     """Every finding for one host, errors first."""
-    out: list[Finding] = []
+    out: list[DoctorFinding] = []
     if not driver.present:
-        out.append(Finding(
-            code="no_driver", severity=Severity.INFO,
+        out.append(DoctorFinding(
+            code="no_driver", severity=DoctorSeverity.INFO,
             message="no NVIDIA driver: no GPU to examine",
             consequence="nothing GPU-related to check here; the environment is still reported",
             evidence=(f"nvidia-smi: {driver.nvidia_smi}", f"NVML: {driver.nvml}")))
     else:
         if driver.nvidia_smi == "missing":
-            out.append(Finding(
-                code="nvidia_smi_missing", severity=Severity.INFO,
+            out.append(DoctorFinding(
+                code="nvidia_smi_missing", severity=DoctorSeverity.INFO,
                 message="nvidia-smi is not on the PATH",
                 consequence="topology (topo -m) and the P2P matrices come from NVML only",
                 evidence=("nvidia-smi: missing",)))
         if driver.nvidia_smi not in ("read", "missing") and driver.nvml != "read":
-            out.append(Finding(
-                code="gpu_unreadable", severity=Severity.ERROR,
+            out.append(DoctorFinding(
+                code="gpu_unreadable", severity=DoctorSeverity.ERROR,
                 message=f"the driver does not answer: {driver.nvidia_smi}",
                 consequence="nvidia-smi is there but failed, and NVML gave nothing: a GPU "
                 "that fell off the bus or a driver in trouble (see dmesg for Xid lines); "
                 "nothing about the GPUs could be read",
                 evidence=(f"nvidia-smi: {driver.nvidia_smi}", f"NVML: {driver.nvml}")))
         if not driver.nvml.startswith("read"):
-            out.append(Finding(
-                code="nvml_unavailable", severity=Severity.INFO,
+            out.append(DoctorFinding(
+                code="nvml_unavailable", severity=DoctorSeverity.INFO,
                 message=f"NVML not read: {driver.nvml}",
                 consequence="devices and P2P status come from nvidia-smi alone (install "
                 "nvidia-ml-py on the host for NVML's fields)",
@@ -279,7 +287,7 @@ def judge(driver: Driver, devices: list[Device], pairs: list[Pair], env: Environ
         out += _device_findings(d)
     out += _pair_findings(pairs, env)
     out += _env_findings(env, driver, len(devices) or gpus_total)
-    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    order = {DoctorSeverity.ERROR: 0, DoctorSeverity.WARNING: 1, DoctorSeverity.INFO: 2}
     return sorted(out, key=lambda f: order[f.severity])
 
 

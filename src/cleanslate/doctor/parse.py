@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from cleanslate.errors import CleanslateError
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _DEVICE = re.compile(r"^(GPU|NIC)\d+$")
 
@@ -121,7 +123,7 @@ class SmiLog:
     gpus: tuple[SmiGpu, ...]
 
 
-class SmiParseError(ValueError):
+class SmiParseError(CleanslateError, ValueError):
     """``nvidia-smi -q`` printed text that does not read as its log: the host's GPUs cannot be
     told. The message names the line."""
 

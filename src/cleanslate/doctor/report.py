@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import Field, computed_field
 
 from cleanslate.errors import ExitCode
+from cleanslate.models import FrozenStrict
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Severity(StrEnum):
+class DoctorSeverity(StrEnum):
     """``error`` is a problem (exit 1); ``warning`` and ``info`` are said, exit 0."""
 
     ERROR = "error"
@@ -26,18 +23,18 @@ class Severity(StrEnum):
     INFO = "info"
 
 
-class Finding(_Frozen):
+class DoctorFinding(FrozenStrict):
     """One thing the doctor saw, what it means for serving, and the evidence it rests on."""
 
     code: str
-    severity: Severity
+    severity: DoctorSeverity
     message: str
     consequence: str
     gpus: tuple[int, ...] = ()
     evidence: tuple[str, ...] = ()
 
 
-class Driver(_Frozen):
+class Driver(FrozenStrict):
     """The NVIDIA driver as the host reports it; ``present`` is false without one."""
 
     present: bool
@@ -47,7 +44,7 @@ class Driver(_Frozen):
     nvidia_smi: str  # "read", "missing", or why not
 
 
-class Device(_Frozen):
+class Device(FrozenStrict):
     """One GPU: NVML first, ``nvidia-smi -q`` for what NVML did not give (``source`` per
     field in ``sources``)."""
 
@@ -74,11 +71,11 @@ class Device(_Frozen):
     nvlink_up: int | None = None
     numa_node: str | None = None
     cpu_affinity: str | None = None
-    sources: dict[str, str] = {}
-    not_read: dict[str, str] = {}
+    sources: dict[str, str] = Field(default_factory=dict)
+    not_read: dict[str, str] = Field(default_factory=dict)
 
 
-class Pair(_Frozen):
+class Pair(FrozenStrict):
     """Two GPUs: the link ``topo -m`` names (``NV18``, ``PHB``, ...) and P2P status per
     capability (``OK``, ``NS``, ``CNS``, ``GNS``, ``TNS``, ``U``, ``DISABLED``), NVML first,
     ``topo -p2p`` otherwise. ``evidence``: the lines or fields they came from."""
@@ -93,7 +90,7 @@ class Pair(_Frozen):
     evidence: tuple[str, ...] = ()
 
 
-class Environment(_Frozen):
+class Environment(FrozenStrict):
     """What the host runs in and what NCCL needs from it."""
 
     virtualization: str | None = None  # a VM: "firecracker", "kvm", ...; None: none seen
@@ -113,10 +110,10 @@ class Environment(_Frozen):
     memlock: str | None = None  # "unlimited" or bytes of the soft limit
     hugepages_total: int | None = None
     persistenced_pids: tuple[int, ...] | None = None
-    evidence: dict[str, str] = {}
+    evidence: dict[str, str] = Field(default_factory=dict)
 
 
-class Measurement(_Frozen):
+class Measurement(FrozenStrict):
     """One measured figure (``--bandwidth``) and what the link allows, when known."""
 
     what: str
@@ -127,7 +124,7 @@ class Measurement(_Frozen):
     note: str | None = None
 
 
-class Bandwidth(_Frozen):
+class Bandwidth(FrozenStrict):
     """``--bandwidth``: the figures, or why they were not measured."""
 
     skipped: str | None = None
@@ -136,7 +133,7 @@ class Bandwidth(_Frozen):
     notes: tuple[str, ...] = ()  # a part not measured and why (the all-reduce)
 
 
-class HostDoctor(_Frozen):
+class HostDoctor(FrozenStrict):
     """One host's report. ``error``: the probe did not run or its output was unusable (then the
     sections are empty and the exit code is 3)."""
 
@@ -149,19 +146,19 @@ class HostDoctor(_Frozen):
     pairs: tuple[Pair, ...] = ()
     environment: Environment | None = None
     bandwidth: Bandwidth | None = None
-    findings: tuple[Finding, ...] = ()
+    findings: tuple[DoctorFinding, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def exit_code(self) -> int:
         if self.error is not None:
             return int(ExitCode.UNKNOWN)
-        if any(f.severity == Severity.ERROR for f in self.findings):
+        if any(f.severity == DoctorSeverity.ERROR for f in self.findings):
             return int(ExitCode.FAILED)
         return int(ExitCode.OK)
 
 
-class DoctorReport(_Frozen):
+class DoctorReport(FrozenStrict):
     """Every host's report; the exit code is the worst (3 over 1 over 0)."""
 
     hosts: tuple[HostDoctor, ...]
@@ -176,5 +173,15 @@ class DoctorReport(_Frozen):
         return int(ExitCode.OK)
 
 
-__all__ = ["Bandwidth", "Device", "DoctorReport", "Driver", "Environment", "Finding",
-           "HostDoctor", "Measurement", "Pair", "Severity"]
+__all__ = [
+    "Bandwidth",
+    "Device",
+    "DoctorFinding",
+    "DoctorReport",
+    "DoctorSeverity",
+    "Driver",
+    "Environment",
+    "HostDoctor",
+    "Measurement",
+    "Pair",
+]

@@ -11,20 +11,19 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from functools import cache
-from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from cleanslate.doctor.analyze import analyze
 from cleanslate.doctor.report import (
     Bandwidth,
     Device,
+    DoctorFinding,
     DoctorReport,
-    Finding,
+    DoctorSeverity,
     HostDoctor,
     Measurement,
-    Severity,
 )
+from cleanslate.hosts import scripts
 from cleanslate.hosts.base import Executor
 
 #: Seconds each ``nvidia-smi`` command on the host may take.
@@ -37,10 +36,16 @@ LOW_FRACTION = 0.5
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
-@cache
-def script_source(name: str) -> bytes:
-    """The source of a host script of this package (``_hostscript.py``, ``_bandwidth.py``)."""
-    return resources.files("cleanslate.doctor").joinpath(name).read_bytes()
+#: The host script (:mod:`cleanslate.doctor._doctor_script`) and ``--bandwidth``'s measurement.
+DOCTOR_SCRIPT = "doctor._doctor_script"
+BANDWIDTH_SCRIPT = "doctor._bandwidth"
+
+
+class ScriptOptions(TypedDict, total=False):
+    """What the host script is asked: seconds per command, and whether to read NVML."""
+
+    cmd_timeout_s: float
+    nvml: bool
 
 
 def nvlink_gbs_per_link(name: str | None) -> float:
@@ -62,22 +67,17 @@ def pcie_allows(device: Device) -> float | None:
     return None
 
 
-async def run_script(executor: Executor, options: dict[str, Any], *, timeout: float
+async def run_script(executor: Executor, options: ScriptOptions, *, timeout: float
                      ) -> tuple[dict[str, Any] | None, str | None, float]:
-    """Run the host script; (its JSON, why not, seconds)."""
+    """Run the host script; (its JSON, why not, seconds). With the host's site packages: NVML
+    is read through ``pynvml`` where it is installed."""
     started = time.monotonic()
-    result = await executor.run([executor.python, "-I", "-", json.dumps(options)],
-                                timeout=timeout, stdin=script_source("_hostscript.py"))
+    done = await scripts.run_script(executor, DOCTOR_SCRIPT, options, timeout, output=dict,
+                                    what="the doctor's host script", site_packages=True)
     elapsed = round(time.monotonic() - started, 4)
-    if not result.ok:
-        return None, result.describe_failure(), elapsed
-    try:
-        data = json.loads(result.stdout)
-    except ValueError:
-        return None, "the doctor's host script printed no JSON", elapsed
-    if not isinstance(data, dict):
-        return None, "the doctor's host script printed no JSON object", elapsed
-    return data, None, elapsed
+    if done.output is None:
+        return None, done.describe_failure(), elapsed
+    return done.output, None, elapsed
 
 
 async def measure(executor: Executor, report: HostDoctor, gpus: list[int] | None,
@@ -88,7 +88,7 @@ async def measure(executor: Executor, report: HostDoctor, gpus: list[int] | None
     started = time.monotonic()
     options = {"gpus": [d.index for d in report.devices] if gpus is None else gpus}
     result = await executor.run([executor.python, "-", json.dumps(options)], timeout=timeout,
-                                stdin=script_source("_bandwidth.py"))
+                                stdin=scripts.script_source(BANDWIDTH_SCRIPT))
     elapsed = round(time.monotonic() - started, 3)
     if not result.ok:
         return Bandwidth(skipped=f"the measurement failed on {report.host}: "
@@ -145,13 +145,13 @@ def _group_allows(gpus: tuple[int, ...], links: dict[tuple[int, int], str | None
     return (worst[0], worst[1]) if worst else (None, None)
 
 
-def bandwidth_findings(bandwidth: Bandwidth) -> list[Finding]:
+def bandwidth_findings(bandwidth: Bandwidth) -> list[DoctorFinding]:
     """A measured copy below :data:`LOW_FRACTION` of what its link allows."""
     out = []
     for m in bandwidth.measurements:
         if m.expected and m.unit == "GB/s" and m.value < LOW_FRACTION * m.expected:
-            out.append(Finding(
-                code="bandwidth_low", severity=Severity.WARNING, gpus=m.gpus,
+            out.append(DoctorFinding(
+                code="bandwidth_low", severity=DoctorSeverity.WARNING, gpus=m.gpus,
                 message=f"{m.what} on GPU {'-'.join(map(str, m.gpus))}: {m.value:g} GB/s, "
                 f"{m.value / m.expected:.0%} of the {m.expected:g} GB/s the link allows"
                 + (f" ({m.note})" if m.note else ""),

@@ -22,12 +22,13 @@ import os
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import field_validator
 
 from cleanslate.doctor.analyze import analyze
-from cleanslate.doctor.report import Device, Finding, HostDoctor, Pair, Severity
+from cleanslate.doctor.report import Device, DoctorFinding, DoctorSeverity, HostDoctor, Pair
 from cleanslate.doctor.run import run_script
 from cleanslate.hosts.base import Executor
+from cleanslate.models import FrozenStrict
 from cleanslate.redact import redact_data
 
 #: The layout of :class:`HostSnapshot`. 1: the first.
@@ -42,7 +43,7 @@ MAX_GPUS, MAX_PAIRS, MAX_FINDINGS, MAX_EVIDENCE, MAX_TEXT = 64, 256, 64, 3, 400
 
 
 #: The order of findings in a snapshot.
-_RANK = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+_RANK = {DoctorSeverity.ERROR: 0, DoctorSeverity.WARNING: 1, DoctorSeverity.INFO: 2}
 
 
 def _cut(value: str | None, limit: int = MAX_TEXT) -> str | None:
@@ -51,11 +52,7 @@ def _cut(value: str | None, limit: int = MAX_TEXT) -> str | None:
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class GpuRow(_Frozen):
+class GpuRow(FrozenStrict):
     """One GPU as a snapshot keeps it. ``None`` is "not read" (never 0); PCIe figures are the
     current link against its maximum (``pcie_gen`` of ``pcie_gen_max``, ``pcie_width`` of
     ``pcie_width_max``); ``memory_problems`` names pending retired pages, pending row remaps
@@ -105,7 +102,7 @@ class GpuRow(_Frozen):
                 f"{show(self.pcie_gen_max)} x{show(self.pcie_width_max)}")
 
 
-class PairRow(_Frozen):
+class PairRow(FrozenStrict):
     """Two GPUs: the link ``topo -m`` names (``NV18``, ``PHB``, ``SYS`` ...) and P2P read and
     write status (``OK``, ``NS`` ...); ``None``: not read."""
 
@@ -121,26 +118,26 @@ class PairRow(_Frozen):
                    p2p_read=_cut(pair.p2p_read, 40), p2p_write=_cut(pair.p2p_write, 40))
 
 
-class SnapshotFinding(_Frozen):
+class SnapshotFinding(FrozenStrict):
     """A doctor finding as a snapshot keeps it: severity, the message (its title), what it
     means for serving, the GPUs it is about, and its first evidence lines."""
 
     code: str
-    severity: Severity
+    severity: DoctorSeverity
     message: str
     consequence: str
     gpus: tuple[int, ...] = ()
     evidence: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, finding: Finding) -> SnapshotFinding:
+    def of(cls, finding: DoctorFinding) -> SnapshotFinding:
         return cls(code=str(_cut(finding.code, 80)), severity=finding.severity,
                    message=str(_cut(finding.message)),
                    consequence=str(_cut(finding.consequence)), gpus=finding.gpus[:MAX_GPUS],
                    evidence=tuple(str(_cut(e)) for e in finding.evidence[:MAX_EVIDENCE]))
 
 
-class HostSnapshot(_Frozen):
+class HostSnapshot(FrozenStrict):
     """A compact doctor report of one host at one moment (epoch seconds ``taken_at``;
     ``elapsed_s`` is how long the probe took).
 
@@ -208,7 +205,7 @@ class HostSnapshot(_Frozen):
 
     # -- what a report says of it --
 
-    def count(self, severity: Severity) -> int:
+    def count(self, severity: DoctorSeverity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
 
     def gpu_summary(self) -> str:
@@ -231,8 +228,8 @@ class HostSnapshot(_Frozen):
         parts = [f"driver {self.driver} CUDA {self.cuda or '?'}" if self.driver else None,
                  self.gpu_summary(),
                  " in ".join(w for w in (self.container, self.virtualization) if w) or None,
-                 f"{self.count(Severity.ERROR)} errors, {self.count(Severity.WARNING)} "
-                 f"warnings, {self.count(Severity.INFO)} info"]
+                 f"{self.count(DoctorSeverity.ERROR)} errors, {self.count(DoctorSeverity.WARNING)} "
+                 f"warnings, {self.count(DoctorSeverity.INFO)} info"]
         return "; ".join(p for p in parts if p)
 
 

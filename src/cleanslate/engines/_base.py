@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from cleanslate._types import Registry
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
 from cleanslate.engines._flags import Flags, flag_args, option_name
 from cleanslate.errors import InputError
@@ -294,7 +295,7 @@ class EngineAdapter:
         )
 
 
-_REGISTRY: dict[str, type[EngineAdapter]] = {}
+_REGISTRY: Registry[type[EngineAdapter]] = Registry("engine")
 A = TypeVar("A", bound=type[EngineAdapter])
 
 
@@ -304,14 +305,11 @@ def register_engine(cls: A) -> A:
     Raises :class:`ValueError` when the name is taken by another class, or when the adapter's
     signature names another engine: two adapters for one name would silently disagree.
     """
-    existing = _REGISTRY.get(cls.name)
-    if existing is not None and existing is not cls:
-        raise ValueError(f"engine {cls.name!r} is already registered by "
-                         f"{existing.__module__}.{existing.__qualname__}")
+    _REGISTRY.refuse_duplicate(cls.name, cls)
     if cls.signature is not None and cls.signature.engine != cls.name:
         raise ValueError(f"engine {cls.name!r}: its signature is for engine "
                          f"{cls.signature.engine!r}")
-    _REGISTRY[cls.name] = cls
+    _REGISTRY.add(cls.name, cls)
     return cls
 
 
@@ -350,14 +348,14 @@ def signatures() -> list[ProcessSignature]:
     return [cls.signature for cls in _REGISTRY.values() if cls.signature is not None]
 
 
-def engine_signature(engine: str) -> ProcessSignature | None:
+def find_signature(engine: str) -> ProcessSignature | None:
     """The signature of ``engine``, or ``None`` when it has none (``command``) or is not
     registered (a recorded run of an engine this process does not know)."""
     cls = _REGISTRY.get(engine)
     return None if cls is None else cls.signature
 
 
-def get_signature(engine: str) -> ProcessSignature:
+def require_signature(engine: str) -> ProcessSignature:
     """The signature of ``engine``. An :class:`InputError` (``where="--engine"``) when the engine
     is unknown or has none (``command``): its processes cannot be found by name."""
     cls = _REGISTRY.get(engine)

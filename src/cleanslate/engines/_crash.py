@@ -2,7 +2,19 @@
 
 Causes (the ``CrashCause`` literal): ``oom``, ``nan``, ``python_exception``, ``cuda_error``,
 ``nccl_error``, ``port_in_use``, ``killed``, ``hang``, ``model_load`` (the model file is missing
-or unreadable), ``bad_argument`` (the engine rejected its command line).
+or unreadable, or what the model names is not a model: Hugging Face's ``HFValidationError``,
+``RepositoryNotFoundError``, ``LocalEntryNotFoundError``, "does not appear to have a file
+named", "no file named ... found in directory", "is not a local folder and is not a valid model
+identifier", "Unrecognized processing class in"), ``bad_argument`` (the engine rejected its
+command line), ``engine_missing`` (the engine's executable could not be started: the run
+supervisor's ``cleanslate: cannot start PROGRAM: [Errno 2] ...`` line, or the interpreter's
+``python: No module named ENGINE`` of ``python -m ENGINE``).
+
+A model-loading line outweighs a plain Python exception (``W_MODEL`` > ``W_EXCEPTION``): Hugging
+Face raises its errors as exceptions (``huggingface_hub.errors.HFValidationError: Repo id must
+be ...``, then ``OSError: ...``), and the H200 study of issue 24 recorded a missing model path as
+``python_exception`` four times. A study stops on such a failure instead of recording it as the
+configuration's (:mod:`cleanslate.tune._systemic`).
 
 How the root-cause line is chosen: every line is matched against the patterns (the generic ones
 below plus the engine's own); each pattern has a *weight*, and the line with the highest weight
@@ -26,11 +38,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from cleanslate.models import Frozen
 
 CrashCause = Literal[
     "oom", "nan", "python_exception", "cuda_error", "nccl_error", "port_in_use", "killed", "hang",
-    "model_load", "bad_argument",
+    "model_load", "bad_argument", "engine_missing",
 ]
 CRASH_CAUSES: tuple[CrashCause, ...] = (
     "oom",
@@ -43,17 +55,16 @@ CRASH_CAUSES: tuple[CrashCause, ...] = (
     "hang",
     "model_load",
     "bad_argument",
+    "engine_missing",
 )
 
 
-class Crash(BaseModel):
+class Crash(Frozen):
     """A classified failure: the cause and the line of the log that shows it.
 
     ``line_number`` is 1-based in the text given to :func:`classify_log`; it is ``None`` when the
     cause came from the exit status and not from the log. ``pattern`` names the rule that matched.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     cause: CrashCause
     line: str
@@ -93,7 +104,8 @@ def crash_pattern(
 
 
 # Weights: see the module docstring. Higher is more specific.
-W_PORT, W_OOM, W_CONFIG, W_NAN, W_NCCL, W_CUDA, W_HANG = 90, 88, 86, 85, 82, 80, 75
+W_PORT, W_OOM, W_CONFIG, W_NAN, W_MODEL, W_NCCL, W_CUDA, W_HANG = 90, 88, 86, 85, 84, 82, 80, 75
+W_MISSING = 95  # the supervisor could not start the engine: nothing else in the log matters
 W_EXCEPTION, W_KILLED, W_DIED, W_WRAPPER, W_TRACEBACK = 50, 40, 25, 20, 12
 
 GENERIC_PATTERNS: tuple[CrashPattern, ...] = (
@@ -102,6 +114,31 @@ GENERIC_PATTERNS: tuple[CrashPattern, ...] = (
     # -- port_in_use
     crash_pattern("errno-98", "port_in_use", r"(?i)\[Errno 98\]|address already in use", W_PORT),
     crash_pattern("llamacpp-bind", "port_in_use", r"couldn't bind HTTP server socket", W_PORT),
+    # -- engine_missing (written by the run supervisor, cleanslate/launch/_supervise_script.py)
+    crash_pattern("engine-not-started", "engine_missing",
+                  r"^cleanslate: cannot start .*\[Errno (?:2|8|13)\]", W_MISSING),
+    # the interpreter of ``python -m ENGINE`` without the engine installed (a module that a
+    # flag needs, imported by the engine, is a ModuleNotFoundError: python_exception)
+    crash_pattern("engine-module-missing", "engine_missing",
+                  r"^\S*python[\w.]*: (?:No module named \S+$|Error while finding module "
+                  r"specification for '[^']+' \(ModuleNotFoundError: )", W_MISSING),
+    # -- model_load: Hugging Face's errors (transformers, huggingface_hub; vLLM and SGLang load
+    # through them), real lines in tests/engines/data/model_load_*.log
+    crash_pattern("hf-repo-id", "model_load",
+                  r"\bHFValidationError\b|Repo id must be in the form '", W_MODEL),
+    crash_pattern("hf-not-found", "model_load",
+                  r"\b(?:RepositoryNotFoundError|RevisionNotFoundError|EntryNotFoundError"
+                  r"|LocalEntryNotFoundError|GatedRepoError)\b", W_MODEL),
+    crash_pattern("hf-offline", "model_load",
+                  r"We couldn't connect to '?https?://[\w.-]*huggingface\.co", W_MODEL),
+    crash_pattern("hf-missing-file", "model_load",
+                  r"does not appear to have (?:a file|files) named"
+                  r"|\bno file named \S.* found in directory\b", W_MODEL),
+    crash_pattern("hf-not-a-model", "model_load",
+                  r"is not a local folder and is not a valid model identifier"
+                  r"|Unrecognized (?:processing class|model) in \S"
+                  r"|Can't load (?:tokenizer|the configuration|config) for '"
+                  r"|Invalid repository ID or local directory specified: ", W_MODEL),
     # -- oom
     crash_pattern(
         "cuda-oom",

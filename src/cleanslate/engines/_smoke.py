@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict
 
-from cleanslate.bench import _keepalive as keepalive
+from cleanslate.bench import fresh_session, is_stale, note_retry, request_context, trace_config
 from cleanslate.hosts.forward import connector_for
+from cleanslate.models import Frozen
 from cleanslate.outputs import judge_text
 from cleanslate.wire import DONE_PAYLOAD, extract_text
 
@@ -52,10 +52,8 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
 _NAN_JSON = re.compile(r"[:\[,]\s*-?(?:NaN|Infinity)\s*[,}\]]")
 
 
-class PromptOutput(BaseModel):
+class PromptOutput(Frozen):
     """One request of the smoke test and what came back. ``elapsed_s`` in seconds."""
-
-    model_config = ConfigDict(frozen=True)
 
     endpoint: Endpoint
     stream: bool
@@ -71,10 +69,8 @@ class PromptOutput(BaseModel):
         return self.cause is None
 
 
-class SmokeResult(BaseModel):
+class SmokeResult(Frozen):
     """Outcome of :func:`smoke_test`: ``passed``, else the first ``cause`` with its ``detail``."""
-
-    model_config = ConfigDict(frozen=True)
 
     passed: bool
     cause: SmokeCause | None = None
@@ -155,18 +151,18 @@ async def _one(
 
     try:
         async with asyncio.timeout(timeout):
-            ctx = keepalive.request_context()
+            ctx = request_context()
             try:
                 status, text, raw, error, http_body = await exchange(session, ctx)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if not keepalive.is_stale(exc, ctx):
+                if not is_stale(exc, ctx):
                     raise
                 # A kept-alive connection the server had closed silently (llama-server): once
                 # more on a new one (cleanslate.bench._keepalive).
-                keepalive.note_retry(session)
-                async with keepalive.fresh_session(session) as fresh:
+                note_retry(session)
+                async with fresh_session(session) as fresh:
                     status, text, raw, error, http_body = await exchange(
-                        fresh, keepalive.request_context())
+                        fresh, request_context())
             if http_body is not None:
                 return PromptOutput(
                     **fields,
@@ -286,7 +282,7 @@ async def smoke_test(
     own = session is None
     client = session or aiohttp.ClientSession(connector=connector_for(url),
                                               timeout=aiohttp.ClientTimeout(total=None),
-                                              trace_configs=[keepalive.trace_config()])
+                                              trace_configs=[trace_config()])
     try:
         for endpoint in endpoints:
             for streaming in modes:

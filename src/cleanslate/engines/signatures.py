@@ -2,7 +2,7 @@
 
 Each engine adapter carries its own :class:`ProcessSignature` (``EngineAdapter.signature``);
 this module holds the helpers that write one and re-exports the registry's lookups
-(:func:`signatures`, :func:`get_signature`, :func:`match_engine`).
+(:func:`signatures`, :func:`require_signature`, :func:`match_engine`).
 
 Engines rename their workers (``sglang::scheduler_TP0``, ``VLLM::EngineCore``) with
 ``prctl(PR_SET_NAME)`` and sometimes rewrite their argv too, while ``nvidia-smi`` keeps showing
@@ -18,7 +18,7 @@ likely, but a process whose argv *runs* an engine module or binary always matche
 
 from __future__ import annotations
 
-from cleanslate.engines._base import ProcessSignature, get_signature, match_engine, signatures
+from cleanslate.engines._base import ProcessSignature, match_engine, require_signature, signatures
 
 # An interpreter before the program: ``python3 -u``, ``/opt/venv/bin/python3.11``, ``uv run``.
 _PY = r"(?:\S*/)?(?:python[\d.]*|uv\s+run)\s+(?:-\S+\s+)*"
@@ -44,9 +44,9 @@ def any_of(*patterns: str) -> str:
 __all__ = [
     "ProcessSignature",
     "any_of",
-    "get_signature",
     "match_engine",
     "program",
     "python_module",
+    "require_signature",
     "signatures",
 ]

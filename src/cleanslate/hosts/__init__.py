@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from cleanslate._lazy import lazy_exports
 from cleanslate.hosts.base import CommandResult, Executor
 from cleanslate.hosts.local import LocalExecutor
+from cleanslate.hosts.scripts import ScriptResult, run_script
 
 if TYPE_CHECKING:
     from cleanslate.hosts.ssh import SSHExecutor
@@ -23,9 +24,11 @@ __all__ = [
     "Executor",
     "LocalExecutor",
     "SSHExecutor",
+    "ScriptResult",
     "check_resolves",
     "executor_for",
     "is_local_host",
+    "run_script",
     "set_accept_new_host_keys",
 ]
 

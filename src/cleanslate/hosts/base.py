@@ -40,7 +40,7 @@ Contract (checked on every executor by :mod:`cleanslate.testing.executor_contrac
   :func:`~cleanslate.hosts.forward.open_connection`), so a remote run is never polled on the
   client's own loopback, where another server may listen.
 - Long-lived processes are started with ``run`` on a script that daemonizes itself (the run
-  supervisor, :mod:`cleanslate.launch._supervise`), so no executor needs a "start in the
+  supervisor, :mod:`cleanslate.launch._supervise_script`), so no executor needs a "start in the
   background" primitive of its own.
 """
 

@@ -52,7 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import asyncssh
 
-from cleanslate.errors import InputError
+from cleanslate.errors import CleanslateError, InputError
 from cleanslate.hosts.base import CommandResult, bad_command, refused
 
 #: Seconds to open a connection (TCP, handshake, authentication) before the host is unreachable.
@@ -223,7 +223,7 @@ def resolve_address(spec: str, *, where: str = "--host") -> tuple[str, int]:
     return resolved.host, resolved.port
 
 
-class HostKeyError(OSError):
+class HostKeyError(CleanslateError, OSError):
     """The host's key is not trusted (unknown, or changed since it was recorded)."""
 
 

@@ -21,18 +21,19 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
-from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
+from cleanslate._types import RUN_MARKER_ENV
 from cleanslate.engines import EngineAdapter
+from cleanslate.errors import CleanslateError
 from cleanslate.hosts.base import Executor
+from cleanslate.hosts.scripts import script_source
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
 from cleanslate.redact import Scrubber, redact_argv, redact_env, redact_flags
 from cleanslate.store import RunRecord, RunStatus
 
-MARKER_ENV = "CLEANSLATE_RUN"
+MARKER_ENV = RUN_MARKER_ENV
 #: ``0`` launches runs without a cgroup of their own (teardown then relies on the marker, the
 #: recorded PIDs and group/session numbers with evidence).
 CGROUP_ENV = "CLEANSLATE_CGROUP"
@@ -62,7 +63,7 @@ def cgroup_disabled() -> str | None:
     return None
 
 
-class LaunchError(Exception):
+class LaunchError(CleanslateError):
     """The supervisor could not start the engine (the message says why). ``host_side``: the
     host failed (its run folder, the supervisor itself), not the engine's command line, so the
     failure says nothing of the configuration."""
@@ -77,9 +78,11 @@ def new_run_id() -> str:
     return datetime.now(UTC).strftime("r-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-@cache
 def supervisor_source() -> bytes:
-    return resources.files("cleanslate.launch").joinpath("_supervise.py").read_bytes()
+    """The run supervisor (:mod:`cleanslate.launch._supervise_script`). Unlike the other host
+    scripts it is written to the run's folder and run from there, and prints no JSON: it
+    daemonizes, and the run's state is in its state file."""
+    return script_source("launch._supervise_script")
 
 
 @dataclass(frozen=True)
@@ -220,16 +223,37 @@ async def host_identity(executor: Executor) -> tuple[str | None, str | None]:
     return out[0], out[1]
 
 
-async def read_state(executor: Executor, state_path: str) -> dict[str, Any] | None:
+class SupervisorState(TypedDict, total=False):
+    """The supervisor's state file (:mod:`cleanslate.launch._supervise_script`); every field is
+    absent or ``null`` until the supervisor knows it."""
+
+    supervisor_pid: int
+    pid: int
+    pgid: int
+    sid: int
+    started: float
+    exit_code: int | None
+    exited_at: float | None
+    error: str | None
+    boot_id: str | None
+    machine_id: str | None
+    user: str | None
+    uid: int | None
+    cgroup: str | None
+    cgroup_id: int | None
+    cgroup_error: str | None
+
+
+async def read_state(executor: Executor, state_path: str) -> SupervisorState | None:
     """The supervisor's state file, or ``None`` while it does not exist."""
     try:
-        data: dict[str, Any] = json.loads(await executor.read_file(state_path))
+        data: SupervisorState = json.loads(await executor.read_file(state_path))
     except (FileNotFoundError, ValueError):
         return None
     return data
 
 
-async def _read_state(executor: Executor, state_path: str, timeout: float) -> dict[str, Any]:
+async def _read_state(executor: Executor, state_path: str, timeout: float) -> SupervisorState:
     deadline = time.monotonic() + timeout
     while True:
         state = await read_state(executor, state_path)

@@ -51,8 +51,7 @@ from cleanslate.launch.ready import classify_run_log, log_tail, run_state, wait_
 from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
-from cleanslate.store import RunRecord, Store
-from cleanslate.store._hosts import HostRecord, local_machine
+from cleanslate.store import HostRecord, RunRecord, Store, local_machine
 from cleanslate.teardown.teardown import (
     ScopeSpec,
     TeardownReport,
@@ -92,6 +91,33 @@ class StartOutcome:
     host_snapshot: HostSnapshot | None = None
     #: The host failed the launch (``LaunchError.host_side``): no result of the configuration.
     host_failed: bool = False
+
+
+def local_model_path(model: str) -> bool:
+    """Whether ``model`` names a path on the host (absolute, or starting with ``./``, ``../``
+    or ``~``) rather than a Hugging Face repo id (``org/name``), which is not looked for."""
+    return model in (".", "..") or model.startswith(("/", "./", "../", "~"))
+
+
+async def model_path_missing(executor: Executor, model: str, *, timeout: float = 30.0) -> bool:
+    """Whether ``model`` is a local path (:func:`local_model_path`) that does not exist on
+    ``executor``'s host: ``test -e MODEL`` there, an argv (no shell; the path as the engine
+    gets it, ``~`` not expanded). ``False`` when it exists, is a repo id, or the host did not
+    answer (the checks before the launch say so)."""
+    if not local_model_path(model):
+        return False
+    result = await executor.run(["test", "-e", model], timeout=timeout)
+    return result.returncode == 1
+
+
+def missing_model_error(model: str, host: str, where: str | None) -> InputError:
+    """The input error of a model path that :func:`model_path_missing` found missing."""
+    return InputError(
+        f"model {model!r} does not exist on {host}", where=where,
+        hint="give the path of the model's folder (or file) on that host"
+             + (" (a ~ is not expanded: the engine gets the path as written)"
+                if model.startswith("~") else "")
+             + ", or a Hugging Face repo id such as org/name")
 
 
 def adapter_for(config: ServeConfig, executor: Executor) -> EngineAdapter:
@@ -214,6 +240,8 @@ async def start_server(
 
     t0 = time.monotonic()
     if validate:
+        if await model_path_missing(executor, config.model):
+            raise missing_model_error(config.model, executor.name, "model")
         say("validating flags against the engine's --help")
         validation = await validate_flags(adapter, config.flags, executor)
         note = validation.note

@@ -1,21 +1,21 @@
-"""Run the stdlib-only collector (:mod:`cleanslate.probe._collect`) on a host and read its JSON."""
+"""Run the stdlib-only collector (:mod:`cleanslate.probe._collect_script`) on a host and read its
+JSON."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from functools import cache
-from importlib import resources
 from typing import Any
 
 from cleanslate.engines import shm_patterns as registered_shm_patterns
 from cleanslate.hosts.base import CommandResult, Executor
+from cleanslate.hosts.scripts import run_script, script_source
+
+COLLECTOR = "probe._collect_script"
 
 
-@cache
 def collector_source() -> bytes:
     """The collector's source, as shipped to a host's Python on stdin."""
-    return resources.files("cleanslate.probe").joinpath("_collect.py").read_bytes()
+    return script_source(COLLECTOR)
 
 
 async def run_collector(
@@ -44,15 +44,6 @@ async def run_collector(
                              else shm_patterns),
         "listeners": listeners,
     }
-    result = await executor.run(
-        [executor.python, "-I", "-S", "-", json.dumps(options)],
-        timeout=timeout,
-        stdin=collector_source(),
-    )
-    if not result.ok:
-        return None, result
-    try:
-        data = json.loads(result.stdout)
-    except ValueError:
-        return None, result
-    return (data if isinstance(data, dict) else None), result
+    done = await run_script(executor, COLLECTOR, options, timeout, output=dict,
+                            what="the collector")
+    return done.output, done.command

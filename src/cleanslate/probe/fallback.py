@@ -1,6 +1,6 @@
 """The probe of a host without ``python3``: one POSIX shell script, its output parsed here.
 
-The collector (:mod:`cleanslate.probe._collect`) needs a Python on the host. Where there is none
+The collector (``probe/_collect_script.py``) needs a Python on the host. Where there is none
 (a minimal image, a restricted account), :func:`run_fallback` sends :func:`fallback_script` to
 ``sh -s`` on stdin and builds the same raw snapshot dict from standard tools:
 
@@ -51,10 +51,12 @@ import secrets
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
+from cleanslate._types import RUN_MARKER_ENV
 from cleanslate.engines import shm_patterns as registered_shm_patterns
 from cleanslate.hosts.base import CommandResult, Executor
+from cleanslate.hosts.scripts import no_python
 
 #: The sections of the script's output, in order.
 SECTIONS = ("self", "now", "uid", "btime", "comm", "ps", "tcp", "fd", "fderr", "marker", "shm",
@@ -86,7 +88,7 @@ printf '@@%s done\n' "$T"
 probe </dev/null 3>&1
 """
 
-MARKER = "CLEANSLATE_RUN"
+MARKER = RUN_MARKER_ENV
 _NOT_READ = "not read: the host has no python3, and the fallback probe (ps, ls, cat) "
 
 
@@ -104,15 +106,9 @@ def new_token() -> str:
 
 
 def needs_fallback(result: CommandResult) -> bool:
-    """Whether the collector failed because the host has no such Python (exit 127, or a shell's
-    ``not found``), as opposed to a probe that timed out or a host that cannot be reached."""
-    if result.timed_out or result.returncode is None:
-        return False
-    if result.returncode == 127:
-        return True
-    text = result.stderr.decode(errors="replace").lower()
-    return result.returncode != 0 and "python" in text and (
-        "not found" in text or "no such file" in text)
+    """Whether the collector failed because the host has no python3 (not a probe that timed out
+    or a host that cannot be reached): the fallback's reason to run."""
+    return no_python(result)
 
 
 async def run_fallback(
@@ -229,7 +225,52 @@ def split_sections(raw: bytes, token: str) -> tuple[dict[str, _Section], str | N
     return sections, whole
 
 
-def _source(name: str, critical: bool, error: str | None = None) -> dict[str, Any]:
+class _RawSource(TypedDict):
+    name: str
+    ok: bool
+    critical: bool
+    error: str | None
+    elapsed_s: float
+
+
+class _RawProcess(TypedDict):
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    comm: str
+    cmdline: list[str]
+    create_time: float
+    uid: int
+    run_marker: str | None
+    environ_readable: bool
+    threads: int
+
+
+class _RawHolder(TypedDict):
+    pid: int
+    devices: list[str]
+
+
+class _RawSocket(TypedDict):
+    port: int
+    address: str
+    inode: int
+    pids: list[int]
+
+
+class _RawShm(TypedDict):
+    name: str
+    size_bytes: int
+    mtime: float
+    pattern: str
+    uid: int
+    allocated_bytes: int
+    held_by: list[int]
+
+
+def _source(name: str, critical: bool, error: str | None = None) -> _RawSource:
     return {"name": name, "ok": error is None, "critical": critical, "error": error,
             "elapsed_s": 0.0}
 
@@ -258,7 +299,7 @@ def parse_fallback(
     with the reason in the source's ``error``.
     """
     sections, whole = split_sections(raw, token)
-    sources: list[dict[str, Any]] = []
+    sources: list[_RawSource] = []
     out: dict[str, Any] = {"sources": sources, "ports_in_scope": sorted(ports)}
 
     def usable(name: str) -> tuple[_Section | None, str | None]:
@@ -301,7 +342,7 @@ def parse_fallback(
 
     fd_section, fd_problem = usable("fd")
     fderr_section, fderr_problem = usable("fderr")
-    holders: list[dict[str, Any]] = []
+    holders: list[_RawHolder] = []
     sockets_by_inode: dict[int, set[int]] = {}
     fd_unreadable: set[int] = set()
     shm_open: dict[str, set[int]] = {}
@@ -319,7 +360,7 @@ def parse_fallback(
     if tcp_section is not None:
         listening, tcp_error = _listening(tcp_section)
 
-    def socket_dicts(wanted: Iterable[int] | None) -> list[dict[str, Any]]:
+    def socket_dicts(wanted: Iterable[int] | None) -> list[_RawSocket]:
         return [
             {"port": port, "address": addr, "inode": inode,
              "pids": sorted(sockets_by_inode.get(inode, ()))}
@@ -334,7 +375,7 @@ def parse_fallback(
 
     sources.append(_source("run_markers", True, marker_error))
     shm_section, shm_problem = usable("shm")
-    shm: list[dict[str, Any]] = []
+    shm: list[_RawShm] = []
     shm_error = shm_problem
     if shm_section is not None:
         patterns = registered_shm_patterns() if shm_patterns is None else tuple(shm_patterns)
@@ -371,7 +412,7 @@ _COMM_LINE = re.compile(r"^\s*(\d+) (.*)$")
 def _processes(
     comm_section: _Section, ps_section: _Section, now: float, markers: dict[int, str],
     unreadable: set[int], markers_read: bool,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[_RawProcess], str | None]:
     for name, section in (("ps -eo pid=,comm=", comm_section), ("ps -ww -eo ...", ps_section)):
         if section.rc != 0:
             detail = " ".join(section.lines()[-1:]) or f"exit {section.rc}"
@@ -385,7 +426,7 @@ def _processes(
         if pid in comms:
             return [], f"`ps -eo pid=,comm=` listed PID {pid} twice"
         comms[pid] = match.group(2).strip()
-    out: list[dict[str, Any]] = []
+    out: list[_RawProcess] = []
     seen: set[int] = set()
     for line in ps_section.lines():
         fields = line.split(None, 8)
@@ -425,6 +466,9 @@ _FD_DIR = re.compile(r"^/proc/(\d+)/fd:$")
 # date (three words in the default style) and the name, then `` -> target`` when readable.
 _FD_ENTRY = re.compile(r"^l\S{9,10}\s+\d+\s+\S+\s+\S+\s+\d+\s+\S+\s+\S+\s+\S+\s+(\d+)"
                        r"(?: -> (.*))?$")
+# An entry ls could not lstat (its fd closed or its process exited between the directory read
+# and the lstat; ls says why on stderr): every field but the name is a ``?``.
+_FD_UNSTATED = re.compile(r"^l\?{9,10}(?:\s+\?){5}\s+(\d+)$")
 
 
 _LS_ERROR = re.compile(r"^ls: cannot [a-z ]+ [`'\"]?/proc/(\d+)/fd(?:/\d+)?[`'\"]?: (.+)$")
@@ -433,7 +477,7 @@ _LS_ERROR = re.compile(r"^ls: cannot [a-z ]+ [`'\"]?/proc/(\d+)/fd(?:/\d+)?[`'\"
 def _fds(
     section: _Section, errors: _Section, shm_prefix: str = "/dev/shm/",
     shm_open: dict[str, set[int]] | None = None,
-) -> tuple[list[dict[str, Any]], dict[int, set[int]], set[int], str | None]:
+) -> tuple[list[_RawHolder], dict[int, set[int]], set[int], str | None]:
     """Device holders, socket owners and the PIDs whose open files could not be read, from
     ``ls -ln -b /proc/[0-9]*/fd`` (``section``) and its stderr (``errors``). ls exits 1 or 2
     when some directory vanished or could not be read (other users' processes): not a
@@ -446,6 +490,7 @@ def _fds(
     devices: dict[int, set[str]] = {}
     owners: dict[int, set[int]] = {}
     unreadable: set[int] = set()
+    unstated: set[int] = set()
     pid: int | None = None
     for line in lines:
         match = _FD_DIR.match(line)
@@ -453,6 +498,9 @@ def _fds(
             pid = int(match.group(1))
             continue
         if not line or line.startswith("total "):
+            continue
+        if pid is not None and _FD_UNSTATED.match(line):
+            unstated.add(pid)  # stderr says why: gone (skipped) or not readable
             continue
         entry = _FD_ENTRY.match(line)
         if entry is None or pid is None:
@@ -470,14 +518,18 @@ def _fds(
             inode = target[8:-1]
             if inode.isdigit():
                 owners.setdefault(int(inode), set()).add(pid)
+    explained: set[int] = set()
     for line in errors.lines():
         error = _LS_ERROR.match(line)
         if error is None:
             return [], {}, set(), (
                 f"`ls -l /proc/[0-9]*/fd` printed an unexpected error: {line[:120]!r}")
+        explained.add(int(error.group(1)))
         if not error.group(2).startswith("No such file"):  # exited since the glob
             unreadable.add(int(error.group(1)))
-    holders = [{"pid": p, "devices": sorted(d)} for p, d in sorted(devices.items())]
+    unreadable |= unstated - explained  # an unreadable entry ls gave no reason for
+    holders: list[_RawHolder] = [{"pid": p, "devices": sorted(d)}
+                                 for p, d in sorted(devices.items())]
     return holders, owners, unreadable, None
 
 
@@ -587,7 +639,7 @@ def unescape_ls(text: str) -> str:
 
 
 def _shm(section: _Section, patterns: Sequence[str], held: dict[str, set[int]] | None = None
-         ) -> tuple[list[dict[str, Any]], str | None]:
+         ) -> tuple[list[_RawShm], str | None]:
     """``ls -lns --block-size=1``: blocks (bytes held), mode, links, uid, gid, size, mtime,
     name; ``held``: the PIDs holding each name open (from the open-file section)."""
     held = held or {}
@@ -596,7 +648,7 @@ def _shm(section: _Section, patterns: Sequence[str], held: dict[str, set[int]] |
         detail = " ".join(lines[-1:]) or "no output"
         return [], f"`ls -lns --time-style=+%s /dev/shm` failed (exit {section.rc}): " \
             f"{detail[:200]}"
-    out: list[dict[str, Any]] = []
+    out: list[_RawShm] = []
     for line in lines:
         if not line or line.startswith("total "):
             continue
@@ -615,7 +667,7 @@ def _shm(section: _Section, patterns: Sequence[str], held: dict[str, set[int]] |
                             "allocated_bytes": int(parts[0]),
                             "held_by": sorted(held.get(name, ()))})
                 break
-    return sorted(out, key=lambda e: str(e["name"])), None
+    return sorted(out, key=lambda e: e["name"]), None
 
 
 def _shm_space(section: _Section) -> tuple[dict[str, int] | None, str | None]:

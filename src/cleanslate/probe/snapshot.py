@@ -8,6 +8,8 @@ turned into a zero. Units are in the field names (``_mib``, ``_s``, ``_bytes``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cleanslate.redact import redact_argv
@@ -69,6 +71,74 @@ class ProcessInfo(Frozen):
     def command(self) -> str:
         """The command line as ``ps -o args`` shows it, or ``[comm]`` for kernel threads."""
         return " ".join(self.cmdline) if self.cmdline else f"[{self.comm}]"
+
+    @property
+    def is_zombie(self) -> bool:
+        """Exited and not reaped by its parent (state ``Z``)."""
+        return self.state == "Z"
+
+
+def is_kernel_thread(proc: ProcessInfo) -> bool:
+    """kthreadd and its children: no command line, group and session 0, parent 0 or kthreadd
+    (PID 2 on the host; in a PID namespace PID 2 is an ordinary process, with a command line)."""
+    return (not proc.cmdline and proc.pgid == 0 and proc.sid == 0 and proc.ppid in (0, 2)
+            and proc.pid != 1 and not proc.is_zombie)
+
+
+def _always(proc: ProcessInfo) -> bool:
+    return True
+
+
+class ProcessTree:
+    """The parent links of a snapshot's processes, indexed once.
+
+    Every walk visits a process at most once, so a forged ``ppid`` loop ends it; whether a PID
+    is still the process it was (reuse) is for the caller to check with ``create_time``.
+    """
+
+    def __init__(self, processes: tuple[ProcessInfo, ...]) -> None:
+        self.processes = processes
+        self.by_pid: dict[int, ProcessInfo] = {p.pid: p for p in processes}
+        self._children: dict[int, list[ProcessInfo]] = {}
+        for proc in processes:
+            self._children.setdefault(proc.ppid, []).append(proc)
+
+    def children(self, pid: int) -> tuple[ProcessInfo, ...]:
+        """The processes whose parent is ``pid``."""
+        return tuple(self._children.get(pid, ()))
+
+    def descendants(
+        self, roots: Iterable[int], enter: Callable[[ProcessInfo], bool] = _always
+    ) -> set[int]:
+        """``roots`` (seen or not) and the processes below them, going into a child only where
+        ``enter(child)`` is true. The walk never goes below PID 1: init adopts every orphan,
+        so what is under it is not its tree."""
+        out: set[int] = set()
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid in out:
+                continue
+            out.add(pid)
+            if pid == 1:
+                continue
+            stack.extend(c.pid for c in self._children.get(pid, ())
+                         if c.pid not in out and enter(c))
+        return out
+
+    def ancestors(self, pid: int) -> list[ProcessInfo]:
+        """The parent of ``pid``, its parent, and so on, nearest first: up to PID 1 (included),
+        a parent not seen (PID 0, another PID namespace), or a process already on the path."""
+        out: list[ProcessInfo] = []
+        seen = {pid}
+        proc = self.by_pid.get(pid)
+        while proc is not None and proc.pid != 1:
+            proc = self.by_pid.get(proc.ppid)
+            if proc is None or proc.pid in seen:
+                break
+            seen.add(proc.pid)
+            out.append(proc)
+        return out
 
 
 class DeviceHolder(Frozen):
@@ -228,8 +298,20 @@ class Snapshot(Frozen):
     gpu: GpuReading
     sources: tuple[SourceStatus, ...] = ()
 
+    @property
+    def tree(self) -> ProcessTree:
+        """The process tree, built once per snapshot. Not a ``cached_property``: ``model_copy``
+        copies the cache, and a copy with other processes would get the old tree."""
+        tree = self.__dict__.get("_tree")
+        if not isinstance(tree, ProcessTree) or tree.processes is not self.processes:
+            tree = ProcessTree(self.processes)
+            self.__dict__["_tree"] = tree
+        return tree
+
+    @property
+    def by_pid(self) -> dict[int, ProcessInfo]:
+        """``{pid: process}`` (do not change it: it is the tree's)."""
+        return self.tree.by_pid
+
     def process(self, pid: int) -> ProcessInfo | None:
-        for proc in self.processes:
-            if proc.pid == pid:
-                return proc
-        return None
+        return self.tree.by_pid.get(pid)

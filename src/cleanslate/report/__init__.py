@@ -7,9 +7,12 @@ matplotlib is imported only by the plotting functions.
 
 from __future__ import annotations
 
+from cleanslate.report._capacity import bracket_text, capacity_document, findings_text
 from cleanslate.report._console import (
     comparison_table,
+    differences_table,
     hosts_table,
+    print_differences,
     print_report,
     print_table,
     slots_table,
@@ -18,39 +21,54 @@ from cleanslate.report._console import (
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
     Effect,
+    SharedConfig,
     SlotSummary,
     StudyReport,
     TrialView,
     load_report,
     pareto,
     safe_url,
+    shared_configs,
 )
 from cleanslate.report._export import study_document, to_csv, to_json
 from cleanslate.report._html import render_html
 from cleanslate.report._plots import HEIGHT, WIDTH, Plot, render_plots, write_pngs
+from cleanslate.report._stats import Difference, Standing, difference, standing, welch
 
 __all__ = [
     "HEIGHT",
     "LEVEL_COLUMNS",
     "WIDTH",
+    "Difference",
     "Effect",
     "Plot",
+    "SharedConfig",
     "SlotSummary",
+    "Standing",
     "StudyReport",
     "TrialView",
+    "bracket_text",
+    "capacity_document",
     "comparison_table",
+    "difference",
+    "differences_table",
+    "findings_text",
     "hosts_table",
     "load_report",
     "pareto",
+    "print_differences",
     "print_report",
     "print_table",
     "render_html",
     "render_plots",
     "safe_url",
+    "shared_configs",
     "slots_table",
+    "standing",
     "study_document",
     "to_csv",
     "to_json",
     "trials_table",
+    "welch",
     "write_pngs",
 ]

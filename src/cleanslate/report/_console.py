@@ -12,13 +12,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cleanslate.report._capacity import bracket_text, findings_text, probes_text
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
     StudyReport,
+    TrialView,
+    comparable,
     format_value,
     params_text,
+    shared_configs,
     show,
 )
+from cleanslate.report._stats import Difference, pm_text
 
 _STYLE = {"feasible": "green", "infeasible": "red", "infra_failed": "yellow",
           "running": "yellow"}
@@ -29,9 +34,49 @@ def _t(value: object, style: str = "") -> Text:
     return Text("" if value is None else str(value), style=style)
 
 
+def metric_text(report: StudyReport, trial: TrialView, key: str) -> str:
+    """A metric of a trial's best level: ``mean ± half-width`` over its measurements when it
+    has several, its one value otherwise."""
+    found = trial.metric_interval(key, report.confidence)
+    if found is not None and found.n > 1:
+        return pm_text(found, lambda v: format_value(v, key))
+    return format_value(trial.metric(key), key)
+
+
+def value_text(report: StudyReport, trial: TrialView) -> str:
+    """The trial's objective value: ``mean ± half-width (n=4)`` with several measurements."""
+    found = trial.interval(report.confidence)
+    if found is None:
+        return "-"
+    text = pm_text(found, lambda v: format_value(v, report.metric))
+    return f"{text} (n={found.n})" if found.n > 1 else text
+
+
+def standing_text(report: StudyReport, trial: TrialView) -> str:
+    """``best``, ``tied``, ``undecided`` (against the best) or empty."""
+    return report.mark(trial)
+
+
+def capacity_cells(trial: TrialView) -> list[str]:
+    """A capacity trial's cells: the bracket (``c=96 [96, 104)``), the probes and what stopped
+    the search (``8 (tolerance)``), and what it found besides (the crash, unresolved probes,
+    cliffs); ``-`` for a trial without a search."""
+    result = trial.capacity
+    if result is None:
+        return ["-", "-", ""]
+    return [bracket_text(result), probes_text(result), findings_text(result)]
+
+
+#: The capacity columns' headers (:func:`capacity_cells`).
+CAPACITY_HEADERS = ("capacity [bracket)", "probes (stopped)", "search found")
+
+
 def trials_table(report: StudyReport) -> Table:
     """Every trial, sorted by the objective: parameters, status and cause, best feasible level,
-    and that level's throughputs and latencies."""
+    and that level's throughputs and latencies (``mean ± half-width`` over a trial's
+    measurements when it has several); with statistics, the objective's value with its
+    interval and whether the trial is tied with the best or undecided against it; for a
+    capacity study, each trial's bracket, probes and findings (:func:`capacity_cells`)."""
     title = _t(f"study {report.name}: {report.direction} {report.metric} ({report.strategy}, "
                f"engine {report.engine}{', simulated' if report.simulated else ''})")
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -39,6 +84,14 @@ def trials_table(report: StudyReport) -> Table:
     for factor in report.factors:
         table.add_column(_t(factor), overflow="fold")
     table.add_column("status", overflow="fold")
+    marks = report.replicated or bool(report.standing.tied or report.standing.undecided)
+    if marks:
+        table.add_column("vs best")
+        table.add_column(_t(f"{report.metric} ({report.confidence * 100:g} %)"),
+                         justify="right")
+    if report.capacity:
+        for header in CAPACITY_HEADERS:
+            table.add_column(header, overflow="fold")
     table.add_column("best level")
     for _, header, _ in LEVEL_COLUMNS:
         table.add_column(header, justify="right")
@@ -49,10 +102,15 @@ def trials_table(report: StudyReport) -> Table:
         if r.cause:
             status.append(f" ({r.cause})")
         params = (_t(show(r.params.get(f)) if f in r.params else "") for f in report.factors)
+        mark = standing_text(report, t)
+        extra = ([_t(mark, {"best": "green", "tied": "cyan", "undecided": "yellow"}.get(
+            mark, "dim")), _t(value_text(report, t))] if marks else [])
+        if report.capacity:
+            extra += [_t(c) for c in capacity_cells(t)]
         table.add_row(
-            str(t.number), *params, status,
+            str(t.number), *params, status, *extra,
             _t(r.best_level or "-"),
-            *(format_value(t.metric(k), k) for k, _, _ in LEVEL_COLUMNS),
+            *(metric_text(report, t, k) for k, _, _ in LEVEL_COLUMNS),
             style="bold" if t is best else None)
     return table
 
@@ -152,9 +210,71 @@ def print_report(console: Console, report: StudyReport) -> None:
     line = Text("best configuration", style="bold green")
     line.append(f" (trial {best.number}): {params_text(best.record.params)}")
     console.print(line)
-    console.print(_t(f"  {report.metric} = {format_value(best.record.value, report.metric)} "
-                     f"at {best.record.best_level}"))
+    for text in best_lines(report):
+        console.print(_t("  " + text))
     console.print(_t("  launch: " + (best.launch_command or "(not recorded)")), soft_wrap=True)
+
+
+def _versus(report: StudyReport, number: int) -> str:
+    found: Difference | None = report.standing.comparisons.get(number)
+    return f"#{number}" + (f" ({found.text()})" if found is not None else "")
+
+
+def best_lines(report: StudyReport) -> list[str]:
+    """What the report says of its best beside its parameters: the value with its interval,
+    the trials tied with it and undecided against it, and the statistics' cost."""
+    best = report.best
+    if best is None:
+        return []
+    found = best.interval(report.confidence)
+    value = pm_text(found, lambda v: format_value(v, report.metric))
+    head = f"{report.metric} = {value} at {best.record.best_level}"
+    if found is not None and found.low is not None and found.high is not None:
+        head += (f" ({found.n} measurements, {report.confidence * 100:g} % interval "
+                 f"{format_value(found.low, report.metric)} to "
+                 f"{format_value(found.high, report.metric)})")
+    elif report.statistics.fixed_count() == 1 and not report.statistics.racing:
+        head += " (one measurement: no interval)"
+    lines = [head]
+    standing = report.standing
+    if standing.note:
+        lines.append(standing.note)
+    if standing.tied:
+        lines.append("tied with: " + ", ".join(_versus(report, n) for n in standing.tied))
+    if standing.undecided:
+        lines.append("undecided against: " + ", ".join(_versus(report, n)
+                                                         for n in standing.undecided))
+    if report.replicated or report.statistics.racing or report.statistics.fixed_count() > 1:
+        lines.append(standing.cost_text())
+    if report.host_effects:
+        lines.append(host_effects_text(report))
+    if best.capacity is not None:
+        lines.append("capacity: " + best.capacity.summary())
+        others = [r.capacity for r in best.record.replicates if r.index > 0 and r.capacity]
+        if others:
+            lines.append("capacity of its other measurements: "
+                         + ", ".join(bracket_text(c) for c in others))
+    return lines
+
+
+def host_effects_text(report: StudyReport) -> str:
+    """``host effects: slot-a +4.1 % [+2.0, +6.2] (n=3), ...``: each slot's effect on the
+    objective from the configurations it measured that another slot measured too."""
+    parts = []
+    for slot, found in sorted(report.host_effects.items()):
+        text = f"{slot} {found.mean * 100:+.1f} %"
+        if found.low is not None and found.high is not None:
+            text += f" [{found.low * 100:+.1f}, {found.high * 100:+.1f}]"
+        parts.append(f"{text} (n={found.n})")
+    return "host effects (each slot against the configurations' mean over slots): " + ", ".join(
+        parts)
+
+
+def best_capacity_text(best: TrialView | None) -> str:
+    """``c=44 [44, 48), 7 probes (tolerance)`` for a best with a capacity search, else ``-``."""
+    if best is None or best.capacity is None:
+        return "-"
+    return f"{bracket_text(best.capacity)}, {probes_text(best.capacity)}"
 
 
 def comparison_table(reports: list[StudyReport]) -> Table:
@@ -175,7 +295,57 @@ def comparison_table(reports: list[StudyReport]) -> Table:
     row("best trial", [f"#{b.number}" if b else "none" for b in bests])
     row("best configuration", [params_text(b.record.params) if b else "-" for b in bests])
     row("best level", [b.record.best_level or "-" if b else "-" for b in bests])
+    row("best value", [value_text(r, b) if b else "-" for r, b in zip(reports, bests,
+                                                                      strict=True)])
+    row("tied with best", [", ".join(f"#{n}" for n in r.standing.tied) or "-"
+                           for r in reports])
+    if any(r.capacity for r in reports):
+        row("best's capacity [bracket)", [best_capacity_text(b) for b in bests])
     for key, header, _ in LEVEL_COLUMNS:
-        row(header, [format_value(b.metric(key), key) if b else "-" for b in bests])
+        row(header, [metric_text(r, b, key) if b else "-" for r, b in zip(reports, bests,
+                                                                          strict=True)])
     row("launch command", [b.launch_command if b else "-" for b in bests])
     return table
+
+
+def differences_table(a: StudyReport, b: StudyReport) -> Table:
+    """Each configuration both studies ran: its value in each (``mean ± half-width (n)``) and
+    ``b`` against ``a`` with the interval and what it means (``tie``, ``no significant
+    difference``, ``better``, ``worse``, ``one run each: no interval``)."""
+    table = Table(title=_t(f"{b.name} against {a.name}: the configurations both ran "
+                           f"({a.direction} {a.metric}, {a.confidence * 100:g} % intervals)"),
+                  title_justify="left", header_style="bold")
+    for column in ("configuration", a.name, b.name, "difference", "interval", "verdict",
+                   "test"):
+        table.add_column(_t(column), overflow="fold",
+                         justify="right" if column in (a.name, b.name, "difference") else
+                         "left")
+    for shared in shared_configs(a, b):
+        d = shared.difference
+        interval = (f"[{d.low * 100:+.1f}, {d.high * 100:+.1f}] %"
+                    if d.low is not None and d.high is not None else "none")
+        test = {"paired": f"paired by seed, {d.pairs} pairs",
+                "welch": f"unpaired (Welch), n={d.n_a} and {d.n_b}",
+                "single": "one run" + (" each" if d.n_a == d.n_b == 1 else " on a side")
+                }.get(d.method, "")
+        style = ("green" if d.verdict == "better" else "red" if d.verdict == "worse" else
+                 "cyan" if d.verdict == "tie" else "")
+        table.add_row(
+            _t(params_text(shared.params)),
+            _t(f"#{shared.a.number} {value_text(a, shared.a)}"),
+            _t(f"#{shared.b.number} {value_text(b, shared.b)}"),
+            _t(f"{d.diff * 100:+.1f} %" if d.diff is not None else "-"), _t(interval),
+            _t(d.verdict, style), _t(test))
+    return table
+
+
+def print_differences(console: Console, a: StudyReport, b: StudyReport) -> None:
+    """:func:`differences_table`, or why there is none."""
+    why = comparable(a, b)
+    if why is not None:
+        console.print(_t(f"{b.name} against {a.name}: {why}"))
+        return
+    if not shared_configs(a, b):
+        console.print(_t(f"{b.name} against {a.name}: no configuration ran in both"))
+        return
+    print_table(console, differences_table(a, b))

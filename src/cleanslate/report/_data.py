@@ -7,24 +7,37 @@ in milliseconds, times in seconds.
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleanslate.bench import ClosedLoop, LevelResult
+from cleanslate.bench import CAPACITY_OBJECTIVES, CapacityResult, ClosedLoop, LevelResult
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.errors import InputError
-from cleanslate.store import RunRecord, Store
-from cleanslate.store._hosts import HostRecord
-from cleanslate.store._trials import (
+from cleanslate.report._stats import (
+    Difference,
+    Standing,
+    difference,
+    level_interval,
+    race_difference,
+    standing,
+    statistics_of,
+    trial_interval,
+)
+from cleanslate.stats import Interval
+from cleanslate.store import (
+    HostRecord,
     LevelVerdict,
+    RunRecord,
+    Store,
     StudyStatus,
     TrialRecord,
     TrialStatus,
     level_metric,
 )
-from cleanslate.tune.study import Objective
+from cleanslate.tune.study import Objective, Statistics
 from cleanslate.verdict.findings import Finding, Severity, Verdict
 
 #: Trial statuses in the order a report lists them after sorting by the objective.
@@ -88,13 +101,43 @@ class TrialView:
         return self.record.level(self.record.best_level)
 
     def metric(self, key: str) -> float | None:
-        """A key of the best feasible level (``output_throughput``, ``p99_ttft_ms`` ...)."""
+        """A key of the best feasible level (``output_throughput``, ``p99_ttft_ms`` ...) of the
+        first measurement (:meth:`metric_interval` has the mean over every measurement)."""
         return self.record.metric(key)
+
+    def interval(self, confidence: float = 0.95) -> Interval | None:
+        """The trial's value with its interval (:func:`~cleanslate.report._stats.
+        trial_interval`); ``None`` without a value."""
+        return trial_interval(self.record, confidence)
+
+    def metric_interval(self, key: str, confidence: float = 0.95) -> Interval | None:
+        """A key of the best level over the trial's counted measurements: mean and Student-t
+        interval (the first measurement's value alone without replicates); ``None`` when no
+        measurement has it or the trial has no best level."""
+        if not self.feasible:
+            return None
+        return level_interval(self.record, self.record.best_level, key, confidence)
+
+    @property
+    def statistics_gpu_s(self) -> float:
+        """GPU-seconds of this configuration's measurements beyond its first."""
+        return self.record.statistics_gpu_s()
 
     def level_verdict(self, level: LevelResult) -> str:
         """How a level of this trial went (:class:`~cleanslate.store.LevelVerdict`), ``?``
         when not recorded."""
         return self.record.level_verdicts.get(level.label, "?")
+
+    @property
+    def capacity(self) -> CapacityResult | None:
+        """The answer of the trial's capacity search (a capacity objective), its probes in
+        order (their levels are the trial's, by label: :meth:`probe_level`); ``None`` for a
+        trial that ran a ladder of levels."""
+        return self.record.capacity
+
+    def probe_level(self, label: str) -> LevelResult | None:
+        """The measurement of a capacity probe (the trial's level of that label)."""
+        return self.record.level(label)
 
     @property
     def launch_command(self) -> str:
@@ -152,6 +195,37 @@ class Effect:
     change_pct: float | None
     better: bool | None
     cause: str | None
+    difference: Difference | None = None
+
+    @property
+    def significant(self) -> bool:
+        """Whether the change's interval excludes no difference."""
+        return self.difference is not None and self.difference.significant
+
+    @property
+    def in_noise(self) -> bool:
+        """Whether the change has an interval and it holds no difference (no significant
+        effect); ``False`` for a change measured once (no interval to tell)."""
+        d = self.difference
+        return d is not None and d.low is not None and not d.significant
+
+    @property
+    def effect_text(self) -> str:
+        """``+4.2 % [+1.0, +7.5]``, or with ``no significant effect`` / ``one run each: no
+        interval`` when it is not a significant difference."""
+        d = self.difference
+        if self.change_pct is None:
+            return f"infeasible: {self.cause}" if self.cause else "no baseline value"
+        if d is None or d.diff is None:
+            return f"{self.change_pct:+.1f} %"
+        head = f"{d.diff * 100:+.1f} %"
+        if d.low is not None and d.high is not None:
+            head += f" [{d.low * 100:+.1f}, {d.high * 100:+.1f}]"
+        if d.significant:
+            return head
+        if d.low is None:
+            return f"{head} ({d.verdict})"
+        return f"{head} (no significant effect{': a tie' if d.verdict == 'tie' else ''})"
 
     @property
     def label(self) -> str:
@@ -183,7 +257,7 @@ class SlotSummary:
 def slot_summaries(store: Store, name: str) -> tuple[SlotSummary, ...]:
     """Per slot of a study, from its leases and its slot records (``cs_leases``,
     ``cs_slots``), in the order of the slots' keys."""
-    from cleanslate.store._leases import LeaseOutcome, LeaseState
+    from cleanslate.store import LeaseOutcome, LeaseState
 
     counts: dict[str, list[int]] = {}
     hosts: dict[str, str] = {}
@@ -250,8 +324,26 @@ class StudyReport:
 
     @property
     def objective(self) -> Objective:
-        """The study's objective (:meth:`Objective.of` its spec)."""
+        """The study's objective (:meth:`Objective.of` its spec; a capacity objective,
+        ``max_concurrency_under_slo`` or ``max_goodput``, as the spec names it)."""
+        raw = self.spec.get("objective")
+        if isinstance(raw, dict) and len(raw) == 1:
+            ((direction, metric),) = raw.items()
+            if direction == "maximize" and metric in CAPACITY_OBJECTIVES:
+                return Objective.model_construct(maximize=str(metric), minimize=None)
         return Objective.of(self.spec)
+
+    @property
+    def capacity(self) -> bool:
+        """Whether the study searched each configuration's capacity under its SLOs (a
+        capacity objective, or trials that carry a search's answer)."""
+        return self.metric in CAPACITY_OBJECTIVES or any(
+            t.capacity is not None for t in self.trials)
+
+    @property
+    def capacity_trials(self) -> list[TrialView]:
+        """The trials with a capacity search's answer, in the table's order."""
+        return [t for t in self.sorted_trials() if t.capacity is not None]
 
     @property
     def metric(self) -> str:
@@ -279,6 +371,35 @@ class StudyReport:
     def slo(self) -> dict[str, float]:
         return dict(self.spec.get("slo") or {})
 
+    @property
+    def statistics(self) -> Statistics:
+        """The study's ``statistics:`` (the defaults when it has none)."""
+        return statistics_of(self.spec)
+
+    @property
+    def confidence(self) -> float:
+        return self.statistics.confidence
+
+    @functools.cached_property
+    def standing(self) -> Standing:
+        """The best trial, the trials tied with it or undecided against it, and what the
+        statistics cost, as the study decided them (:func:`cleanslate.tune.race.tie_set`)."""
+        return standing([t.record for t in self.trials], self.spec)
+
+    @functools.cached_property
+    def host_effects(self) -> dict[str, Interval]:
+        """Each slot's effect on the objective (a ratio minus one, with its interval), from the
+        configurations measured on more than one slot (:func:`cleanslate.tune.race.
+        host_effects`); empty for a study that ran on one slot."""
+        from cleanslate.tune.race import host_effects
+
+        return host_effects([t.record for t in self.trials], self.confidence)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether any trial was measured more than once (its figures carry intervals)."""
+        return any(t.record.replicates and len(t.record.replicates) > 1 for t in self.trials)
+
     # -- the trials -----------------------------------------------------------------------------
 
     @property
@@ -286,23 +407,38 @@ class StudyReport:
         return [t for t in self.trials if t.status.finished]
 
     def sorted_trials(self) -> list[TrialView]:
-        """Feasible trials best first by the objective, then infeasible, infrastructure
-        failures and running ones, each group by trial number."""
+        """Feasible trials, the best (:attr:`best`) first, then by the objective; then
+        infeasible, infrastructure failures and running ones, each group by trial number."""
         sign = -1.0 if self.direction == "maximize" else 1.0
+        best = self.standing.best
 
-        def key(t: TrialView) -> tuple[int, float, int]:
+        def key(t: TrialView) -> tuple[int, int, float, int]:
             group = STATUS_ORDER.index(t.status) if t.status in STATUS_ORDER else len(
                 STATUS_ORDER)
             value = t.record.value if t.feasible and t.record.value is not None else 0.0
-            return group, sign * value, t.number
+            return group, 0 if t.feasible and t.number == best else 1, sign * value, t.number
 
         return sorted(self.trials, key=key)
 
     @property
     def best(self) -> TrialView | None:
-        """The best feasible trial by the objective (ties: the lower trial number)."""
+        """The best trial as the study decided it (:attr:`standing`: with races, the incumbent
+        after every race; else the best mean), else the best feasible trial by the objective
+        (ties: the lower trial number)."""
+        number = self.standing.best
+        chosen = self.trial(number) if number is not None else None
+        if chosen is not None and chosen.feasible:
+            return chosen
         ordered = [t for t in self.sorted_trials() if t.feasible]
         return ordered[0] if ordered else None
+
+    def tied_with_best(self) -> list[TrialView]:
+        """The trials tied with the best, by number."""
+        return [t for n in sorted(self.standing.tied) if (t := self.trial(n)) is not None]
+
+    def mark(self, trial: TrialView) -> str:
+        """``best``, ``tied``, ``undecided`` (against the best) or empty."""
+        return self.standing.of(trial.number)
 
     @property
     def failures(self) -> list[TrialView]:
@@ -341,6 +477,7 @@ class StudyReport:
             return []
         base = self.baseline
         base_value = base_trial.record.value if base_trial.feasible else None
+        maximize = self.direction == "maximize"
         out: list[Effect] = []
         for t in sorted(self.results, key=lambda t: t.number):
             changed = [k for k in base if t.record.params.get(k) != base[k]]
@@ -353,28 +490,110 @@ class StudyReport:
             if value is not None and base_value:
                 pct = (value - base_value) / abs(base_value) * 100.0
                 better = (pct > 0) if self.direction == "maximize" else (pct < 0)
+            diff: Difference | None = None
+            if value is not None and base_value:
+                raced = race_difference(t.record, base_trial.number)
+                back = race_difference(base_trial.record, t.number)
+                diff = raced if raced is not None else (
+                    back.inverted() if back is not None else
+                    difference(base_trial.record, t.record, self.statistics,
+                               higher_is_better=maximize))
             out.append(Effect(factor=factor, baseline_value=base[factor],
                               value=t.record.params.get(factor), trial=t, change_pct=pct,
                               better=better,
-                              cause=None if t.feasible else (t.record.cause or t.status)))
+                              cause=None if t.feasible else (t.record.cause or t.status),
+                              difference=diff))
         return out
 
     def level_points(self) -> list[tuple[TrialView, LevelResult, float, float]]:
-        """Every measured level as ``(trial, level, output tokens/s, p99 TTFT ms)``."""
+        """Every measured level as ``(trial, level, output tokens/s, p99 TTFT ms)``: the
+        means over the trial's measurements of that level when it has several
+        (:meth:`level_interval`), else the level's own figures."""
         out = []
         for t in self.trials:
             for level in t.record.levels:
-                x = level_metric(level, "output_throughput")
-                y = level_metric(level, "p99_ttft_ms")
+                x = self.level_interval(t, level, "output_throughput")
+                y = self.level_interval(t, level, "p99_ttft_ms")
                 if x is not None and y is not None:
-                    out.append((t, level, x, y))
+                    out.append((t, level, x.mean, y.mean))
         return out
+
+    def level_interval(self, trial: TrialView, level: LevelResult,
+                       key: str) -> Interval | None:
+        """``key`` of ``level`` over the trial's measurements of it: mean and Student-t interval
+        at the study's confidence (no interval with one measurement; the level's own value
+        when the trial has no replicates); ``None`` when no measurement has it."""
+        found = level_interval(trial.record, level.label, key, self.confidence)
+        if found is not None:
+            return found
+        value = level_metric(level, key)
+        return Interval(mean=value, low=None, high=None, n=1) if value is not None else None
 
     def pareto_front(self) -> list[tuple[TrialView, LevelResult, float, float]]:
         """The levels that met the SLOs and that no other such level beats on both output
         tokens/s (higher) and p99 TTFT (lower), sorted by throughput."""
         ok = [p for p in self.level_points() if p[0].level_verdict(p[1]) == LevelVerdict.OK]
         return pareto([(p, p[2], p[3]) for p in ok])
+
+
+@dataclass(frozen=True)
+class SharedConfig:
+    """One configuration (the same ``params``) in two studies: its trial in each, and ``b``
+    against ``a`` (:func:`~cleanslate.report._stats.difference`)."""
+
+    params: dict[str, Any]
+    a: TrialView
+    b: TrialView
+    difference: Difference
+
+    def document(self) -> dict[str, Any]:
+        return {"params": self.params, "a": self.a.number, "b": self.b.number,
+                "a_value": self.a.record.value, "b_value": self.b.record.value,
+                "a_n": self.difference.n_a, "b_n": self.difference.n_b,
+                **self.difference.document()}
+
+
+def _config_key(params: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def comparable(a: StudyReport, b: StudyReport) -> str | None:
+    """Why two studies' configurations cannot be compared (``None`` when they can): another
+    objective."""
+    if (a.metric, a.direction) != (b.metric, b.direction):
+        return (f"{b.name} {b.direction}s {b.metric}, {a.name} {a.direction}s {a.metric}: "
+                "their values are not comparable")
+    return None
+
+
+def shared_configs(a: StudyReport, b: StudyReport) -> list[SharedConfig]:
+    """Each configuration (the same searched flags and values) that both studies ran, with
+    ``b``'s value against ``a``'s, paired by seed where they share seeds (``docs/report.md``).
+    A configuration run twice in a study is taken at its first feasible trial (its first
+    finished one when none was feasible); empty for studies of different objectives."""
+    if comparable(a, b) is not None:
+        return []
+
+    def first(report: StudyReport) -> dict[str, TrialView]:
+        out: dict[str, TrialView] = {}
+        ordered = sorted(report.results, key=lambda t: (not t.feasible, t.number))
+        for t in ordered:
+            out.setdefault(_config_key(t.record.params), t)
+        return out
+
+    in_a, in_b = first(a), first(b)
+    maximize = a.direction == "maximize"
+    out = []
+    for key, ta in sorted(in_a.items(), key=lambda kv: kv[1].number):
+        tb = in_b.get(key)
+        if tb is None:
+            continue
+        out.append(SharedConfig(params=dict(ta.record.params), a=ta, b=tb,
+                                difference=difference(ta.record, tb.record, a.statistics,
+                                                      higher_is_better=maximize)))
+    return out
 
 
 def pareto(points: list[tuple[Any, float, float]]) -> list[Any]:
@@ -429,6 +648,8 @@ def format_value(value: float | None, key: str = "") -> str:
     100 ms; ``-`` for no value."""
     if value is None:
         return "-"
+    if key == "max_concurrency_under_slo":  # requests in flight: a mean of them has a decimal
+        return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
     if key in _COUNT_KEYS:
         return f"{value:,.0f}"
     if key.endswith("_ms") and abs(value) < 100:

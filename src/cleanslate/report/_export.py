@@ -8,10 +8,20 @@ import json
 import math
 from typing import Any
 
-from cleanslate.report._data import LEVEL_COLUMNS, StudyReport, TrialView
+from cleanslate.report._capacity import CSV_COLUMNS, capacity_document, csv_fields
+from cleanslate.report._data import (
+    LEVEL_COLUMNS,
+    StudyReport,
+    TrialView,
+    comparable,
+    shared_configs,
+)
 
-#: CSV columns before the parameters (``param.<flag>``) and the best level's metrics.
-_HEAD = ("study", "number", "status", "cause", "detail", "value", "best_level")
+#: CSV columns before the parameters (``param.<flag>``) and the best level's metrics:
+#: ``ci_low``/``ci_high`` the value's interval (empty with one measurement), ``n_replicates``
+#: the measurements it is the mean of, ``standing`` best, tied or undecided (against the best).
+_HEAD = ("study", "number", "status", "cause", "detail", "value", "ci_low", "ci_high",
+         "n_replicates", "standing", "best_level")
 _TAIL = ("verdict_before", "verdict_after", "run_id", "launch_command")
 
 
@@ -39,9 +49,16 @@ def csv_cell(value: Any) -> Any:
 def trial_row(report: StudyReport, trial: TrialView) -> dict[str, Any]:
     """One trial as a flat row: parameters as ``param.<flag>``, metrics of its best level."""
     r = trial.record
+    found = trial.interval(report.confidence)
     row: dict[str, Any] = {"study": report.name, "number": r.number, "status": r.status,
                            "cause": r.cause, "detail": r.detail, "value": r.value,
+                           "ci_low": found.low if found else None,
+                           "ci_high": found.high if found else None,
+                           "n_replicates": found.n if found else None,
+                           "standing": report.mark(trial) or None,
                            "best_level": r.best_level}
+    if report.capacity:
+        row.update(csv_fields(trial.capacity))
     for name in report.factors:
         row[f"param.{name}"] = r.params.get(name)
     for key, _, _ in LEVEL_COLUMNS:
@@ -57,7 +74,8 @@ def to_csv(reports: list[StudyReport]) -> str:
     params: list[str] = []
     for report in reports:
         params += [f"param.{n}" for n in report.factors if f"param.{n}" not in params]
-    columns = [*_HEAD, *params, *(k for k, _, _ in LEVEL_COLUMNS), *_TAIL]
+    capacity = list(CSV_COLUMNS) if any(r.capacity for r in reports) else []
+    columns = [*_HEAD, *capacity, *params, *(k for k, _, _ in LEVEL_COLUMNS), *_TAIL]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writerow({k: csv_cell(k) for k in columns})  # a flag's name is text too
@@ -68,12 +86,45 @@ def to_csv(reports: list[StudyReport]) -> str:
     return out.getvalue()
 
 
-def study_document(report: StudyReport) -> dict[str, Any]:
-    """A study as JSON: its spec, its best trial, every trial record (levels, phases, verdicts,
-    log tail) with its launch command, the ablation effects, per slot its trials,
-    infrastructure failures and state (quarantined and why), and per host its doctor snapshot
-    with a one-line summary."""
+def best_document(report: StudyReport) -> dict[str, Any] | None:
+    """The study's best: its number, parameters, value with its interval (``ci_low``,
+    ``ci_high``: ``None`` with one measurement) and ``n_replicates``, the trials tied with it
+    (``tied_with``) and undecided against it (``undecided_with``), its level and launch
+    command."""
     best = report.best
+    if best is None:
+        return None
+    found = best.interval(report.confidence)
+    standing = report.standing
+    return {"number": best.number, "params": best.record.params, "value": best.record.value,
+            "ci_low": found.low if found else None, "ci_high": found.high if found else None,
+            "n_replicates": found.n if found else None, "confidence": report.confidence,
+            "tied_with": list(standing.tied), "undecided_with": list(standing.undecided),
+            "best_level": best.record.best_level, "launch_command": best.launch_command,
+            "capacity": capacity_document(best.capacity) if best.capacity else None}
+
+
+def _trial_document(report: StudyReport, trial: TrialView) -> dict[str, Any]:
+    """A trial record as JSON with its launch command, its standing against the best, its
+    comparison with the best (``vs_best``: the race or the paired comparison; ``None`` for
+    the best and a trial not compared), and for a capacity search ``capacity_summary``
+    (:func:`~cleanslate.report._capacity.capacity_document`: the bracket as text and the
+    probes' figures; the record's own ``capacity`` holds the whole answer)."""
+    comp = report.standing.comparisons.get(trial.number)
+    return {**trial.record.model_dump(mode="json"), "launch_command": trial.launch_command,
+            "standing": report.mark(trial) or None,
+            "vs_best": comp.document() if comp is not None else None,
+            "statistics_gpu_s": trial.statistics_gpu_s,
+            "capacity_summary": capacity_document(trial.capacity) if trial.capacity else None}
+
+
+def study_document(report: StudyReport) -> dict[str, Any]:
+    """A study as JSON: its spec, its best trial (with its interval and tie set), every trial
+    record (levels, phases, verdicts, log tail, interval, replicates, races) with its launch
+    command, the ablation effects with their intervals, what the statistics cost, per slot its
+    trials, infrastructure failures and state (quarantined and why), and per host its doctor
+    snapshot with a one-line summary."""
+    standing = report.standing
     return {
         "study": report.name,
         "status": report.status,
@@ -82,14 +133,21 @@ def study_document(report: StudyReport) -> dict[str, Any]:
         "objective": {report.direction: report.metric},
         "spec": report.spec,
         "elapsed_s": report.elapsed_s,
-        "best": ({"number": best.number, "params": best.record.params,
-                  "value": best.record.value, "best_level": best.record.best_level,
-                  "launch_command": best.launch_command} if best else None),
-        "trials": [{**t.record.model_dump(mode="json"), "launch_command": t.launch_command}
-                   for t in report.sorted_trials()],
+        "best": best_document(report),
+        "statistics": {**report.statistics.model_dump(mode="json"),
+                       "replicates_run": standing.replicates,
+                       "gpu_s": standing.statistics_gpu_s,
+                       "total_gpu_s": standing.total_gpu_s, "share": standing.share,
+                       "host_effects": {slot: {"effect": found.mean, "ci_low": found.low,
+                                               "ci_high": found.high, "n": found.n}
+                                        for slot, found in
+                                        sorted(report.host_effects.items())}},
+        "trials": [_trial_document(report, t) for t in report.sorted_trials()],
         "ablation": [{"factor": e.factor, "baseline": e.baseline_value, "value": e.value,
                       "trial": e.trial.number, "change_pct": e.change_pct,
-                      "better": e.better, "cause": e.cause}
+                      "better": e.better, "cause": e.cause,
+                      "significant": e.significant,
+                      "difference": e.difference.document() if e.difference else None}
                      for e in report.ablation_effects()],
         "slots": [slot.document() for slot in report.slots],
         "hosts": [{**h.snapshot.model_dump(mode="json"), "host": h.host, "machine": h.machine,
@@ -97,7 +155,21 @@ def study_document(report: StudyReport) -> dict[str, Any]:
     }
 
 
+def comparisons_document(reports: list[StudyReport]) -> list[dict[str, Any]]:
+    """Each study after the first against the first: the configurations both ran, each with
+    ``b`` against ``a`` (``diff``, ``ci_low``, ``ci_high``, ``method``, ``verdict``)."""
+    if len(reports) < 2:
+        return []
+    a = reports[0]
+    return [{"a": a.name, "b": b.name, "note": comparable(a, b),
+             "configurations": [c.document() for c in shared_configs(a, b)]}
+            for b in reports[1:]]
+
+
 def to_json(reports: list[StudyReport]) -> str:
-    """``{"studies": [...]}``: one :func:`study_document` per study."""
-    return json.dumps({"studies": [study_document(r) for r in reports]}, indent=2,
-                      default=str) + "\n"
+    """``{"studies": [...]}``: one :func:`study_document` per study; with several,
+    ``comparisons``: each later study's shared configurations against the first's."""
+    doc: dict[str, Any] = {"studies": [study_document(r) for r in reports]}
+    if len(reports) > 1:
+        doc["comparisons"] = comparisons_document(reports)
+    return json.dumps(doc, indent=2, default=str) + "\n"

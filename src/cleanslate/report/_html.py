@@ -17,16 +17,28 @@ from typing import Any
 
 from cleanslate import __version__
 from cleanslate.doctor.snapshot import GpuRow, HostSnapshot
+from cleanslate.report._capacity import bracket_text, crash_text, probes_phrase
+from cleanslate.report._console import (
+    CAPACITY_HEADERS,
+    best_capacity_text,
+    best_lines,
+    capacity_cells,
+    metric_text,
+    value_text,
+)
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
     StudyReport,
     TrialView,
+    comparable,
     format_value,
     level_concurrency,
+    params_text,
+    shared_configs,
     show,
 )
-from cleanslate.report._plots import Plot, render_plots
-from cleanslate.store._trials import level_metric
+from cleanslate.report._plots import MAX_CAPACITY_PLOTS, Plot, capacity_plot_name, render_plots
+from cleanslate.store import level_metric
 from cleanslate.verdict.findings import Finding
 
 _CSS = """
@@ -54,6 +66,7 @@ th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vert
 th { background: var(--panel); font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr.best-row td { background: #f0f8f1; font-weight: 600; }
+tr.tied-row td { background: #f3f7fd; }
 .wide { overflow-x: auto; max-width: 100%; }
 pre { background: #0f1419; color: #e6e6e6; padding: 10px 12px; border-radius: 6px;
   overflow-x: auto; white-space: pre-wrap; word-break: break-all; font: 12px/1.4
@@ -63,9 +76,20 @@ code { font: 12px ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; 
   font-weight: 600; white-space: nowrap; }
 .b-feasible, .b-clean, .b-ok { background: var(--good-bg); color: var(--good); }
 .b-infeasible, .b-dirty, .b-crashed, .b-errors { background: var(--bad-bg); color: var(--bad); }
-.b-unknown, .b-slo_miss, .b-infra_failed, .b-running, .b-warning, .b-interrupted, .b-none {
-  background: var(--warn-bg); color: var(--warn); }
+.b-unknown, .b-slo_miss, .b-infra_failed, .b-running, .b-warning, .b-interrupted, .b-none,
+.b-unresolved { background: var(--warn-bg); color: var(--warn); }
+.b-pass { background: var(--good-bg); color: var(--good); }
+.b-fail, .b-bad_output { background: var(--bad-bg); color: var(--bad); }
+.capacity { border-left: 4px solid var(--line); padding: 2px 0 2px 12px; margin: 14px 0; }
+.capacity figure img { max-width: 760px; }
+.nowrap { white-space: nowrap; }
 .b-error { background: var(--bad-bg); color: var(--bad); }
+.b-best, .b-better { background: var(--good-bg); color: var(--good); }
+.b-tied, .b-tie { background: #e3ecf9; color: var(--accent); }
+.b-undecided, .b-nosignificantdifference, .b-oneruneachnointerval,
+.b-onerunonasidenointerval { background: var(--panel); color: var(--muted); }
+.b-beaten { background: var(--panel); color: var(--muted); font-weight: 400; }
+.b-worse { background: var(--bad-bg); color: var(--bad); }
 .b-info { background: var(--panel); color: var(--muted); }
 .host { border-left: 4px solid var(--line); padding: 2px 0 2px 12px; margin: 14px 0; }
 .host.failed { border-left-color: var(--bad); }
@@ -145,7 +169,12 @@ def _header(report: StudyReport) -> str:
     count_text = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no trials"
     slo = ", ".join(f"{k} ≤ {v:g}" for k, v in report.slo.items()) or "none"
     spec = report.spec
-    levels = ", ".join(str(c) for c in spec.get("concurrency", [])) or "-"
+    levels = ", ".join(str(c) for c in spec.get("concurrency") or []) or "-"
+    search = spec.get("capacity")
+    if report.capacity:
+        levels = ("searched (capacity under the SLOs"
+                  + (f": {_compact(search)}" if isinstance(search, dict) and search else "")
+                  + ")")
     return (
         f'<p class="meta"><b>engine</b> {_e(report.engine)} · <b>model</b> {_e(report.model)}'
         f" · <b>host</b> {_e(spec.get('host') or 'local')} · <b>strategy</b> "
@@ -155,9 +184,22 @@ def _header(report: StudyReport) -> str:
         f'<p class="meta"><b>trials</b> {len(report.trials)} ({_e(count_text)}) · '
         f"<b>status</b> {_e(report.status)} · <b>started</b> {_e(_when(report.created_at))} · "
         f"<b>time spent</b> {_e(_duration(report.elapsed_s))}</p>"
+        + _statistics_meta(report)
         + (f'<p class="meta"><b>fixed flags</b> {_params_html(spec.get("fixed") or {})}</p>'
            if spec.get("fixed") else "")
     )
+
+
+def _statistics_meta(report: StudyReport) -> str:
+    """The study's ``statistics:`` and what they cost, when it measured anything twice."""
+    stats = report.statistics
+    if not (report.replicated or stats.racing or stats.fixed_count() > 1):
+        return ""
+    return (f'<p class="meta" id="{_id("statistics", report.name)}"><b>statistics</b> '
+            f"replicates {_e(stats.replicates)} · tie margin {stats.tie_margin * 100:g} % · "
+            f"confidence {stats.confidence * 100:g} % · at most {stats.max_replicates} "
+            f"measurements · <b>cost</b> "
+            f"{_e(report.standing.cost_text().removeprefix('statistics: '))}</p>")
 
 
 def _compact(value: Any) -> str:
@@ -184,15 +226,33 @@ def _best_section(report: StudyReport) -> str:
     if best is None:
         return ('<div class="none" id="no-best"><b>No feasible configuration.</b> Every trial '
                 "failed or missed the SLOs; see the failures below.</div>")
-    figures = [(h, format_value(best.metric(k), k)) for k, h, _ in LEVEL_COLUMNS]
+    figures = [(h, metric_text(report, best, k)) for k, h, _ in LEVEL_COLUMNS]
     figure_text = " · ".join(f"<b>{_e(h)}</b> {_e(v)}" for h, v in figures)
+    lines = best_lines(report)
+    standing = report.standing
+
+    def linked(numbers: tuple[int, ...]) -> str:
+        out = []
+        for n in numbers:
+            comp = standing.comparisons.get(n)
+            t = report.trial(n)
+            what = _e(report.short_params(t)) if t is not None else ""
+            out.append(f'<a href="#{_id("trial", report.name, n)}">#{n}</a> {what}'
+                       + (f" ({_e(comp.text())})" if comp is not None else ""))
+        return "; ".join(out)
+
+    ties = (f'<p class="tied-with"><span class="badge b-tied">tied</span> with the best: '
+            f"{linked(standing.tied)}</p>" if standing.tied else "")
+    undecided = (f'<p class="undecided-with"><span class="badge b-undecided">undecided</span> '
+                 f"against the best: {linked(standing.undecided)}</p>"
+                 if standing.undecided else "")
+    cost = "".join(f'<p class="meta">{_e(line)}</p>' for line in lines[1:]
+                   if line.startswith(("statistics:", "host effects", "capacity")))
     return (
         f'<div class="best" id="{_id("best", report.name)}">'
-        f"<p><b>Best configuration: trial #{best.number}</b> "
-        f"({_e(report.metric)} = {_e(format_value(best.record.value, report.metric))} at "
-        f"{_e(best.record.best_level)})</p>"
+        f"<p><b>Best configuration: trial #{best.number}</b> ({_e(lines[0])})</p>"
         f'<p class="best-params">{_params_html(best.record.params)}</p>'
-        f"<p>{figure_text}</p>"
+        f"<p>{figure_text}</p>{ties}{undecided}{cost}"
         "<p><b>Launch command</b></p>"
         f'<pre class="launch">{_e(best.launch_command or "(not recorded)")}</pre></div>'
     )
@@ -200,29 +260,52 @@ def _best_section(report: StudyReport) -> str:
 
 def _trials_table(report: StudyReport) -> str:
     factors = report.factors
-    headers = ["#", *factors, "status", "cause", "best level",
+    marks = report.replicated or bool(report.standing.tied or report.standing.undecided)
+    extra = ["vs best", f"{report.metric} ({report.confidence * 100:g} %)"] if marks else []
+    if report.capacity:
+        extra += list(CAPACITY_HEADERS)
+    headers = ["#", *factors, "status", "cause", *extra, "best level",
                *(h for _, h, _ in LEVEL_COLUMNS), "host before", "host after"]
     rows = []
     classes = []
     best = report.best
-    first_metric = 4 + len(factors)
+    first_metric = 4 + len(factors) + len(extra)
     for t in report.sorted_trials():
         r = t.record
+        mark = report.mark(t)
+        cells = ([_badge(mark) if mark else "", _e(value_text(report, t))] if marks else [])
+        if report.capacity:
+            bracket, probes, found = capacity_cells(t)
+            cells += [(f'<a class="nowrap" href="#{_id("capacity", report.name, t.number)}">'
+                       f"{_e(bracket)}</a>" if t.capacity is not None else _e(bracket)),
+                      _e(probes), _e(found)]
         rows.append([
             f'<a href="#{_id("trial", report.name, t.number)}">#{t.number}</a>',
             *(_e(show(r.params.get(f)) if f in r.params else "") for f in factors),
             _badge(r.status),
             _e(r.cause or ""),
+            *cells,
             _e(r.best_level or "-"),
-            *(_e(format_value(t.metric(k), k)) for k, _, _ in LEVEL_COLUMNS),
+            *(_e(metric_text(report, t, k)) for k, _, _ in LEVEL_COLUMNS),
             _badge(t.host_verdict("before")),
             _badge(t.host_verdict("after")),
         ])
-        classes.append("best-row" if t is best else "")
+        classes.append("best-row" if t is best else "tied-row" if mark == "tied" else "")
     numeric = set(range(first_metric, first_metric + len(LEVEL_COLUMNS)))
+    if marks:
+        numeric.add(first_metric - 2 - (len(CAPACITY_HEADERS) if report.capacity else 0))
+    note = (f" With several measurements a figure is their mean ± the half-width of its "
+            f"{report.confidence * 100:g} % Student-t interval (n: the measurements); "
+            "<b>tied</b>: a race or the paired measurements put it within the tie margin of "
+            "the best; <b>undecided</b>: not told apart from the best." if marks else "")
+    if report.capacity:
+        note += (" <b>capacity</b>: the highest load that passed, with the bracket "
+                 "<code>[capacity, upper)</code> the boundary lies in (the search's "
+                 "tolerance, or wider where it stopped early); the figures are those of the "
+                 "capacity probe.")
     return (f'<p class="meta">Sorted by the objective ({_e(report.direction)} '
             f"<code>{_e(report.metric)}</code>), best first; the figures are those of each "
-            "trial's best level that met the SLOs.</p>"
+            f"trial's best level that met the SLOs.{note}</p>"
             + _table(headers, rows, row_classes=classes, numeric=numeric))
 
 
@@ -238,15 +321,18 @@ def _ablation_table(report: StudyReport) -> str:
         if e.change_pct is None:
             change = (f'<span class="down">infeasible: {_e(e.cause)}</span>' if e.cause else
                       "no baseline value")
+        elif e.in_noise:
+            change = f'<span class="meta">{_e(e.effect_text)}</span>'
         else:
             change = (f'<span class="{"up" if e.better else "down"}">'
-                      f"{e.change_pct:+.1f}%</span>")
+                      f"{_e(e.effect_text)}</span>")
         rows.append([f'<a href="#{_id("trial", report.name, e.trial.number)}">'
                      f"#{e.trial.number}</a>", f"<code>{_e(e.factor)}</code>",
                      _e(show(e.baseline_value)), _e(show(e.value)),
-                     _e(format_value(e.trial.record.value, report.metric)), change])
+                     _e(value_text(report, e.trial)), change])
     return (f"<p>Against the baseline, trial #{base.number} "
-            f"({_e(report.metric)} = {_e(format_value(base.record.value, report.metric))}).</p>"
+            f"({_e(report.metric)} = {_e(value_text(report, base))}). A change whose "
+            "interval holds 0 is no significant effect.</p>"
             + _table(["trial", "flag", "baseline", "changed to", report.metric, "change"], rows,
                      numeric={4, 5}))
 
@@ -391,6 +477,7 @@ def _levels_detail(report: StudyReport, t: TrialView) -> str:
     levels = (_table(["level", "load", "verdict", *(h for _, h in keys)], rows,
                      numeric=set(range(3, 3 + len(keys))))
               if rows else '<p class="meta">no level was measured</p>')
+    levels += _replicates_html(report, t)
     phases = " · ".join(f"{_e(k.removesuffix('_s'))} {v:.1f} s" for k, v in r.phases.items())
     status = _badge(r.status) + (f" {_e(t.cause_text)}" if t.cause_text else "")
     return (
@@ -402,6 +489,105 @@ def _levels_detail(report: StudyReport, t: TrialView) -> str:
         + (f'<p class="meta">launch command</p><pre>{_e(t.launch_command)}</pre>'
            if t.launch_command else "")
         + "</details>")
+
+
+def _replicates_html(report: StudyReport, t: TrialView) -> str:
+    """A trial's measurements (seed, slot, race pair, value, why one does not count) and the
+    races it ran, when it was measured more than once."""
+    r = t.record
+    out = ""
+    if len(r.replicates) > 1:
+        searched = any(rep.capacity is not None for rep in r.replicates)
+        rows = [[str(rep.index), str(rep.seed), _e(rep.slot or rep.host or "-"),
+                 _e("-" if rep.pair is None else rep.pair),
+                 _e("-" if rep.against is None else f"#{rep.against}"), _badge(rep.status),
+                 _e(format_value(rep.value, report.metric)), _e(rep.best_level or "-"),
+                 *([_e(f"{bracket_text(rep.capacity)}, {len(rep.capacity.probes)} probes")
+                    if rep.capacity is not None else "-"] if searched else []),
+                 _e(rep.discarded or ""), _e(f"{rep.gpu_s:,.0f}")] for rep in r.replicates]
+        out += ('<p class="meta">measurements (each a new server; the members of a race pair '
+                "share their seed)</p>"
+                + _table(["#", "seed", "slot", "pair", "against", "status", report.metric,
+                          "best level", *(["capacity [bracket)"] if searched else []),
+                          "discarded", "GPU-s"], rows,
+                         numeric={0, 1, 6, 10 if searched else 9}))
+    if r.races:
+        rows = [[f'<a href="#{_id("trial", report.name, race.against)}">#{race.against}</a>',
+                 _badge(race.outcome), _e(f"{race.diff * 100:+.1f} %"),
+                 _e(f"[{race.low * 100:+.1f}, {race.high * 100:+.1f}] %"
+                    if race.low is not None and race.high is not None else "none"),
+                 str(race.pairs), _e(race.slot or "-")] for race in r.races]
+        out += ('<p class="meta">races run as a challenger</p>'
+                + _table(["against", "outcome", "difference", "interval", "pairs", "slot"],
+                         rows, numeric={2, 4}))
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f} %"
+
+
+def _probes_table(t: TrialView) -> str:
+    """A capacity trial's probes in the order measured: load, verdict, attainment (the worst
+    check's share) with its Wilson interval against its target, requests, measurements (1 and
+    the extensions), output tokens/s, and why it did not pass."""
+    result = t.capacity
+    assert result is not None
+    rows = []
+    for p in result.probes:
+        interval = (f"[{p.attainment_low * 100:.1f}, {p.attainment_high * 100:.1f}] %"
+                    if p.attainment_low is not None and p.attainment_high is not None else "-")
+        why = ": ".join(x for x in (p.cause, p.detail) if x)
+        if p.warnings:
+            why += (" · " if why else "") + "; ".join(p.warnings)
+        rows.append([str(p.index + 1), _e(p.label), _badge(p.verdict.value),
+                     _e(_pct(p.attainment)), _e(interval), _e(_pct(p.target)),
+                     f"{p.requests:,}", str(p.measurements),
+                     _e(format_value(p.output_throughput, "output_throughput")), _e(why)])
+    return _table(["probe", "load", "verdict", "attainment", "interval", "target",
+                   "requests", "measurements", "output tok/s", "why not passed"], rows,
+                  numeric={0, 3, 4, 5, 6, 7, 8})
+
+
+def _capacity_section(report: StudyReport, plots: list[Plot], multi: bool) -> str:
+    """Per trial with a capacity search (best first): the answer, the probes and the plot of
+    the probe sequence."""
+    by_name = {p.name: p for p in plots}
+    slo = report.capacity_trials[0].capacity if report.capacity_trials else None
+    out = []
+    if slo is not None:
+        targets = ", ".join(f"{k} ≤ {v:g} ms" for k, v in slo.slo.limits.items())
+        aim = (f"at least {slo.slo.attainment * 100:g} % of requests meeting every limit"
+               if slo.slo.attainment is not None else "each percentile's share of samples "
+               "within its limit")
+        out.append(f'<p class="meta">Each trial searched the most load it serves within the '
+                   f"SLOs ({_e(targets)}; {_e(aim)}): doubling from "
+                   f"{_e(slo.label(slo.start))}, then bisecting to a tolerance of "
+                   f"{slo.tolerance * 100:g} %. A probe passes when the low end of every "
+                   f"check's {slo.slo.confidence * 100:g} % Wilson interval is at or above its "
+                   "target, fails when one interval lies below it; a probe whose interval "
+                   "holds the target is measured again and, still straddling, is "
+                   "<b>unresolved</b>, never counted as passing.</p>")
+    else:
+        out.append('<p class="meta">No trial has a capacity search recorded.</p>')
+    for rank, t in enumerate(report.capacity_trials):
+        result = t.capacity
+        assert result is not None
+        lines = [f"<p><b>{_e(bracket_text(result))}</b> · {_e(probes_phrase(result))}"
+                 + (f' · <span class="down">{_e(crash_text(result, detail=True))}</span>'
+                    if result.crash else "") + "</p>",
+                 f'<p class="meta">{_e(result.summary())}</p>']
+        if result.cliffs:
+            lines.append("".join(f'<p class="down">{_e(c)}</p>' for c in result.cliffs))
+        plot = by_name.get(capacity_plot_name(report.name, t.number, multi))
+        figure = _plots_html([plot]) if plot is not None else (
+            f'<p class="meta">(no plot: at most {MAX_CAPACITY_PLOTS} trials of a study are '
+            "drawn, the best first)</p>" if rank >= MAX_CAPACITY_PLOTS else "")
+        out.append(f'<div class="capacity" id="{_id("capacity", report.name, t.number)}">'
+                   f'<h3><a href="#{_id("trial", report.name, t.number)}">Trial '
+                   f"#{t.number}</a>: {_e(report.short_params(t))}</h3>{''.join(lines)}"
+                   f"{_probes_table(t)}{figure}</div>")
+    return "".join(out)
 
 
 def _plots_html(plots: list[Plot]) -> str:
@@ -428,17 +614,57 @@ def _comparison(reports: list[StudyReport]) -> str:
         ["best configuration", *(_params_html(b.record.params) if b else "-" for b in bests)],
         ["best level", *(_e(b.record.best_level) if b else "-" for b in bests)],
     ]
+    rows.append(["best value", *(_e(value_text(r, b)) if b else "-"
+                                 for r, b in zip(reports, bests, strict=True))])
+    rows.append(["tied with best", *(_e(", ".join(f"#{n}" for n in r.standing.tied) or "-")
+                                     for r in reports)])
+    if any(r.capacity for r in reports):
+        rows.append(["best's capacity [bracket)", *(_e(best_capacity_text(b)) for b in bests)])
     for key, header, _ in LEVEL_COLUMNS:
-        rows.append([header, *(_e(format_value(b.metric(key), key)) if b else "-"
-                               for b in bests)])
+        rows.append([header, *(_e(metric_text(r, b, key)) if b else "-"
+                               for r, b in zip(reports, bests, strict=True))])
     rows.append(["launch command", *(f"<code>{_e(b.launch_command)}</code>" if b else "-"
                                      for b in bests)])
-    return _table(["", *(r.name for r in reports)],
-                  [[f"<b>{_e(row[0])}</b>", *row[1:]] for row in rows])
+    return (_table(["", *(r.name for r in reports)],
+                   [[f"<b>{_e(row[0])}</b>", *row[1:]] for row in rows])
+            + "".join(_differences(reports[0], b) for b in reports[1:]))
 
 
-def _study_sections(report: StudyReport, multi: bool, plots_html: str = "") -> str:
-    """A study's sections; ``plots_html`` (the plots section) goes after its trials table."""
+def _differences(a: StudyReport, b: StudyReport) -> str:
+    """The configurations both studies ran, ``b`` against ``a`` with the interval and
+    verdict."""
+    title = f'<h3 id="{_id("differences", b.name)}">{_e(b.name)} against {_e(a.name)}</h3>'
+    why = comparable(a, b)
+    if why is not None:
+        return f"{title}<p>{_e(why)}</p>"
+    shared = shared_configs(a, b)
+    if not shared:
+        return f"{title}<p>No configuration ran in both studies.</p>"
+    rows = []
+    for c in shared:
+        d = c.difference
+        rows.append([
+            _e(params_text(c.params)),
+            f"#{c.a.number} {_e(value_text(a, c.a))}", f"#{c.b.number} {_e(value_text(b, c.b))}",
+            _e(f"{d.diff * 100:+.1f} %" if d.diff is not None else "-"),
+            _e(f"[{d.low * 100:+.1f}, {d.high * 100:+.1f}] %"
+               if d.low is not None and d.high is not None else "none"),
+            _badge(d.verdict),
+            _e({"paired": f"paired by seed, {d.pairs} pairs",
+                "welch": f"unpaired (Welch), n={d.n_a} and {d.n_b}"}.get(d.method, ""))])
+    return (title + f'<p class="meta">Each configuration both ran, {_e(b.name)} against '
+            f"{_e(a.name)} ({_e(a.direction)} <code>{_e(a.metric)}</code>, "
+            f"{a.confidence * 100:g} % intervals). A difference whose interval holds 0 is a "
+            "<b>tie</b> (inside the tie margin) or <b>no significant difference</b>, never a "
+            "win.</p>"
+            + _table(["configuration", a.name, b.name, "difference", "interval", "verdict",
+                      "test"], rows, numeric={3}))
+
+
+def _study_sections(report: StudyReport, multi: bool, plots_html: str = "",
+                    plots: list[Plot] | None = None) -> str:
+    """A study's sections; ``plots_html`` (the plots section) goes after its trials table, the
+    capacity searches (with their plots from ``plots``) after it."""
 
     def title(text: str) -> str:
         suffix = f": {_e(report.name)}" if multi else ""
@@ -451,6 +677,8 @@ def _study_sections(report: StudyReport, multi: bool, plots_html: str = "") -> s
         title("Trials"), _trials_table(report),
         plots_html,
     ]
+    if report.capacity:
+        parts += [title("Capacity"), _capacity_section(report, plots or [], multi)]
     if report.strategy == "ablation":
         parts += [title("Ablation"), _ablation_table(report)]
     parts += [
@@ -484,6 +712,8 @@ def render_html(reports: list[StudyReport], *, plots: list[Plot] | None = None,
         r = reports[0]
         nav = [f'<a href="#{_id(s, r.name)}">{s}</a>' for s in
                ("Best configuration", "Trials")] + nav
+        if r.capacity:
+            nav.append(f'<a href="#{_id("Capacity", r.name)}">Capacity</a>')
         if r.strategy == "ablation":
             nav.append(f'<a href="#{_id("Ablation", r.name)}">Ablation</a>')
         nav += [f'<a href="#{_id(s, r.name)}">{s}</a>' for s in
@@ -491,13 +721,14 @@ def render_html(reports: list[StudyReport], *, plots: list[Plot] | None = None,
     head = (f"<h1>cleanslate study report: {_e(names)}</h1>"
             + ("" if multi else _header(reports[0]))
             + _sim_banner(reports) + f"<nav>{''.join(nav)}</nav>")
+    shared = [p for p in plots if not p.name.startswith("capacity-")]
     if multi:
         body = (f'<h2 id="comparison">Comparison</h2>{_comparison(reports)}'
-                f'<h2 id="plots">Plots</h2>{_plots_html(plots)}'
-                + "".join(_study_sections(r, True) for r in reports))
+                f'<h2 id="plots">Plots</h2>{_plots_html(shared)}'
+                + "".join(_study_sections(r, True, plots=plots) for r in reports))
     else:
         body = _study_sections(reports[0], False,
-                               f'<h2 id="plots">Plots</h2>{_plots_html(plots)}')
+                               f'<h2 id="plots">Plots</h2>{_plots_html(shared)}', plots)
     stores = ", ".join(sorted({r.store_url for r in reports}))
     footer = (f"<footer>Generated by cleanslate {_e(__version__)} on {_e(_when(now))} from "
               f"<code>{_e(stores)}</code>. Reproduce: <code>cleanslate report "

@@ -5,6 +5,13 @@
   the levels that met the SLOs marked (more tokens/s, less TTFT).
 - ``ablation`` (ablation studies): each one-flag change's effect on the objective, in percent
   of the baseline's value; an infeasible change is shown with its cause instead of a bar.
+- ``capacity-N`` (capacity studies, one per trial with a search): the probe sequence, each
+  probe's attainment (its worst check's share) with its Wilson interval against the load, the
+  target as a line, the bracket shaded (:func:`capacity_figure`).
+
+Error bars: where a trial was measured more than once, each level is drawn at its mean over the
+measurements with its Student-t interval (``throughput``: vertical; ``pareto``: both ways), and
+an ablation bar carries the interval of its change (the race, the pairs by seed, or Welch's).
 
 Every plot is :data:`WIDTH` x :data:`HEIGHT` pixels. matplotlib is imported inside the functions:
 it is a heavy import that only the plotting commands need. Text from the store (study names,
@@ -23,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from cleanslate.bench import LevelResult
+from cleanslate.report._capacity import bracket_text, crash_probe, findings_text, probes_phrase
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
-from cleanslate.store._trials import TrialStatus, level_metric
+from cleanslate.store import TrialStatus, level_metric
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -37,11 +45,13 @@ DPI = 100
 #: Marker of a level by its verdict: (marker, filled).
 _MARKERS: dict[str, tuple[str, bool]] = {
     "ok": ("o", True), "slo_miss": ("o", False), "crashed": ("X", True),
-    "errors": ("s", False), "interrupted": ("d", False),
+    "errors": ("s", False), "interrupted": ("d", False), "unresolved": ("D", False),
+    "bad_output": ("s", False),
 }
 _LINESTYLES = ("-", "--", ":", "-.")
 _GOOD = "#2e7d32"
 _BAD = "#c62828"
+_NOISE = "#90a4ae"
 
 
 @dataclass(frozen=True)
@@ -72,13 +82,13 @@ def _plain_text(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
-def _figure() -> Figure:
+def _figure(width: int = WIDTH, height: int = HEIGHT) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI, layout="constrained")
+    return Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
 
 
 def _png(fig: Figure) -> bytes:
@@ -150,6 +160,7 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
                 xv, yv = level_concurrency(lv), level_metric(lv, "output_throughput")
                 if xv is not None and yv is not None:
                     points.append((xv, yv, lv))
+            points.sort(key=lambda p: p[0])  # a capacity search probes out of order
             if not points:
                 if trial.status.finished:
                     unplotted.append(f"#{trial.number} {trial.record.cause or trial.status}")
@@ -157,11 +168,23 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
             color = colors[(report.name, trial.number)]
             x = [p[0] for p in points]
             y = [p[1] for p in points]
+            errors: list[tuple[float, float]] = []
+            for i, (_, _, level) in enumerate(points):
+                found = report.level_interval(trial, level, "output_throughput")
+                if found is not None and found.n > 1:
+                    y[i] = found.mean
+                    if found.low is not None and found.high is not None:
+                        errors.append((found.mean - found.low, found.high - found.mean))
+                        continue
+                errors.append((0.0, 0.0))
             xs += x
             width = 2.6 if report.best is trial else 1.4
             ax.plot(x, y, linestyle=style, color=color, linewidth=width,
                     label=_label(report, trial, multi)
                     if (report.name, trial.number) in named else None)
+            if any(e != (0.0, 0.0) for e in errors):
+                ax.errorbar(x, y, yerr=[[e[0] for e in errors], [e[1] for e in errors]],
+                            fmt="none", ecolor=color, elinewidth=1.2, capsize=4)
             for xi, yi, (_, _, level) in zip(x, y, points, strict=True):
                 marker, filled = _MARKERS.get(trial.level_verdict(level), ("o", True))
                 ax.plot([xi], [yi], marker=marker, markersize=7, color=color,
@@ -181,6 +204,11 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
     else:
         _empty(ax, "no level was measured")
     note = "filled: met the SLOs   hollow: missed an SLO   X: crashed"
+    if any(r.capacity for r in reports):
+        note += "   hollow diamond: unresolved (a capacity probe)"
+    if any(r.replicated for r in reports):
+        note += (f"\nbars: {reports[0].confidence * 100:g} % Student-t interval of the mean over "
+                 "a trial's measurements")
     total = sum(1 for r in reports for t in r.trials if t.record.levels)
     if len(named) < total:
         note += f"   |   legend: the {len(named)} best of {total} trials"
@@ -207,6 +235,13 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
             color = colors[(report.name, trial.number)]
             marker, filled = _MARKERS.get(trial.level_verdict(level), ("o", True))
             key = (report.name, trial.number)
+            xi = report.level_interval(trial, level, "output_throughput")
+            yi = report.level_interval(trial, level, "p99_ttft_ms")
+            if (xi is not None and yi is not None and xi.half_width is not None
+                    and yi.half_width is not None):
+                ax.errorbar([x], [y], xerr=[[x - (xi.low or x)], [(xi.high or x) - x]],
+                            yerr=[[y - (yi.low or y)], [(yi.high or y) - y]], fmt="none",
+                            ecolor=color, elinewidth=1.0, capsize=3, alpha=0.8)
             ax.plot([x], [y], linestyle="none", marker=marker, markersize=7, color=color,
                     markerfacecolor=color if filled else "white", markeredgewidth=1.5,
                     label=None if key in seen or key not in named
@@ -248,9 +283,13 @@ def pareto_figure(reports: list[StudyReport]) -> Figure:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     else:
         _empty(ax, "no level was measured")
-    _note(fig, "each point is one concurrency level; ringed: the Pareto front of the levels "
-          "that met the SLOs (more tokens/s, less TTFT)   filled: met the SLOs   hollow: "
-          "missed an SLO")
+    note = ("each point is one concurrency level; ringed: the Pareto front of the levels "
+            "that met the SLOs (more tokens/s, less TTFT)   filled: met the SLOs   hollow: "
+            "missed an SLO")
+    if any(r.replicated for r in reports):
+        note += (f"\nbars: {reports[0].confidence * 100:g} % Student-t intervals of the means "
+                 "over a trial's measurements")
+    _note(fig, note)
     return fig
 
 
@@ -273,19 +312,46 @@ def ablation_figure(report: StudyReport) -> Figure:
     else:
         labels = [f"{e.label}  (#{e.trial.number})" for e in effects]
         positions = list(range(len(effects)))[::-1]
-        values = [e.change_pct if e.change_pct is not None else 0.0 for e in effects]
-        colors = [(_GOOD if e.better else _BAD) if e.change_pct is not None else "#9e9e9e"
-                  for e in effects]
+        values: list[float] = []
+        lows: list[float] = []
+        highs: list[float] = []
+        for e in effects:
+            d = e.difference
+            if e.change_pct is None:
+                values.append(0.0)
+            elif d is not None and d.diff is not None and d.low is not None:
+                values.append(d.diff * 100)
+            else:
+                values.append(e.change_pct)
+            if d is not None and d.low is not None and d.high is not None:
+                lows.append(max(0.0, values[-1] - d.low * 100))
+                highs.append(max(0.0, d.high * 100 - values[-1]))
+            else:
+                lows.append(0.0)
+                highs.append(0.0)
+        colors = ["#9e9e9e" if e.change_pct is None else _NOISE if e.in_noise else
+                  _GOOD if e.better else _BAD for e in effects]
         ax.barh(positions, values, color=colors, height=0.6)
-        span = max([abs(v) for v in values] + [1.0])
-        for pos, effect, value in zip(positions, effects, values, strict=True):
+        with_bars = [i for i, e in enumerate(effects)
+                     if e.difference is not None and e.difference.low is not None]
+        if with_bars:
+            ax.errorbar([values[i] for i in with_bars], [positions[i] for i in with_bars],
+                        xerr=[[lows[i] for i in with_bars], [highs[i] for i in with_bars]],
+                        fmt="none", ecolor="black", elinewidth=1.2, capsize=5)
+        reach = [abs(v) + max(lo, hi) for v, lo, hi in zip(values, lows, highs, strict=True)]
+        span = max([*reach, 1.0])
+        for pos, effect, value, lo, hi in zip(positions, effects, values, lows, highs,
+                                              strict=True):
             if effect.change_pct is None:
                 ax.text(0, pos, f"  infeasible: {effect.cause}", va="center", ha="left",
                         color=_BAD, fontsize=9, fontweight="bold")
             else:
-                ax.text(value + (0.02 * span if value >= 0 else -0.02 * span), pos,
-                        f"{value:+.1f}% ({format_value(effect.trial.record.value)})",
-                        va="center", ha="left" if value >= 0 else "right", fontsize=9)
+                # Right of the bar (or of its interval) when it grows right or straddles 0.
+                right = value >= 0 or effect.in_noise
+                edge = value + hi if right else value - lo
+                ax.text(edge + (0.02 * span if right else -0.02 * span), pos,
+                        f"{effect.effect_text} ({format_value(effect.trial.record.value)})",
+                        va="center", ha="left" if right else "right", fontsize=9)
         ax.set_yticks(positions, labels, fontsize=9)
         ax.axvline(0, color="black", linewidth=1)
         ax.set_xlim(-span * 1.45, span * 1.45)
@@ -298,14 +364,160 @@ def ablation_figure(report: StudyReport) -> Figure:
     return fig
 
 
+#: A capacity plot's size (pixels): smaller than the others, one per trial.
+CAPACITY_WIDTH = 760
+CAPACITY_HEIGHT = 420
+#: At most this many capacity plots per study (the table's first: the best first).
+MAX_CAPACITY_PLOTS = 24
+
+#: A probe by its verdict: (marker, filled, color, legend word).
+_PROBE_STYLE: dict[str, tuple[str, bool, str, str]] = {
+    "pass": ("o", True, _GOOD, "pass"),
+    "fail": ("o", False, _BAD, "fail (SLO missed)"),
+    "unresolved": ("D", False, "#ef6c00", "unresolved (interval holds the target)"),
+    "crashed": ("X", True, _BAD, "crashed"),
+    "errors": ("s", False, "#6d4c41", "request errors"),
+    "bad_output": ("s", False, "#6a1b9a", "bad output"),
+    "interrupted": ("d", False, "#757575", "interrupted"),
+}
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _spaced_labels(loads: list[float], log: bool, gap: float = 0.045) -> list[str]:
+    """Tick labels for sorted loads, a label left blank where it would overlap the one before
+    (closer than ``gap`` of the axis; the probe numbers still tell the probes apart)."""
+    import math
+
+    pos = [math.log2(max(v, 1e-9)) if log else v for v in loads]
+    span = (pos[-1] - pos[0]) or 1.0
+    out: list[str] = []
+    last: float | None = None
+    for value, x in zip(loads, pos, strict=True):
+        if last is None or (x - last) / span >= gap:
+            out.append(_num(value))
+            last = x
+        else:
+            out.append("")
+    return out
+
+
+@_plain_text
+def capacity_figure(report: StudyReport, trial: TrialView) -> Figure:
+    """One trial's capacity search: each probe's attainment (the share of samples that met its
+    worst check's limit, in %) against its load, with the Wilson interval the verdict was taken
+    on as an error bar; the target share as a dashed line; passes, fails, unresolved probes,
+    errors and the crash marked apart; the bracket ``[capacity, upper)`` shaded, the crash's
+    load as a dotted line; each probe numbered in the order it was measured."""
+    result = trial.capacity
+    fig = _figure(CAPACITY_WIDTH, CAPACITY_HEIGHT)
+    ax = fig.add_subplot()
+    multi_name = f"{report.name}: " if report.name else ""
+    if result is None or not result.probes:
+        _empty(ax, "no probe was measured")
+        ax.set_title(f"Capacity search: {multi_name}#{trial.number}", fontsize=10)
+        return fig
+    shares = [p for p in result.probes if p.attainment is not None]
+    lows = [100 * (p.attainment_low if p.attainment_low is not None else p.attainment or 0.0)
+            for p in shares]
+    targets = sorted({p.target for p in result.probes if p.target is not None})
+    bottom = min([*lows, *(100 * t for t in targets), 100.0])
+    span = max(100.0 - bottom, 1.0)
+    floor = max(0.0, bottom - 0.12 * span)
+    top = 100.0 + 0.06 * span
+    for verdict, (marker, filled, color, word) in _PROBE_STYLE.items():
+        group = [p for p in result.probes if p.verdict.value == verdict]
+        if not group:
+            continue
+        x = [p.load for p in group]
+        y = [100 * p.attainment if p.attainment is not None else floor + 0.03 * span
+             for p in group]
+        # Clamped at 0: a Wilson end of n of n can be 1 - 1e-16, a hair under the share.
+        below = [max(0.0, 100 * (p.attainment - p.attainment_low))
+                 if p.attainment is not None and p.attainment_low is not None else 0.0
+                 for p in group]
+        above = [max(0.0, 100 * (p.attainment_high - p.attainment))
+                 if p.attainment is not None and p.attainment_high is not None else 0.0
+                 for p in group]
+        ax.errorbar(x, y, yerr=[below, above], fmt=marker, markersize=8, color=color,
+                    markerfacecolor=color if filled else "white", markeredgewidth=1.6,
+                    ecolor=color, elinewidth=1.3, capsize=4, linestyle="none",
+                    label=f"{word} ({len(group)})")
+    for p in result.probes:
+        at = 100 * p.attainment if p.attainment is not None else floor + 0.03 * span
+        ax.annotate(str(p.index + 1), (p.load, at), textcoords="offset points", xytext=(6, 5),
+                    fontsize=8, color="#333333")
+    for t in targets:
+        ax.axhline(100 * t, color="black", linestyle="--", linewidth=1.1,
+                   label=f"target {100 * t:g} %")
+    if result.capacity is not None and result.upper is not None:
+        ax.axvspan(result.capacity, result.upper, color=_GOOD, alpha=0.15, linewidth=0,
+                   label=f"bracket [{_num(result.capacity)}, {_num(result.upper)})")
+    elif result.capacity is not None:
+        ax.axvline(result.capacity, color=_GOOD, linewidth=1.2,
+                   label=f"capacity {_num(result.capacity)} (every probe passed)")
+    crashed = crash_probe(result)
+    if crashed is not None:
+        ax.axvline(crashed.load, color=_BAD, linestyle=":", linewidth=1.4,
+                   label=f"crashed at {crashed.label}")
+    loads = sorted({p.load for p in result.probes})
+    log = loads[-1] / max(loads[0], 1e-9) >= 8
+    if log:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(loads, _spaced_labels(loads, log), fontsize=8)
+    ax.minorticks_off()
+    ax.margins(x=0.06)
+    ax.set_ylim(floor, top)
+    ax.set_xlabel("concurrency (requests in flight)" if result.dimension == "concurrency"
+                  else "request rate (requests/s)")
+    ax.set_ylabel("attainment (%)")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(f"Capacity search: {multi_name}#{trial.number} {report.short_params(trial)}"
+                 f"\n{bracket_text(result)} · {probes_phrase(result)}", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    found = findings_text(result)
+    _note(fig, (f"{found}\n" if found else "")
+          + f"point: the probe's worst check (share of samples within the limit); bar: its "
+          f"{result.slo.confidence * 100:g} % Wilson interval; number: the probe's order")
+    return fig
+
+
+def capacity_plot_name(study: str, number: int, multi: bool) -> str:
+    """The file stem of a trial's capacity plot: ``capacity-N``, ``capacity-STUDY-N`` in a
+    report of several studies."""
+    return f"capacity-{_slug(study)}-{number}" if multi else f"capacity-{number}"
+
+
+def capacity_plots(reports: list[StudyReport]) -> list[Plot]:
+    """One :func:`capacity_figure` per trial with a capacity search (at most
+    :data:`MAX_CAPACITY_PLOTS` a study, the best first), named ``capacity-N`` (with several
+    studies ``capacity-STUDY-N``)."""
+    out = []
+    for report in reports:
+        for trial in report.capacity_trials[:MAX_CAPACITY_PLOTS]:
+            result = trial.capacity
+            assert result is not None
+            name = capacity_plot_name(report.name, trial.number, len(reports) > 1)
+            out.append(Plot(name, f"Capacity search of trial #{trial.number}"
+                            + (f" ({report.name})" if len(reports) > 1 else ""),
+                            f"{bracket_text(result)}: {len(result.probes)} probes, each "
+                            "probe's attainment with its Wilson interval against the load; "
+                            "dashed: the target; shaded: the bracket the boundary lies in.",
+                            _png(capacity_figure(report, trial))))
+    return out
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "study"
 
 
 @_plain_text
 def render_plots(reports: list[StudyReport]) -> list[Plot]:
-    """Every plot of the report: the throughput and Pareto plots (studies overlaid), and one
-    ablation plot per ablation study."""
+    """Every plot of the report: the throughput and Pareto plots (studies overlaid), one
+    ablation plot per ablation study, and one capacity plot per trial with a capacity search
+    (:func:`capacity_plots`)."""
     out = [
         Plot("throughput", "Throughput against concurrency",
              "Output tokens/s at each concurrency level, one line per trial. Filled markers met "
@@ -323,9 +535,11 @@ def render_plots(reports: list[StudyReport]) -> list[Plot]:
         out.append(Plot(name, f"Effect of each change: {report.name}",
                         f"Each one-flag change against the baseline, in percent of the "
                         f"baseline's {report.metric}. Green moved the objective the right "
-                        f"way, red the wrong way; infeasible changes show their cause.",
+                        f"way, red the wrong way, grey-blue is no significant effect (its "
+                        f"interval, the error bar, holds 0); "
+                        f"infeasible changes show their cause.",
                         _png(ablation_figure(report))))
-    return out
+    return out + capacity_plots(reports)
 
 
 def write_pngs(reports: list[StudyReport], folder: Path) -> list[Path]:

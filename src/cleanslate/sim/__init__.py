@@ -4,9 +4,10 @@ It is a *simulation*: no GPU is used and no model is loaded; token text is synth
 so that every path of cleanslate (verify, launch, smoke, benchmark, crash, tear down, tune) runs
 on a laptop and in CI, and to inject the failures real servers have.
 
-- :mod:`cleanslate.sim.server`: the launcher and OpenAI-compatible API (``cleanslate sim serve``);
-  its docstring documents the ground-truth file format. The bytes it writes are
-  :mod:`cleanslate.wire`'s, as the fake server's are.
+- :mod:`cleanslate.sim.launcher`: the launcher that supervises the workers (``cleanslate sim
+  serve``).
+- :mod:`cleanslate.sim.api`: the OpenAI-compatible API; its docstring documents the ground-truth
+  file format. The bytes it writes are :mod:`cleanslate.wire`'s, as the fake server's are.
 - :mod:`cleanslate.sim.worker`: the worker processes (``sim::scheduler_TP0`` ...).
 - :mod:`cleanslate.sim.engine`: the scheduler that the workers run (batches, KV, faults).
 - :mod:`cleanslate.sim.ledger`: the simulated GPU memory ledger (stdlib only), which the ``sim``
@@ -28,9 +29,9 @@ from cleanslate._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cleanslate.sim.faults import FAULT_NAMES, Faults, parse_faults
+    from cleanslate.sim.launcher import ServeOptions, serve
     from cleanslate.sim.ledger import SIM_GPU_DIR_ENV, ledger_dir
     from cleanslate.sim.model import SimModel, SimSettings, settings_from_flags
-    from cleanslate.sim.server import ServeOptions, serve
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "FAULT_NAMES": "cleanslate.sim.faults",
@@ -41,8 +42,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "SimModel": "cleanslate.sim.model",
     "SimSettings": "cleanslate.sim.model",
     "settings_from_flags": "cleanslate.sim.model",
-    "ServeOptions": "cleanslate.sim.server",
-    "serve": "cleanslate.sim.server",
+    "ServeOptions": "cleanslate.sim.launcher",
+    "serve": "cleanslate.sim.launcher",
 })
 
 __all__ = [

@@ -6,7 +6,8 @@ mounts :data:`sim_app` as ``cleanslate sim``.
 
 ``cleanslate sim serve`` takes SGLang's spelling of the flags it models (``--tp-size``,
 ``--mem-fraction-static``, ``--disable-cuda-graph`` ...) plus ``--fault NAME[=ARG]``
-(repeatable; see :mod:`cleanslate.sim.faults`) and ``--ground-truth FILE``.
+(repeatable; see :mod:`cleanslate.sim.faults`), ``--ground-truth FILE`` and the noise's
+``--noise-seed``, ``--host-noise``, ``--cold-start*`` and ``--drift`` (``docs/sim-model.md``).
 ``cleanslate sim gpus`` reads the simulated GPU ledger; ``cleanslate sim init-gpus`` creates one.
 """
 
@@ -20,9 +21,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from cleanslate._types import RUN_MARKER_ENV
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 from cleanslate.sim.ledger import ledger_dir as sim_gpu_dir
+from cleanslate.sim.model import COLD_DECODE, COLD_PREFILL, COLD_STEPS, DRIFT_SIGMA
 
 console = Console(highlight=False)
 console_err = Console(stderr=True, highlight=False)
@@ -79,6 +82,37 @@ def serve_command(
     seed: Annotated[
         int, typer.Option("--seed", "--random-seed", help="Seeds token text and timing noise.")
     ] = 0,
+    noise_seed: Annotated[
+        int | None,
+        typer.Option("--noise-seed", help="Seeds this start's timing noise (sim only; default: "
+                     "from $CLEANSLATE_RUN, else --seed)."),
+    ] = None,
+    host_noise: Annotated[
+        float,
+        typer.Option("--host-noise", min=0.0, max=1.0,
+                     help="Sigma of a per-host factor drawn from the host name and GPU ids "
+                     "(sim only)."),
+    ] = 0.0,
+    cold_start: Annotated[
+        float,
+        typer.Option("--cold-start", min=1.0, max=10.0,
+                     help="Prefill steps after a start take this much longer (sim only)."),
+    ] = COLD_PREFILL,
+    cold_start_decode: Annotated[
+        float,
+        typer.Option("--cold-start-decode", min=1.0, max=10.0,
+                     help="Decode steps after a start take this much longer (sim only)."),
+    ] = COLD_DECODE,
+    cold_start_steps: Annotated[
+        int,
+        typer.Option("--cold-start-steps", min=0,
+                     help="Steps over which the cold start decays to nothing (sim only)."),
+    ] = COLD_STEPS,
+    drift: Annotated[
+        float,
+        typer.Option("--drift", min=0.0, max=1.0,
+                     help="Sigma of the slow drift of step times inside one server (sim only)."),
+    ] = DRIFT_SIGMA,
     base_gpu_id: Annotated[
         int, typer.Option("--base-gpu-id", min=0, help="First simulated GPU used.")
     ] = 0,
@@ -108,8 +142,8 @@ def serve_command(
     ] = 40,
 ) -> None:
     from cleanslate.sim.faults import parse_faults
+    from cleanslate.sim.launcher import ServeOptions, serve
     from cleanslate.sim.model import SimSettings
-    from cleanslate.sim.server import ServeOptions, serve
 
     faults = parse_faults(fault or [])
     if chunked_prefill_size == 0 or chunked_prefill_size < -1:
@@ -128,6 +162,13 @@ def serve_command(
         disable_radix_cache=disable_radix_cache,
         time_scale=time_scale,
         seed=seed,
+        noise_seed=noise_seed,
+        run_marker=os.environ.get(RUN_MARKER_ENV) or None,
+        host_noise=host_noise,
+        cold_start=cold_start,
+        cold_start_decode=cold_start_decode,
+        cold_start_steps=cold_start_steps,
+        drift=drift,
     )
     opts = ServeOptions(
         settings=settings,

@@ -303,7 +303,8 @@ class Engine:
 
             prefill_tokens, done_prompts = self._build_prefill()
             if prefill_tokens:
-                last_end = start + model.noisy_seconds(model.prefill_step_ms(prefill_tokens))
+                last_end = start + model.noisy_seconds(model.prefill_step_ms(prefill_tokens),
+                                                          prefill=True)
                 await asyncio.sleep(max(0.0, last_end - loop.time()))
                 if self.hung or self.crashed:
                     continue

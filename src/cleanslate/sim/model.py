@@ -40,8 +40,13 @@ DECODE_PER_KTOK_MS = 0.07  # per 1,000 tokens of context (KV reads); / tp
 PREFILL_BASE_MS = 10.0  # per prefill step (eager, never a graph); / tp
 PREFILL_PER_TOKEN_MS = 0.025  # per prompt token in the chunk; / tp
 ALLREDUCE_MS = 0.6  # per step and per doubling of tp (0 at tp 1)
-STEP_NOISE_SIGMA = 0.03  # log-normal noise of each step
-RUN_NOISE_SIGMA = 0.02  # log-normal factor drawn once per server from the seed
+STEP_NOISE_SIGMA = 0.03  # log-normal noise of each step (averages out over a level)
+RUN_NOISE_SIGMA = 0.024  # log-normal factor drawn once per start (H200: 2.4 % between restarts)
+DRIFT_SIGMA = 0.025  # log-normal drift inside one server (H200: 2.0-4.3 % run to run) ...
+DRIFT_TAU_S = 10.0  # ... with this correlation time, in unscaled simulated seconds
+COLD_PREFILL = 1.6  # prefill steps right after a start take this much longer (H200: TTFT of
+COLD_DECODE = 1.05  # the first run 370-529 ms against 230-310 ms), decode steps this, ...
+COLD_STEPS = 600  # ... both decaying linearly to 1 over this many steps
 
 # --- scheduling (SGLang's defaults) -----------------------------------------------------------
 INIT_NEW_TOKEN_RATIO = 0.7  # share of a request's remaining max_tokens guessed at admission ...
@@ -92,6 +97,13 @@ class SimSettings:
     gpu_memory_mib: int = DEFAULT_GPU_MIB
     time_scale: float = 1.0
     seed: int = 0
+    noise_seed: int | None = None
+    run_marker: str | None = None
+    host_noise: float = 0.0
+    cold_start: float = COLD_PREFILL
+    cold_start_decode: float = COLD_DECODE
+    cold_start_steps: int = COLD_STEPS
+    drift: float = DRIFT_SIGMA
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -114,13 +126,58 @@ class MemoryPlan:
     fields: dict[str, float] = field(default_factory=dict)
 
 
+def noise_source(settings: SimSettings) -> tuple[str, int | str]:
+    """Where a start's noise (its run factor, drift and step noise) is drawn from: ``--noise-seed``
+    when given, else the run's marker (``CLEANSLATE_RUN``: every start of a study differs),
+    else ``--seed``. Returns ``(what, seed)``."""
+    if settings.noise_seed is not None:
+        return "noise-seed", settings.noise_seed
+    if settings.run_marker:
+        return "run marker", "run:" + settings.run_marker
+    return "seed", settings.seed
+
+
+def host_factor(sigma: float, host_key: str) -> float:
+    """The per-host (per-slot) factor on step times: ``exp(N(0, sigma))`` drawn from
+    ``host_key`` (the host name and the GPU ids the server was given), so two slots of one
+    machine differ and one slot stays the same from start to start; 1 when ``sigma`` is 0."""
+    if sigma <= 0:
+        return 1.0
+    return math.exp(random.Random("host:" + host_key).gauss(0.0, sigma))
+
+
 class SimModel:
     """Step times and memory of one simulated server. See ``docs/sim-model.md``."""
 
     def __init__(self, settings: SimSettings) -> None:
         self.s = settings
-        self._rng = random.Random(settings.seed)
+        self.noise_from, source = noise_source(settings)
+        self._rng = random.Random(source)
         self.run_factor = math.exp(self._rng.gauss(0.0, RUN_NOISE_SIGMA))
+        self.host_factor = 1.0
+        self.host_key = ""
+        self.steps = 0
+        self._drift = self._rng.gauss(0.0, settings.drift) if settings.drift > 0 else 0.0
+
+    def set_host(self, host_key: str) -> None:
+        """Draw the host factor (``--host-noise``) from ``host_key``."""
+        self.host_key = host_key
+        self.host_factor = host_factor(self.s.host_noise, host_key)
+
+    def cold_factor(self, prefill: bool, step: int | None = None) -> float:
+        """The cold-start slowdown of step number ``step`` (this server's next one when
+        ``None``) since the engine started: ``--cold-start`` or ``--cold-start-decode`` at the
+        first step, decaying linearly to 1 at ``--cold-start-steps``."""
+        k = self.steps if step is None else step
+        n = self.s.cold_start_steps
+        peak = self.s.cold_start if prefill else self.s.cold_start_decode
+        if n <= 0 or k >= n:
+            return 1.0
+        return 1.0 + (peak - 1.0) * (1.0 - k / n)
+
+    def drift_factor(self) -> float:
+        """The slow drift's current factor (``exp`` of an Ornstein-Uhlenbeck process)."""
+        return math.exp(self._drift)
 
     # --- memory ---------------------------------------------------------------------------
     def chunk_tokens(self) -> int:
@@ -207,10 +264,20 @@ class SimModel:
         work = PREFILL_BASE_MS + PREFILL_PER_TOKEN_MS * tokens
         return LAUNCH_EAGER_MS + work / tp + self._allreduce_ms()
 
-    def noisy_seconds(self, ms: float) -> float:
-        """A step's wall duration: ms -> s, times the run factor, step noise and time scale."""
+    def noisy_seconds(self, ms: float, prefill: bool = False) -> float:
+        """A step's wall duration: ms -> s, times the run and host factors, the cold start,
+        the drift, step noise and the time scale (the step is counted)."""
         noise = math.exp(self._rng.gauss(0.0, STEP_NOISE_SIGMA))
-        return ms / 1000.0 * self.run_factor * noise * self.s.time_scale
+        cold = self.cold_factor(prefill)
+        self.steps += 1
+        factor = self.run_factor * self.host_factor * cold * math.exp(self._drift) * noise
+        sigma = self.s.drift
+        if sigma > 0:
+            # One Ornstein-Uhlenbeck step over this step's unscaled duration.
+            rho = math.exp(-ms / 1000.0 / DRIFT_TAU_S)
+            self._drift = (rho * self._drift
+                           + sigma * math.sqrt(1 - rho * rho) * self._rng.gauss(0.0, 1.0))
+        return ms / 1000.0 * factor * self.s.time_scale
 
     # --- steady-state estimate (for docs and tests; the running sim is the truth) ----------
     def batch_limit(self, input_len: int, output_len: int) -> int:
@@ -283,4 +350,70 @@ def steady_value(flags: dict[str, Any], concurrency: list[int] | None = None,
         if est["ttft_s"] > ttft_slo_s:
             break
         best = est["output_throughput"] if best is None else max(best, est["output_throughput"])
+    return best
+
+
+# --- capacity under an SLO: the true boundary ---------------------------------------------------
+#: The SLO statistics :func:`true_capacity` knows the truth of (see its docstring for why these).
+TRUE_CAPACITY_KEYS = ("median_itl_ms", "p50_itl_ms")
+
+
+def median_itl_ms(model: SimModel, concurrency: int, input_len: int, output_len: int) -> float:
+    """The median inter-token latency (ms, wall clock) of a warm closed loop of ``concurrency``
+    clients sending prompts of ``input_len`` tokens for ``output_len`` tokens each (fixed
+    lengths, ``ignore_eos``) to the server ``model`` describes.
+
+    Most gaps between two tokens of a stream are one decode step of the whole running batch; a
+    gap that holds a prefill step (another request's prompt, or the rest of its own) is longer.
+    While fewer than half of the gaps hold one, the median gap is a decode step: of ``b =
+    min(concurrency, batch limit)`` sequences holding ``b x (input_len + output_len / 2)``
+    tokens of KV on average (each running request holds its prompt and the 1 to
+    ``output_len - 1`` tokens it generated), :meth:`SimModel.decode_step_ms` of that, times the
+    server's run factor (logged at its start), its host factor and the time scale. The step
+    noise has median 1; the drift (``--drift``) and the cold start (``--cold-start-decode``,
+    over the first ``--cold-start-steps`` steps) are left out: with the drift on, the measured
+    median moves by its factor (sd 2.5 % by default)."""
+    batch = max(1, min(concurrency, model.batch_limit(input_len, output_len) or concurrency))
+    context = int(batch * (input_len + output_len / 2))
+    ms = model.decode_step_ms(batch, context)
+    return ms * model.run_factor * model.host_factor * model.s.time_scale
+
+
+def true_capacity(model: SimModel, limit_ms: float, input_len: int, output_len: int, *,
+                  key: str = "median_itl_ms", max_concurrency: int = 4096) -> int:
+    """The true boundary of a sim configuration under one SLO: the most closed-loop concurrency
+    (1 to ``max_concurrency``) whose ``key`` statistic stays within ``limit_ms``, for a
+    workload of fixed lengths (``range_ratio`` 0, ``ignore_eos``); 0 when not even one client
+    does. A concurrency at which the server crashes (CUDA graphs on and a batch above
+    ``cuda-graph-max-bs``) never passes, so the boundary stops below it.
+
+    ``key`` is the median ITL (``median_itl_ms`` / ``p50_itl_ms``), computed by
+    :func:`median_itl_ms`: it grows with the batch until the batch limit (clients beyond it
+    queue, and a queued request's gaps are the batch's), so a limit met at the batch limit is
+    met at every concurrency and the answer is ``max_concurrency``. Why not a TPOT percentile:
+    a request's TPOT holds every prefill step that ran between its first and last token, and
+    how many there are depends on how the clients' re-sent requests straggle in (each group
+    that arrives after a prefill step began pays the step's fixed cost again), which the
+    client's machine sets, not the model (``docs/sim-model.md``, "Capacity under an SLO").
+
+    ``model``: the server's own :class:`SimModel` (its settings and noise source give the
+    run factor it logs); the boundary is computed by scanning concurrencies upwards."""
+    if key not in TRUE_CAPACITY_KEYS:
+        raise ValueError(f"{key}: the sim's true boundary is known for "
+                         f"{', '.join(TRUE_CAPACITY_KEYS)}")
+    plan = model.memory_plan()
+    if plan.oom_at_start or plan.not_enough_for_kv or input_len + output_len > (
+            plan.kv_capacity_tokens):
+        return 0
+    limit = model.batch_limit(input_len, output_len) or 1
+    best = 0
+    for c in range(1, max_concurrency + 1):
+        batch = min(c, limit)
+        if model.crashes_at_batch(batch):
+            break
+        if median_itl_ms(model, c, input_len, output_len) > limit_ms:
+            break
+        best = c
+        if c >= limit:  # the batch no longer grows: every higher concurrency is the same
+            return max_concurrency
     return best

@@ -32,7 +32,7 @@ import sys
 import time
 import traceback
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict
 
 from cleanslate.sim import ledger
 
@@ -149,7 +149,31 @@ def _crash(tag: str, batch_size: int) -> NoReturn:
     os._exit(1)
 
 
-def _oom(tag: str, plan: dict[str, Any]) -> NoReturn:
+class WorkerPlan(TypedDict):
+    """What the launcher sends a scheduler worker on its first stdin line (one JSON object)."""
+
+    rank: int
+    gpu: int
+    ledger_dir: str | None
+    release_delay_s: float
+    load_s: float
+    gpu_memory_mib: int
+    context_mib: float
+    weights_mib: float
+    static_pool_mib: float
+    kv_cache_mib: float
+    kv_capacity_tokens: int
+    graph_mib: float
+    workspace_mib: float
+    cuda_graph_max_bs: int
+    oom: bool
+    forced_oom: bool
+    not_enough_memory: bool
+    ignore_sigterm: bool
+    orphan_grandchild_mib: int | None
+
+
+def _oom(tag: str, plan: WorkerPlan) -> NoReturn:
     total = float(plan["gpu_memory_mib"])
     used = float(plan["context_mib"]) + float(plan["weights_mib"])
     request = max(1024.0, float(plan["kv_cache_mib"]) + float(plan["graph_mib"]))
@@ -177,7 +201,7 @@ def _not_enough_memory(tag: str) -> NoReturn:
 # --- roles ---------------------------------------------------------------------------------------
 def run_scheduler() -> NoReturn:
     first = sys.stdin.readline()
-    plan: dict[str, Any] = json.loads(first)
+    plan: WorkerPlan = json.loads(first)
     rank = int(plan["rank"])
     gpu = int(plan["gpu"])
     tag = f"TP{rank}"

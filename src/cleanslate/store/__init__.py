@@ -5,9 +5,10 @@ A SQLite file ``./cleanslate.db`` by default, ``--store URL`` or ``CLEANSLATE_ST
 Artifacts (logs) live in a folder beside the database (:func:`artifacts_root`).
 
 What crosses the store is a frozen record with a schema version: :class:`RunRecord`,
-:class:`TrialRecord`, :class:`StudyRecord`, :class:`HostRecord` (a host's doctor snapshot)
-(``_records``, ``_trials``, ``_hosts``), their statuses
-:class:`StrEnum` values. The JSON a record dumps is the JSON a row holds.
+:class:`TrialRecord`, :class:`StudyRecord`, :class:`LeaseRecord`, :class:`SlotRecord`,
+:class:`HostRecord` (a host's doctor snapshot) (``_records``, ``_trials``, ``_leases``,
+``_hosts``), their statuses :class:`StrEnum` values. Other packages import these names from
+here, never from the private modules. The JSON a record dumps is the JSON a row holds.
 
 The store never holds a secret: every record is redacted on the way in and again on the way out
 (:meth:`Store.redacted`), a SQLite file is created with mode 0600 and the artifacts folder with
@@ -19,6 +20,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cleanslate._lazy import lazy_exports
+from cleanslate.store._leases import (
+    Claim,
+    LeaseOutcome,
+    LeaseRecord,
+    LeaseState,
+    SlotRecord,
+    SlotState,
+    config_key,
+)
 from cleanslate.store._records import (
     SCHEMA_VERSION,
     NewerSchemaError,
@@ -33,12 +43,15 @@ from cleanslate.store._store import (
     artifacts_root,
     display_url,
     resolve_store_url,
+    study_digest,
 )
 
 if TYPE_CHECKING:
-    from cleanslate.store._hosts import HostRecord
+    from cleanslate.store._hosts import HostRecord, local_machine
     from cleanslate.store._trials import (
         LevelVerdict,
+        Race,
+        Replicate,
         StudyRecord,
         StudyStatus,
         TrialRecord,
@@ -49,28 +62,39 @@ if TYPE_CHECKING:
 # A trial's levels need the benchmark client, which the commands that read only runs
 # (``check``, ``stop``) never load: the names of ``_trials`` load when first used.
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **dict.fromkeys(("LevelVerdict", "StudyRecord", "StudyStatus", "TrialRecord", "TrialStatus",
-                     "level_metric"), "cleanslate.store._trials"),
-    "HostRecord": "cleanslate.store._hosts"})
+    **dict.fromkeys(("LevelVerdict", "Race", "Replicate", "StudyRecord", "StudyStatus",
+                     "TrialRecord", "TrialStatus", "level_metric"), "cleanslate.store._trials"),
+    **dict.fromkeys(("HostRecord", "local_machine"), "cleanslate.store._hosts")})
 
 
 __all__ = [
     "DEFAULT_STORE_URL",
     "SCHEMA_VERSION",
     "STORE_ENV",
+    "Claim",
     "HostRecord",
+    "LeaseOutcome",
+    "LeaseRecord",
+    "LeaseState",
     "LevelVerdict",
     "NewerSchemaError",
+    "Race",
     "Record",
+    "Replicate",
     "RunRecord",
     "RunStatus",
+    "SlotRecord",
+    "SlotState",
     "Store",
     "StudyRecord",
     "StudyStatus",
     "TrialRecord",
     "TrialStatus",
     "artifacts_root",
+    "config_key",
     "display_url",
     "level_metric",
+    "local_machine",
     "resolve_store_url",
+    "study_digest",
 ]

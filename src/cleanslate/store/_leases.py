@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import Field, ValidationError
 
@@ -86,6 +86,41 @@ class LeaseRecord(Record):
     heartbeat_at: float = Field(default_factory=time.time)
     expires_at: float = 0.0
     released_at: float | None = None
+
+
+class LeaseChange(TypedDict, total=False):
+    """Fields of a lease that change after its claim, by compare and set
+    (:meth:`~cleanslate.store.Store.compare_and_set`): its binding to a sampler's trial and
+    run, its heartbeat, and how it was given back."""
+
+    trial: int | None
+    key: str
+    params: Mapping[str, Any]
+    run_id: str | None
+    heartbeat_at: float
+    expires_at: float
+    state: LeaseState
+    outcome: LeaseOutcome | None
+    detail: str | None
+    released_at: float | None
+
+
+class LeaseColumns(TypedDict):
+    """A lease as its ``cs_leases`` row's columns: the fields a claim queries, and the whole
+    record (redacted) as ``data``."""
+
+    study: str
+    key: str
+    state: str
+    worker: str
+    host: str
+    slot: str
+    trial: int | None
+    run_id: str | None
+    acquired_at: float
+    heartbeat_at: float
+    expires_at: float
+    data: Mapping[str, Any]
 
 
 class SlotState(StrEnum):
@@ -179,6 +214,6 @@ class Claim:
     active: int = 0
 
 
-__all__ = ["MAX_LEASE_CHARS", "Claim", "InvalidLease", "LeaseOutcome", "LeaseRecord",
-           "LeaseState", "SlotRecord", "SlotState", "config_key", "lease_document",
-           "parse_lease"]
+__all__ = ["MAX_LEASE_CHARS", "Claim", "InvalidLease", "LeaseChange", "LeaseColumns",
+           "LeaseOutcome", "LeaseRecord", "LeaseState", "SlotRecord", "SlotState", "config_key",
+           "lease_document", "parse_lease"]

@@ -23,6 +23,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cleanslate.errors import CleanslateError
 from cleanslate.teardown.teardown import TeardownReport
 from cleanslate.verdict.check import CheckReport
 
@@ -35,7 +36,7 @@ SCHEMA_VERSION = 2
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
-class NewerSchemaError(ValueError):
+class NewerSchemaError(CleanslateError, ValueError):
     """A stored document of a schema version this cleanslate does not know (a newer one)."""
 
     def __init__(self, version: int) -> None:

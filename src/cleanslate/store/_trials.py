@@ -12,9 +12,9 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from cleanslate.bench._models import LevelResult
+from cleanslate.bench import CapacityResult, LevelResult
 from cleanslate.store._records import Record
 from cleanslate.verdict.findings import Finding, Verdict
 
@@ -48,6 +48,7 @@ class LevelVerdict(StrEnum):
     BAD_OUTPUT = "bad_output"
     CRASHED = "crashed"
     INTERRUPTED = "interrupted"
+    UNRESOLVED = "unresolved"  # a capacity probe whose SLO intervals held the target
 
 
 class StudyStatus(StrEnum):
@@ -70,6 +71,56 @@ def level_metric(level: LevelResult, key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Replicate(_Part):
+    """One more measurement of a trial's configuration (a whole cycle: a new server, the
+    levels up to the trial's best, teardown and verification), as a race or ``replicates: N``
+    takes it (``docs/statistics.md``). ``index`` 0 is the trial's own first measurement (its
+    ``levels`` are the trial's); ``seed`` is the seed of its prompts (the members of a pair share
+    it); ``pair`` and ``against`` name the race pair and the trial it was paired with;
+    ``discarded`` says why it does not count (``first_repeat``: slower than the rest right
+    after a start). ``gpu_s`` is its wall time times the GPUs it held."""
+
+    index: int
+    seed: int
+    status: TrialStatus
+    value: float | None = None
+    best_level: str | None = None
+    cause: str | None = None
+    detail: str | None = None
+    levels: tuple[LevelResult, ...] = ()
+    level_verdicts: dict[str, LevelVerdict] = Field(default_factory=dict)
+    run_id: str | None = None
+    host: str | None = None
+    slot: str | None = None
+    pair: int | None = None
+    against: int | None = None
+    discarded: str | None = None
+    gpu_s: float = 0.0
+    started_at: float = Field(default_factory=time.time)
+    finished_at: float | None = None
+    capacity: CapacityResult | None = None
+
+
+class Race(_Part):
+    """A challenger raced against the incumbent (``against``, a trial number) in ``pairs``
+    interleaved pairs: ``outcome`` win, loss, tie or undecided (:class:`cleanslate.stats.Outcome`),
+    ``diff`` the challenger's objective over the incumbent's minus one (geometric mean of the
+    pairs), ``low``..``high`` its interval at the study's confidence, or ``None`` below two
+    pairs."""
+
+    against: int
+    outcome: str
+    diff: float
+    low: float | None = None
+    high: float | None = None
+    pairs: int = 1
+    slot: str | None = None
 
 
 class TrialRecord(Record):
@@ -105,6 +156,32 @@ class TrialRecord(Record):
     findings_after: tuple[Finding, ...] = ()
     started_at: float = Field(default_factory=time.time)
     finished_at: float | None = None
+    # Statistics (``docs/statistics.md``): with replicates, ``value`` is the mean of the counted
+    # measurements (``replicates``, the first one included), ``ci_low``..``ci_high`` its
+    # Student-t interval, ``first_value`` the first measurement's; ``races`` the races this
+    # configuration ran as a challenger; ``gpu_s`` the GPU-seconds of its first cycle.
+    first_value: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n_replicates: int = 1
+    replicates: tuple[Replicate, ...] = ()
+    races: tuple[Race, ...] = ()
+    gpu_s: float = 0.0
+    slot: str | None = None
+    slo_checks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # A capacity objective (``max_concurrency_under_slo``, ``max_goodput``): the search's
+    # answer, its probes without their levels (those are ``levels``, in probe order).
+    capacity: CapacityResult | None = None
+
+    def counted(self) -> list[Replicate]:
+        """The measurements that count toward ``value``: feasible, with a value, not
+        discarded."""
+        return [r for r in self.replicates
+                if r.status == TrialStatus.FEASIBLE and r.value is not None and not r.discarded]
+
+    def statistics_gpu_s(self) -> float:
+        """GPU-seconds spent on this configuration's measurements beyond its first."""
+        return sum(r.gpu_s for r in self.replicates if r.index > 0)
 
     def level(self, label: str | None) -> LevelResult | None:
         """The level with this label (``None`` when there is none)."""

@@ -21,7 +21,7 @@ A process is in scope when one of these selects it:
   machines). When the run has a cgroup these two paths are off: the cgroup says who is the
   run's. A recorded cgroup is used only when, on the host, it is a directory of a cgroup v2
   file system (``statfs``), owned by the run's user, the very one its supervisor created
-  (:mod:`cleanslate.teardown._cgroup`); else it is ignored (``cgroup_refused``);
+  (:mod:`cleanslate.teardown._cgroup_script`); else it is ignored (``cgroup_refused``);
 - ``named`` / ``engine``: what ``clean --pid`` / ``clean --engine`` ask for;
 - ``descendant``: a child, at any depth, of a selected process, found *before the first signal*.
 
@@ -29,8 +29,8 @@ A process is in scope when one of these selects it:
 collector's ancestors on a remote host), the members of this process's session, and this
 process's own children (:func:`protected_pids`).
 
-Every signal goes through :mod:`cleanslate.teardown._signal`, which checks PID and start time so
-a reused PID is never hit. 1. snapshot the scope; 2. SIGTERM the root and wait up to
+Every signal goes through :mod:`cleanslate.teardown._signal_script`, which checks PID and start
+time so a reused PID is never hit. 1. snapshot the scope; 2. SIGTERM the root and wait up to
 ``grace_s`` (engines free and unpin memory here); 3. SIGTERM the rest, wait ``term_wait_s``;
 re-scan (markers and the cgroup catch setsid'd grandchildren) and SIGKILL whatever is still in
 scope (``cgroup.kill`` too, race-free against forks), until a scan finds nothing; 4. report
@@ -62,7 +62,7 @@ from pydantic import (
     model_serializer,
 )
 
-from cleanslate.engines import engine_signature, match_engine
+from cleanslate.engines import find_signature, match_engine
 from cleanslate.errors import ExitCode
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.base import GpuBackend
@@ -241,14 +241,14 @@ class TeardownReport(BaseModel):
 
 @cache
 def _signal_source() -> bytes:
-    return resources.files("cleanslate.teardown").joinpath("_signal.py").read_bytes()
+    return resources.files("cleanslate.teardown").joinpath("_signal_script.py").read_bytes()
 
 
 async def send_signal(executor: Executor, targets: Iterable[Target], signal: str,
                       timeout: float = 15.0, *, wait_s: float = 0.0) -> dict[str, Any]:
     """Signal targets that are still the same processes; ``signal`` ``"0"`` only tests them,
     after waiting up to ``wait_s`` seconds for all of them to exit (on the host, event-driven:
-    see ``_signal.py``)."""
+    see ``_signal_script.py``)."""
     spec: dict[str, Any] = {
         "signal": signal, "targets": [{"pid": t.pid, "create_time": t.create_time}
                                       for t in targets]}
@@ -268,7 +268,7 @@ async def send_signal(executor: Executor, targets: Iterable[Target], signal: str
 
 @cache
 def _shm_holders_source() -> bytes:
-    return resources.files("cleanslate.teardown").joinpath("_shm_holders.py").read_bytes()
+    return resources.files("cleanslate.teardown").joinpath("_shm_holders_script.py").read_bytes()
 
 
 async def shm_in_use(executor: Executor, names: Iterable[str], directory: str = "/dev/shm",
@@ -376,7 +376,7 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     start = None if spec.not_before is None else spec.not_before - START_SLACK_S
     holders = _gpu_holders(snapshot, spec.gpus) | _port_owners(snapshot, spec.port)
     # None for an engine without a signature (``command``): only holdings are evidence then.
-    signature = engine_signature(spec.signature) if spec.signature is not None else None
+    signature = find_signature(spec.signature) if spec.signature is not None else None
 
     def in_window(proc: ProcessInfo) -> bool:
         return (start is None or proc.create_time >= start) and proc.create_time <= end
@@ -519,7 +519,7 @@ def valid_cgroup(path: str | None, run_id: str) -> str | None:
 
 @cache
 def _cgroup_source() -> bytes:
-    return resources.files("cleanslate.teardown").joinpath("_cgroup.py").read_bytes()
+    return resources.files("cleanslate.teardown").joinpath("_cgroup_script.py").read_bytes()
 
 
 async def cgroup_op(executor: Executor, cgroup: str, op: str = "members", *,
@@ -527,7 +527,7 @@ async def cgroup_op(executor: Executor, cgroup: str, op: str = "members", *,
                     timeout: float = 15.0) -> dict[str, Any]:
     """Run ``op`` (``members``, ``kill``, ``remove``) on the run's cgroup, on the host, after
     checking that ``cgroup`` is a cgroup v2 directory owned by ``uid`` and, when given, the very
-    one of inode ``cgroup_id`` (:mod:`cleanslate.teardown._cgroup`, whose answer this is:
+    one of inode ``cgroup_id`` (:mod:`cleanslate.teardown._cgroup_script`, whose answer this is:
     ``refused`` when it is not the run's cgroup, ``error`` when it could not be read)."""
     spec = {"path": cgroup, "op": op, "uid": uid, "ino": cgroup_id, "wait_s": max(wait_s, 0.0)}
     result = await executor.run([executor.python, "-I", "-S", "-", json.dumps(spec)],

@@ -68,6 +68,7 @@ class _Shapes:
         self.events = tuple(_chunk(self.template.content(t)) for t in self.texts)
         self.role = _chunk(self.template.role()) if chat else b""
         self.chat = chat
+        self.cached = faults.cached_tokens
 
     def last(self, index: int, prompt_tokens: int, n: int, *, usage: bool,
              malformed: bool) -> bytes:
@@ -76,7 +77,8 @@ class _Shapes:
         data = _chunk(self.template.content(self.texts[index % len(self.texts)], "length"))
         if malformed:
             data += _MALFORMED
-        tail = self.template.usage(prompt_tokens, n) if usage else b""
+        cached = min(self.cached, prompt_tokens) if self.cached else None
+        tail = self.template.usage(prompt_tokens, n, cached) if usage else b""
         return data + _chunk(tail + wire.DONE_EVENT) + _LAST_CHUNK
 
 
@@ -205,12 +207,12 @@ class Conn(asyncio.Protocol):
         chat = path.endswith("/chat/completions")
         stream = bool(req.get("stream"))
         if faults.error_body:
-            error = wire.error_event_body("model crashed")
+            event = wire.error_event_body("model crashed")
             if stream:
-                self._write(_STREAM_HEADERS + _chunk(wire.json_event(error) + wire.DONE_EVENT)
+                self._write(_STREAM_HEADERS + _chunk(wire.json_event(event) + wire.DONE_EVENT)
                             + _LAST_CHUNK)
             else:
-                self._write(_plain("200 OK", error))
+                self._write(_plain("200 OK", event))
             return
         n = max(1, n - faults.short_by)
         prompt_tokens = _prompt_tokens(req, chat)

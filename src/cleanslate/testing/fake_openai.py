@@ -36,6 +36,8 @@ as the simulated engine's ``--fault``):
 ``close-after=MS``     MS milliseconds (default 20) after each completion response, the connection
                        is closed without a ``Connection: close`` header, and a request written
                        into it meanwhile is never answered (as ``llama-server`` does)
+``cached-tokens=N``    usage reports N of the prompt's tokens (at most all) as served from a
+                       prefix cache (``prompt_tokens_details.cached_tokens``)
 =====================  ============================================================================
 
 In a test: ``async with fake_openai_server("http_500") as url: ...`` (yields the base URL), or
@@ -90,10 +92,11 @@ FAULT_NAMES = (
     "endless",
     "reject-fields",
     "close-after",
+    "cached-tokens",
 )
 #: Faults that take a count, and the count when none is written (``None``: one is required).
 _INT_ARG: dict[str, int | None] = {"http-500": 1, "malformed-every": None, "short-by": None,
-                                   "close-after": 20}
+                                   "close-after": 20, "cached-tokens": None}
 
 MODEL = "fake"
 DEFAULT_TOKENS = 16
@@ -115,6 +118,7 @@ class Faults:
     endless: bool = False
     reject_fields: tuple[str, ...] = ()
     close_after: int = 0
+    cached_tokens: int = 0
 
     def active(self) -> list[str]:
         """The faults that are on, spelled as :func:`parse_faults` reads them."""

@@ -27,11 +27,23 @@ from cleanslate.engines import check_flags, engine_help_options
 from cleanslate.errors import InputError
 from cleanslate.hosts import check_resolves, executor_for
 from cleanslate.hosts.base import Executor
-from cleanslate.launch.lifecycle import adapter_for, stop_server
+from cleanslate.launch.lifecycle import (
+    adapter_for,
+    local_model_path,
+    missing_model_error,
+    model_path_missing,
+    stop_server,
+)
 from cleanslate.redact import REDACTED
-from cleanslate.store import RunStatus, Store
-from cleanslate.store._leases import LeaseState
-from cleanslate.store._trials import StudyStatus, TrialRecord, TrialStatus
+from cleanslate.store import (
+    LeaseState,
+    RunStatus,
+    Store,
+    StudyStatus,
+    TrialRecord,
+    TrialStatus,
+)
+from cleanslate.tune._systemic import SYSTEMIC
 from cleanslate.tune.fleet import (
     HOURS,
     INTERRUPTED,
@@ -57,7 +69,8 @@ class StudyOutcome:
     trials: list[TrialRecord]
     new_trials: int
     best: TrialRecord | None
-    stopped_by: str  # "budget", "plan", "hours", "quarantine", "interrupted", "error"
+    stopped_by: str  # "budget", "plan", "hours", "quarantine", "interrupted", "systemic",
+    # "error"
     message: str = ""
     report: Any = None
     resumed: list[str] = field(default_factory=list)
@@ -158,9 +171,40 @@ def check_slot_hosts(spec: StudySpec) -> None:
         check_resolves(host, where=f"hosts[{index}]" if spec.hosts else "host")
 
 
+async def check_model_paths(spec: StudySpec, where: str | None) -> None:
+    """Refuse, before any launch, a study whose ``model`` is a local path that does not exist
+    on one of its hosts (every host of a fleet is asked, one ``test -e`` each, through its
+    executor: :func:`~cleanslate.launch.lifecycle.model_path_missing`): an
+    :class:`InputError` at ``where`` (the file:line of ``model:``). A Hugging Face repo id is
+    not looked for, and a host that does not answer is left to the checks of its first
+    trial."""
+    if not local_model_path(spec.model):
+        return
+    hosts: list[str | None] = list(spec.hosts) if spec.hosts else [spec.host]
+    for host in dict.fromkeys(hosts):
+        executor = executor_for(host)
+        try:
+            missing = await model_path_missing(executor, spec.model)
+        finally:
+            with contextlib.suppress(Exception):
+                await executor.close()
+        if missing:
+            raise missing_model_error(spec.model, executor.name, where)
+
+
+def model_where(root: yaml.Node | None, path: Path) -> str:
+    """The file:line of a study file's ``model:`` (the file alone without a line)."""
+    line = line_of(root, ("model",))
+    return f"{path}:{line}" if line else str(path)
+
+
 def _stopped_by(ends: list[SlotEnd], spec: StudySpec, store: Store) -> tuple[str, str, Any]:
     """Why a study's run ended (``plan``, ``budget``, ``hours``, ``quarantine``,
-    ``interrupted``), a message, and the check report of a quarantine."""
+    ``interrupted``, ``systemic``: a failure that is not the configuration's, which stopped
+    every slot), a message, and the check report of a quarantine."""
+    systemic = next((e for e in ends if e.why == SYSTEMIC), None)
+    if systemic is not None:  # before interrupted: it stopped the other slots
+        return SYSTEMIC, systemic.message, None
     if any(e.why == INTERRUPTED for e in ends):
         return "interrupted", "", None
     if any(e.why == HOURS for e in ends):
@@ -176,6 +220,17 @@ def _stopped_by(ends: list[SlotEnd], spec: StudySpec, store: Store) -> tuple[str
     plan = planned_configs(spec)
     done = [t for t in store.trials(spec.name) if t.status.finished]
     return ("plan" if plan is not None and len(done) >= len(plan) else "budget"), "", None
+
+
+def study_status(stopped_by: str) -> StudyStatus:
+    """The status a study is recorded with after a run that ended ``stopped_by``: a failure
+    that is not the configuration's (``systemic``) is ``error`` (resuming runs its
+    configurations again once the cause is fixed)."""
+    if stopped_by in ("plan", "budget"):
+        return StudyStatus.FINISHED
+    if stopped_by == SYSTEMIC:
+        return StudyStatus.ERROR
+    return StudyStatus(stopped_by)
 
 
 async def run_study(
@@ -215,9 +270,7 @@ async def run_study(
     finally:
         fleet.tick()
         records = store.trials(spec.name)
-        store.save_study(spec.name, spec.model_dump(mode="json"),
-                         StudyStatus.FINISHED if stopped_by in ("plan", "budget")
-                         else StudyStatus(stopped_by))
+        store.save_study(spec.name, spec.model_dump(mode="json"), study_status(stopped_by))
     return StudyOutcome(trials=records, new_trials=sum(e.trials for e in ends),
                         best=_best(records, spec), stopped_by=stopped_by, message=message,
                         report=quarantine_report, resumed=[t.run_id or "" for t in resumed])
@@ -365,8 +418,8 @@ async def run_worker(store: Store, spec: StudySpec, slot: Slot, *,
         fleet.tick()
     stopped_by, message, report = _stopped_by(ends, spec, store)
     records = store.trials(spec.name)
-    if stopped_by in ("plan", "budget"):
-        store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.FINISHED)
+    if stopped_by in ("plan", "budget", SYSTEMIC):
+        store.save_study(spec.name, spec.model_dump(mode="json"), study_status(stopped_by))
     return StudyOutcome(trials=records, new_trials=sum(e.trials for e in ends),
                         best=_best(records, spec), stopped_by=stopped_by, message=message,
                         report=report, resumed=[t.run_id or "" for t in resumed])

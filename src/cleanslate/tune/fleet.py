@@ -48,26 +48,38 @@ from optuna.distributions import (
 )
 
 from cleanslate.doctor.snapshot import snapshot_host
-from cleanslate.errors import InputError
+from cleanslate.errors import CleanslateError, InputError
 from cleanslate.hosts import executor_for
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.launcher import new_run_id
 from cleanslate.launch.lifecycle import Exclusions, stop_server
-from cleanslate.store import RunStatus, Store
-from cleanslate.store._hosts import HostRecord, local_machine
-from cleanslate.store._leases import (
+from cleanslate.store import (
     Claim,
+    HostRecord,
     LeaseOutcome,
     LeaseRecord,
     LeaseState,
+    Replicate,
+    RunStatus,
     SlotRecord,
     SlotState,
+    Store,
+    TrialRecord,
+    TrialStatus,
     config_key,
+    local_machine,
 )
-from cleanslate.store._trials import TrialRecord, TrialStatus
+from cleanslate.tune._systemic import stop_if_systemic
+from cleanslate.tune.race import Racer, tie_set
 from cleanslate.tune.space import distributions, mark_feasible, planned_configs, trial_budget
 from cleanslate.tune.study import Slot, StudySpec
-from cleanslate.tune.trial import HostQuarantined, Interrupted, run_trial, verdict_of
+from cleanslate.tune.trial import (
+    HostQuarantined,
+    Interrupted,
+    run_replicate,
+    run_trial,
+    verdict_of,
+)
 from cleanslate.tune.view import TuneView
 from cleanslate.verdict.check import CheckOptions, CheckReport, check_hosts
 from cleanslate.verdict.findings import Finding, Severity, Verdict
@@ -80,6 +92,11 @@ LEASE_ATTR = "lease"
 #: Why a slot's worker stopped: its share of the plan or budget is done, the time budget is
 #: used, it was asked to stop, or the slot is quarantined.
 DONE, HOURS, INTERRUPTED, QUARANTINE = "done", "hours", "interrupted", "quarantine"
+
+
+class LeaseLost(CleanslateError):
+    """A slot's lease expired while it measured more of its trial (a race): it stops measuring;
+    the trial's result already recorded stands or is discarded by the lease's release."""
 
 
 # -- workers ---------------------------------------------------------------------------------------
@@ -424,18 +441,14 @@ class Fleet:
                 say(f"trial #{trial.number} on this slot")
             record = await run_trial(executor, self.store, spec, trial.number,
                                      dict(lease.params), gpu_backend=self.gpu_backend, say=say,
-                                     stop=self.stop, run_id=lease.run_id, exclusions=exclusions)
+                                     stop=self.stop, run_id=lease.run_id, exclusions=exclusions,
+                                     slot=slot.key)
+            record, lease, stopped = await self._statistics(record, lease, slot, executor,
+                                                            spec, exclusions, say)
         except HostQuarantined as exc:
             self._fail(trial)
             self.store.release_lease(lease, LeaseOutcome.REQUEUED, "the slot is quarantined")
-            findings = _errors(exc.report)
-            self.store.save_slot(SlotRecord(
-                study=spec.name, slot=slot.key, host=executor.name, gpus=slot.gpus,
-                port=slot.port, state=SlotState.QUARANTINED, reason=str(exc),
-                findings=findings))
-            say(f"slot {slot.key} quarantined: {exc!s}")
-            end.why, end.message, end.report = QUARANTINE, str(exc), exc.report
-            end.infra_failures += 1
+            self._quarantine(slot, executor, spec, exc, say, end)
             return
         except Interrupted:
             self._fail(trial)
@@ -453,6 +466,8 @@ class Fleet:
                 heart.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heart
+        if stop_if_systemic(self, trial, lease, record, spec, say, end):
+            return  # not the configuration's failure: re-queued, every slot stopped
         if not self.store.release_lease(lease, LeaseOutcome.RESULT):
             # The lease expired while the trial ran: another worker runs the configuration,
             # and this run does not count (no configuration counted twice).
@@ -470,6 +485,78 @@ class Fleet:
             say(f"Optuna did not take trial #{trial.number}'s value: {exc}")
         self._back_to_ok(slot, executor.name, record)
         self.view.trial_finished(record, best_trial(self.store.trials(spec.name), spec))
+        if stopped is not None:
+            self._stopped_in_race(stopped, slot, executor, spec, say, end)
+
+    async def _statistics(self, record: TrialRecord, lease: LeaseRecord, slot: Slot,
+                          executor: Executor, spec: StudySpec, exclusions: Exclusions,
+                          say: Callable[[str], None],
+                          ) -> tuple[TrialRecord, LeaseRecord, BaseException | None]:
+        """After a trial's first measurement: more of them, as the study's ``statistics:``
+        asks (``docs/statistics.md``): ``replicates: N`` measures it until it has ``N``;
+        ``auto`` races it against the incumbent on this slot when it is within the noise.
+        Each measurement is a verified cycle under this slot's lease (a new run id bound to
+        it before each launch). Returns the trial as recorded, the lease, and what stopped the
+        measurements early (``Interrupted``, ``HostQuarantined``), for the caller to act on
+        once the trial's result is in."""
+        stats = spec.statistics
+        if record.status != TrialStatus.FEASIBLE or (not stats.racing and
+                                                    stats.fixed_count() <= 1):
+            return record, lease, None
+        bound = lease
+
+        async def measure(trial: TrialRecord, seed: int, pair: int,
+                          against: int | None) -> Replicate:
+            nonlocal bound
+            try:
+                bound = self.store.bind_lease(bound, run_id=new_run_id())
+            except ValueError:  # the lease expired: this slot no longer owns the trial
+                raise LeaseLost(f"lease {bound.id} expired during the race") from None
+            say(f"trial {trial.number}: one more measurement (seed {seed})")
+            return await run_replicate(executor, self.store, spec, trial, seed, pair=pair,
+                                       against=against, gpu_backend=self.gpu_backend, say=say,
+                                       stop=self.stop, exclusions=exclusions, slot=slot.key,
+                                       run_id=bound.run_id)
+
+        racer = Racer(spec, load=self._latest_trial, save=self.store.save_trial,
+                      measure=measure, trials=lambda: self.store.trials(spec.name), say=say)
+        if stats.racing:
+            result = await racer.race(record, slot.key)
+        else:
+            result = await racer.repeat(record)
+        return result.challenger, bound, result.stopped
+
+    def _latest_trial(self, number: int) -> TrialRecord | None:
+        """The last record of trial ``number`` in the store."""
+        found = [t for t in self.store.trials(self.spec.name) if t.number == number]
+        return found[-1] if found else None
+
+    def _stopped_in_race(self, stopped: BaseException, slot: Slot, executor: Executor,
+                         spec: StudySpec, say: Callable[[str], None], end: SlotEnd) -> None:
+        """A replicate was interrupted or found its host dirty, after the trial's own result
+        was recorded: the slot stops as it would after a trial (quarantined or interrupted);
+        anything else goes on up."""
+        if isinstance(stopped, Interrupted):
+            end.why = INTERRUPTED
+            return
+        if isinstance(stopped, HostQuarantined):
+            self._quarantine(slot, executor, spec, stopped, say, end)
+            return
+        if isinstance(stopped, LeaseLost):
+            say(f"{stopped}: the race ends undecided here, the slot goes on")
+            return
+        raise stopped
+
+    def _quarantine(self, slot: Slot, executor: Executor, spec: StudySpec,
+                    exc: HostQuarantined, say: Callable[[str], None], end: SlotEnd) -> None:
+        """Record the slot quarantined with the findings of ``exc``; the slot's worker stops."""
+        self.store.save_slot(SlotRecord(
+            study=spec.name, slot=slot.key, host=executor.name, gpus=slot.gpus,
+            port=slot.port, state=SlotState.QUARANTINED, reason=str(exc),
+            findings=_errors(exc.report)))
+        say(f"slot {slot.key} quarantined: {exc!s}")
+        end.why, end.message, end.report = QUARANTINE, str(exc), exc.report
+        end.infra_failures += 1
 
     def _fail(self, trial: optuna.trial.Trial | None) -> None:
         if trial is not None:
@@ -484,6 +571,10 @@ class Fleet:
             trial.set_user_attr("cause", record.cause)
         if record.run_id:
             trial.set_user_attr("run_id", record.run_id)
+        if record.replicates:
+            # The sampler gets the mean; the measurements it is the mean of are kept beside it.
+            trial.set_user_attr("replicates", [r.value for r in record.replicates])
+            trial.set_user_attr("ci", [record.ci_low, record.ci_high])
         penalty = 0.0 if spec.objective.direction == "maximize" else 1e12
         self.study.tell(trial, record.value if record.value is not None else penalty)
 
@@ -594,16 +685,9 @@ class Fleet:
 
 
 def best_trial(trials: list[TrialRecord], spec: StudySpec) -> TrialRecord | None:
-    """The feasible trial with the best value in the objective's direction."""
-    feasible = [t for t in trials if t.status == TrialStatus.FEASIBLE and t.value is not None]
-    if not feasible:
-        return None
-
-    def key(t: TrialRecord) -> float:
-        return t.value or 0.0
-
-    return max(feasible, key=key) if spec.objective.direction == "maximize" else min(
-        feasible, key=key)
+    """The feasible trial with the best value in the objective's direction, among those no
+    race beat (:func:`cleanslate.tune.race.tie_set`)."""
+    return tie_set(trials, spec).best
 
 
 __all__ = ["LEASE_ATTR", "Fleet", "SlotEnd", "best_trial", "other_slots_markers", "worker_gone",

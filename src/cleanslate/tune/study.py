@@ -53,25 +53,31 @@ from pydantic import (
 )
 
 from cleanslate.bench import (
+    CAPACITY_OBJECTIVES,
+    DEFAULT_CLIFF,
+    DEFAULT_MAX_EXTENSIONS,
+    DEFAULT_MAX_LOAD,
+    DEFAULT_MAX_PROBES,
+    DEFAULT_START,
+    DEFAULT_TOLERANCE,
     LEVEL_METRICS,
-    SLO,
-    BenchConfig,
-    ClosedLoop,
-    LevelResult,
-    workload_from_dict,
-)
-from cleanslate.bench._limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
     MAX_LEVELS,
     MAX_NUM_PROMPTS,
+    SLO,
+    BenchConfig,
+    CapacitySearch,
+    CapacitySLO,
+    ClosedLoop,
+    LevelResult,
+    workload_from_dict,
 )
-from cleanslate.config import line_of, load_yaml_model
-from cleanslate.engines import engine_class
-from cleanslate.engines._flags import flag_args
+from cleanslate.config import line_of, read_yaml, validation_error
+from cleanslate.engines import engine_class, flag_args
 from cleanslate.errors import InputError
 from cleanslate.launch.config import ServerFields
-from cleanslate.store._trials import level_metric
+from cleanslate.store import level_metric
 from cleanslate.tune.factors import (
     MAX_POINTS,
     SAMPLED_STRATEGIES,
@@ -90,6 +96,11 @@ _SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el?)_(mean|median|p50|p90|p95|p99|p99\
 #: option), at most 100 characters: nothing in it can end a line, leave a folder or need quoting.
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 MAX_STUDY_NAME = 100
+
+#: The default warm-up of each server of a study: one request per slot of its first level,
+#: within these bounds.
+MIN_WARMUP = 8
+MAX_WARMUP = 256
 
 #: Factors (flags) in the search space.
 MAX_FACTORS = 100
@@ -193,16 +204,26 @@ class Objective(BaseModel):
     def _one(self) -> Objective:
         if (self.maximize is None) == (self.minimize is None):
             raise ValueError("give exactly one of maximize: METRIC or minimize: METRIC")
-        if self.metric not in LEVEL_METRICS:
+        if self.minimize in CAPACITY_OBJECTIVES:
+            raise ValueError(f"{self.minimize} is the most load served within the SLOs: it is "
+                             f"maximized (objective: {{maximize: {self.minimize}}})")
+        if self.metric not in LEVEL_METRICS and self.metric not in CAPACITY_OBJECTIVES:
             raise ValueError(
                 f"{self.metric!r} is not a metric of a benchmark level; e.g. "
                 "output_throughput, total_token_throughput, request_throughput, "
-                "request_goodput, p99_ttft_ms, mean_tpot_ms, p99_e2el_ms (docs/bench.md)")
+                "request_goodput, p99_ttft_ms, mean_tpot_ms, p99_e2el_ms (docs/bench.md), "
+                "or a capacity: max_concurrency_under_slo, max_goodput (docs/study.md)")
         return self
 
     @property
     def metric(self) -> str:
         return self.maximize or self.minimize or ""
+
+    @property
+    def capacity(self) -> bool:
+        """Whether the objective is the answer of a capacity search
+        (``max_concurrency_under_slo``, ``max_goodput``), not a level's key."""
+        return self.metric in CAPACITY_OBJECTIVES
 
     @property
     def direction(self) -> Literal["maximize", "minimize"]:
@@ -232,11 +253,75 @@ class Objective(BaseModel):
         return pick(scored, key=lambda pair: pair[0])[1]
 
 
+class CapacitySpec(BaseModel):
+    """``capacity:``, the search a trial runs with a capacity objective (``docs/study.md``,
+    "Capacity under an SLO"): double the concurrency from ``start`` while probes pass (up to
+    ``max_load``), then bisect to ``tolerance``; a probe passes when the Wilson interval of each
+    SLO's attainment (or, with ``attainment``, of the share of requests that met every limit)
+    is at or above its target, and one that straddles it is measured again up to
+    ``max_extensions`` times, then ``unresolved``. ``cliff``: a fall in output throughput
+    between two passing probes beyond this share is reported. Defaults: those of
+    ``cleanslate bench --find-max`` (:mod:`cleanslate.bench._capacity`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(default=int(DEFAULT_START["concurrency"]), ge=1, le=MAX_CONCURRENCY)
+    max_load: int = Field(default=int(DEFAULT_MAX_LOAD["concurrency"]), ge=1,
+                          le=MAX_CONCURRENCY)
+    tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0, lt=1)
+    attainment: float | None = Field(default=None, gt=0, lt=1)
+    max_probes: int = Field(default=DEFAULT_MAX_PROBES, ge=1, le=100)
+    max_extensions: int = Field(default=DEFAULT_MAX_EXTENSIONS, ge=0, le=20)
+    cliff: float = Field(default=DEFAULT_CLIFF, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CapacitySpec:
+        if self.start > self.max_load:
+            raise ValueError(f"start ({self.start}) is above max_load ({self.max_load})")
+        return self
+
+
 class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     trials: int | None = Field(default=None, ge=1)
     hours: float | None = Field(default=None, gt=0)
+
+
+class Statistics(BaseModel):
+    """How sure a study is of its numbers (``docs/statistics.md``).
+
+    ``replicates``: ``1`` measures each configuration once (single-shot); ``N`` measures each
+    ``N`` times (a new server each time, the same seeds for every configuration); ``auto``
+    measures each once and races a configuration whose first measurement comes within the noise
+    of the incumbent against it, in interleaved pairs, until the pairs' difference is a win, a
+    loss or a tie (inside ``tie_margin``) or ``max_replicates`` pairs are used (undecided).
+    ``confidence`` is that of every interval; ``max_error_rate`` the share of failed requests
+    above which a level is not a throughput result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replicates: Literal["auto"] | int = 1
+    tie_margin: float = Field(default=0.03, gt=0, lt=0.5)
+    confidence: float = Field(default=0.95, ge=0.5, le=0.999)
+    max_replicates: int = Field(default=5, ge=2, le=50)
+    max_error_rate: float = Field(default=0.01, ge=0, lt=1)
+
+    @field_validator("replicates")
+    @classmethod
+    def _replicates(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if isinstance(value, bool) or (isinstance(value, int) and not 1 <= value <= 50):
+            raise ValueError("replicates is auto or a number from 1 to 50")
+        return value
+
+    @property
+    def racing(self) -> bool:
+        return self.replicates == "auto"
+
+    def fixed_count(self) -> int:
+        """Measurements per configuration with a fixed ``replicates`` (1 with ``auto``: a race
+        adds its own)."""
+        return 1 if self.replicates == "auto" else int(self.replicates)
 
 
 class StudySpec(ServerFields):
@@ -252,12 +337,19 @@ class StudySpec(ServerFields):
     workload: dict[str, Any] = Field(
         default_factory=lambda: {"kind": "random", "input_len": 1024, "output_len": 256})
     endpoint: Literal["completions", "chat"] = "completions"
-    concurrency: list[int] = Field(min_length=1, max_length=MAX_LEVELS)
+    concurrency: list[int] = Field(
+        default_factory=list, max_length=MAX_LEVELS,
+        description="the levels of every trial (required but with a capacity objective, "
+        "which searches the load itself)")
     requests_per_level: int | None = Field(default=None, ge=1, le=MAX_NUM_PROMPTS)
     duration_s_per_level: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
-    warmup: int = Field(default=0, ge=0, le=MAX_NUM_PROMPTS)
+    warmup: int | None = Field(
+        default=None, ge=0, le=MAX_NUM_PROMPTS,
+        description="requests sent to each server and not measured before its first level; "
+        "None: one per slot of the first level (at least 8, at most 256)")
     objective: Objective = Field(default_factory=lambda: Objective(maximize="output_throughput"))
     slo: dict[str, float] = Field(default_factory=dict)
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec)
     budget: Budget = Field(default_factory=Budget)
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Optuna's and the prompts'")
     verify_deadline_s: float = Field(default=120.0, gt=0, le=MAX_VERIFY_DEADLINE_S)
@@ -267,6 +359,7 @@ class StudySpec(ServerFields):
     slots: list[SlotSpec] | None = Field(default=None, min_length=1, max_length=MAX_SLOTS)
     lease_timeout_s: float = Field(default=60.0, ge=1, le=86_400,
                                    description="a lease without a heartbeat this long expires")
+    statistics: Statistics = Field(default_factory=Statistics)
 
     @field_validator("name")
     @classmethod
@@ -333,6 +426,16 @@ class StudySpec(ServerFields):
 
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
+        mismatch = capacity_problem(self.objective.metric, self.slo, self.concurrency,
+                                    self.capacity.attainment)
+        if mismatch is not None:
+            raise ValueError(f"{mismatch[0]}: {mismatch[1]}")
+        if self.objective.capacity:
+            try:
+                self.capacity_search()
+            except ValueError as exc:
+                raise ValueError(f"capacity: {str(exc).removeprefix('Value error, ')}"
+                                 ) from None
         overlap = set(self.fixed) & set(self.space)
         if overlap:
             raise ValueError(f"flags both fixed and searched: {', '.join(sorted(overlap))}")
@@ -395,17 +498,49 @@ class StudySpec(ServerFields):
         return None
 
     def bench_config(self, url: str, *, ignore_eos: bool) -> BenchConfig:
-        """The benchmark of every trial's levels against the server at ``url``."""
+        """The benchmark of every trial's levels against the server at ``url`` (with a
+        capacity objective, one level at the search's start: the search sets its own)."""
         slo = SLO(**{k: v for k, v in (("ttft_ms", self.slo.get("ttft_p99_ms")),
                                        ("tpot_ms", self.slo.get("tpot_p99_ms")),
                                        ("e2e_ms", self.slo.get("e2e_p99_ms"))) if v})
         return BenchConfig(
             url=url, model=self.model, endpoint=self.endpoint,
             workload=workload_from_dict(self.workload, where="workload"),
-            loads=tuple(ClosedLoop(concurrency=c) for c in self.concurrency),
+            loads=tuple(ClosedLoop(concurrency=c) for c in self.concurrency) or (
+                ClosedLoop(concurrency=self.capacity.start),),
             num_prompts=self.requests_per_level, duration_s=self.duration_s_per_level,
             seed=self.seed, slo=slo, ignore_eos=ignore_eos,
         )
+
+    def warmup_requests(self) -> int:
+        """Requests each server gets, unmeasured, before its first level: ``warmup``, or by
+        default one per slot of the first level, at least :data:`MIN_WARMUP` and at most
+        :data:`MAX_WARMUP` (on an H200 the first level after a start was the slowest every
+        time without it: ``docs/statistics.md``)."""
+        if self.warmup is not None:
+            return self.warmup
+        first = self.concurrency[0] if self.concurrency else self.capacity.start
+        return max(MIN_WARMUP, min(MAX_WARMUP, first))
+
+    def capacity_slo(self) -> CapacitySLO:
+        """What a probe of the capacity search must meet: the study's SLOs as level keys
+        (:meth:`slo_limits`), or with ``capacity.attainment`` each SLO's limit per request
+        (``tpot_p99_ms: 50`` -> ``tpot_ms: 50``: the share of requests meeting every limit must
+        reach the attainment), at the study's confidence."""
+        limits = self.slo_limits()
+        if self.capacity.attainment is not None:
+            per_request = CapacitySLO(limits=limits).per_request()
+            limits = {k: v for k, v in per_request.model_dump().items() if v is not None}
+        return CapacitySLO(limits=limits, attainment=self.capacity.attainment,
+                           confidence=self.statistics.confidence)
+
+    def capacity_search(self) -> CapacitySearch:
+        """A fresh capacity search of one trial (or replicate): on concurrency, from
+        ``capacity.start``, the same for every measurement of every configuration."""
+        c = self.capacity
+        return CapacitySearch("concurrency", self.capacity_slo(), start=c.start,
+                              max_load=c.max_load, tolerance=c.tolerance,
+                              max_probes=c.max_probes, cliff=c.cliff)
 
     def slo_limits(self) -> dict[str, float]:
         """SLOs as level keys: ``ttft_p99_ms`` -> ``p99_ttft_ms`` (vLLM's spelling)."""
@@ -424,6 +559,54 @@ class StudySpec(ServerFields):
 
     def grid_size(self) -> int:
         return math.prod(len(self.factor_values(n)) for n in self.space)
+
+
+def capacity_problem(metric: object, slo: object, concurrency: object,
+                     attainment: object) -> tuple[str, str] | None:
+    """What is wrong between a capacity objective and the keys around it, as ``(key,
+    message)``: a capacity objective needs ``slo:`` and takes no ``concurrency:`` (it searches
+    the load itself), with ``capacity.attainment`` every SLO has a per-request limit (TTFT,
+    TPOT, E2E: not ITL); any other objective needs ``concurrency:``. ``None`` when nothing
+    is. Reads raw values too (the file before it is validated, for the line of the key)."""
+    if metric in CAPACITY_OBJECTIVES:
+        if not slo:
+            return ("objective", f"{metric} is the most load served within the SLOs: give "
+                    "slo: (e.g. slo: {tpot_p90_ms: 50})")
+        if concurrency:
+            return ("concurrency", f"{metric} searches the load itself: leave concurrency: "
+                    "out and set capacity: {start: ..., max_load: ...}")
+        if attainment is not None and isinstance(slo, dict):
+            itl = [k for k in slo if str(k).startswith("itl_")]
+            if itl:
+                return ("slo", f"{itl[0]}: with capacity.attainment every SLO is a limit per "
+                        "request, and ITL has none: use ttft_*, tpot_* or e2e_* keys")
+        return None
+    if not concurrency:
+        return ("concurrency", "give the levels of every trial (e.g. concurrency: [64, 256]); "
+                "only a capacity objective (max_concurrency_under_slo, max_goodput) goes "
+                "without")
+    return None
+
+
+def _check_capacity_keys(data: object, root: yaml.Node | None, path: Path) -> None:
+    """The capacity objective's needs (:func:`capacity_problem`), checked on the file as
+    written so that the error names the line of the key at fault."""
+    if not isinstance(data, dict):
+        return
+    objective = data.get("objective")
+    metric = None
+    if isinstance(objective, dict):
+        metric = objective.get("maximize", objective.get("minimize"))
+    capacity = data.get("capacity")
+    attainment = capacity.get("attainment") if isinstance(capacity, dict) else None
+    if not isinstance(metric, str) or "minimize" in (objective or {}):
+        return  # a bad or minimized objective is the model's error, at its line
+    problem = capacity_problem(metric, data.get("slo"), data.get("concurrency"), attainment)
+    if problem is not None:
+        key, message = problem
+        loc: tuple[int | str, ...] = (key,) if key in data else ("objective",)
+        raise InputError(f"{key}: {message}", where=_at(path, root, loc),
+                         hint="see docs/study.md, \"Capacity under an SLO\"")
 
 
 def _at(path: Path, root: yaml.Node | None, loc: tuple[int | str, ...]) -> str:
@@ -473,8 +656,16 @@ def _check_dataset(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
 def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
     """Load and validate a study file, everything that can be checked before a launch
     (see the module docstring); errors name file:line (exit 2)."""
-    spec, root = load_yaml_model(path, StudySpec,
-                                 hint="see docs/study.md for the keys of a study file")
+    hint = "see docs/study.md for the keys of a study file"
+    data, root = read_yaml(path)
+    _check_capacity_keys(data, root, path)
+    if not isinstance(data, dict):
+        raise InputError("expected a mapping of keys to values at the top level",
+                         where=f"{path}:1", hint=hint)
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(path, root, exc, hint) from None
     _check_flags(spec, root, path)
     _check_distributions(spec, root, path)
     _check_dataset(spec, root, path)

@@ -23,8 +23,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cleanslate.bench import LevelResult, run_level
-from cleanslate.bench._client import printable
+from cleanslate.bench import (
+    CapacityResult,
+    ClosedLoop,
+    LevelResult,
+    Probe,
+    ProbeVerdict,
+    printable,
+    run_level,
+    share_target,
+    worst_check,
+)
+from cleanslate.errors import CleanslateError
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.config import ServeConfig
 from cleanslate.launch.lifecycle import (
@@ -36,8 +46,17 @@ from cleanslate.launch.lifecycle import (
     stop_server,
 )
 from cleanslate.launch.ready import classify_run_log, log_tail
-from cleanslate.store import RunRecord, RunStatus, Store
-from cleanslate.store._trials import LevelVerdict, TrialRecord, TrialStatus, level_metric
+from cleanslate.stats import wilson
+from cleanslate.store import (
+    LevelVerdict,
+    Replicate,
+    RunRecord,
+    RunStatus,
+    Store,
+    TrialRecord,
+    TrialStatus,
+    level_metric,
+)
 from cleanslate.tune.study import StudySpec
 from cleanslate.verdict.check import CheckReport
 from cleanslate.verdict.findings import Finding, Severity, Verdict
@@ -45,7 +64,7 @@ from cleanslate.verdict.findings import Finding, Severity, Verdict
 Say = Callable[[str], None]
 
 
-class HostQuarantined(Exception):
+class HostQuarantined(CleanslateError):
     """The host stayed dirty (or unreachable) after cleaning: it takes no more trials."""
 
     def __init__(self, message: str, report: CheckReport | None = None) -> None:
@@ -53,7 +72,7 @@ class HostQuarantined(Exception):
         self.report = report
 
 
-class Interrupted(Exception):
+class Interrupted(CleanslateError):
     """The controller was asked to stop (Ctrl-C, SIGTERM) during a trial."""
 
 
@@ -77,6 +96,36 @@ def slo_misses(level: LevelResult, limits: dict[str, float]) -> list[str]:
         if value is None or value > limit:
             shown = "no samples" if value is None else f"{value:.1f}"
             out.append(f"{key} {shown} > {limit:g}")
+    return out
+
+
+def pool_counts(*levels: LevelResult) -> dict[str, tuple[int, int]]:
+    """The levels' ``limit_counts`` summed key by key."""
+    out: dict[str, tuple[int, int]] = {}
+    for level in levels:
+        for key, (met, n) in level.limit_counts.items():
+            m0, n0 = out.get(key, (0, 0))
+            out[key] = (m0 + met, n0 + n)
+    return out
+
+
+def slo_attainment(level: LevelResult, limits: dict[str, float], confidence: float,
+                   counts: dict[str, tuple[int, int]] | None = None) -> dict[str, dict[str, Any]]:
+    """Per percentile SLO: the requests that met its limit, of how many, the target share,
+    and the Wilson interval of the share; ``straddles`` when the interval holds the target and
+    at least one request missed (a level without a miss is not re-measured: more requests can
+    only confirm it)."""
+    counts = counts if counts is not None else dict(level.limit_counts)
+    out: dict[str, dict[str, Any]] = {}
+    for key in limits:
+        target = share_target(key)
+        if target is None or key not in counts:
+            continue
+        met, n = counts[key]
+        low, high = wilson(met, n, confidence)
+        out[key] = {"met": met, "n": n, "target": target, "low": round(low, 5),
+                    "high": round(high, 5), "straddles": low < target < high and met < n,
+                    "remeasured": False}
     return out
 
 
@@ -142,18 +191,123 @@ async def run_trial(
     stop: asyncio.Event | None = None,
     run_id: str | None = None,
     exclusions: Exclusions | None = None,
+    slot: str | None = None,
+    seed: int | None = None,
+    only: tuple[str, ...] | None = None,
+    save: Callable[[TrialRecord], TrialRecord] | None = None,
 ) -> TrialRecord:
     """Run one configuration through the whole cycle and record it (see the module doc).
 
     A slot of a fleet passes ``run_id`` (recorded in its lease before the launch) and
     ``exclusions`` (the markers of the other slots' runs on the host, which its checks and
-    cleanings leave alone: :func:`~cleanslate.launch.lifecycle.verify_options`)."""
+    cleanings leave alone: :func:`~cleanslate.launch.lifecycle.verify_options`), and ``slot``
+    (its key, recorded). One more measurement of a configuration (:func:`run_replicate`) passes
+    ``seed`` (its prompts' seed instead of the study's), ``only`` (the levels to run:
+    :func:`replicate_levels`) and ``save`` (where its record goes instead of the store's trials)."""
     say = say or (lambda _m: None)
+    save = save or store.save_trial
     config = serve_config(spec, params)
-    record = store.save_trial(TrialRecord(study=spec.name, number=number, params=params,
-                                          flags=config.flags, host=executor.name))
+    record = save(TrialRecord(study=spec.name, number=number, params=params,
+                              flags=config.flags, host=executor.name, slot=slot))
     started = time.monotonic()
+    return await _cycle(executor, store, spec, number, config, record, started,
+                        gpu_backend=gpu_backend, say=say, stop=stop, run_id=run_id,
+                        exclusions=exclusions, seed=seed, only=only, save=save)
 
+
+#: A level whose value in a trial's first measurement was within this share of its best level's
+#: could be the best of another measurement (beyond the 2-5 % restart noise seen on an H200,
+#: docs/statistics.md): a replicate climbs up to the highest such level.
+NEAR_BEST = 0.10
+
+
+def replicate_levels(trial: TrialRecord, spec: StudySpec) -> tuple[str, ...] | None:
+    """The levels a replicate of ``trial`` runs: its ladder from the first level up to the
+    highest one that met the SLOs in its first measurement with an objective within
+    :data:`NEAR_BEST` of its best level's (the best at least). The replicate climbs them as the
+    first measurement did, and its value is the best of them: the same procedure, so that all
+    measurements of a configuration are draws of one distribution. (A replicate that ran its
+    best level alone after a warm-up ran below the first measurement in 4 of 4 cases on an H200,
+    x1.01 to x1.40: a warm-up is not the ladder.) ``None`` (every level) without a best, and
+    with a capacity objective (a replicate runs the whole search again)."""
+    if spec.objective.capacity:
+        return None
+    best = trial.level(trial.best_level)
+    top = spec.objective.value(best) if best is not None else None
+    if top is None:
+        return None
+    maximize = spec.objective.direction == "maximize"
+    labels = [level.label for level in trial.levels]
+    last = labels.index(trial.best_level) if trial.best_level in labels else len(labels) - 1
+    for index, level in enumerate(trial.levels):
+        value = spec.objective.value(level)
+        if trial.level_verdicts.get(level.label) != LevelVerdict.OK or value is None:
+            continue
+        near = value >= top * (1 - NEAR_BEST) if maximize else value <= top * (1 + NEAR_BEST)
+        if near:
+            last = max(last, index)
+    return tuple(labels[:last + 1]) or None
+
+
+def gpu_seconds(record: TrialRecord, spec: StudySpec) -> float:
+    """A cycle's GPU-seconds: its wall time times the GPUs its slot holds (1 when the study
+    names none)."""
+    wall = (record.finished_at or time.time()) - record.started_at
+    return round(max(0.0, wall) * max(1, len(spec.gpus or ())), 3)
+
+
+async def run_replicate(
+    executor: Executor, store: Store, spec: StudySpec, trial: TrialRecord, seed: int, *,
+    pair: int | None = None, against: int | None = None, gpu_backend: str = "auto",
+    say: Say | None = None, stop: asyncio.Event | None = None,
+    exclusions: Exclusions | None = None, slot: str | None = None,
+    run_id: str | None = None,
+) -> Replicate:
+    """One more measurement of ``trial``'s configuration: a whole verified cycle with the
+    prompts of ``seed``, warmed up, then its ladder up to the levels that could be its best
+    (:func:`replicate_levels`). The server's run is
+    recorded like any (with the trial's number); the measurement is returned, for the caller
+    to add to the trial. Raises what :func:`run_trial` raises (``HostQuarantined``,
+    ``Interrupted``)."""
+    kept: list[TrialRecord] = []
+
+    def keep(record: TrialRecord) -> TrialRecord:
+        kept[:] = [record]
+        return record
+
+    record = await run_trial(executor, store, spec, trial.number, dict(trial.params),
+                             gpu_backend=gpu_backend, say=say, stop=stop, run_id=run_id,
+                             exclusions=exclusions, slot=slot, seed=seed,
+                             only=replicate_levels(trial, spec), save=keep)
+    return Replicate(index=len(trial.replicates), seed=seed, status=record.status,
+                     value=record.value, best_level=record.best_level, cause=record.cause,
+                     detail=record.detail, levels=record.levels,
+                     level_verdicts=record.level_verdicts, run_id=record.run_id,
+                     host=record.host, slot=slot, pair=pair, against=against,
+                     gpu_s=record.gpu_s, started_at=record.started_at,
+                     finished_at=record.finished_at, capacity=record.capacity)
+
+
+async def _cycle(
+    executor: Executor, store: Store, spec: StudySpec, number: int, config: ServeConfig,
+    record: TrialRecord, started: float, *, gpu_backend: str, say: Say,
+    stop: asyncio.Event | None, run_id: str | None, exclusions: Exclusions | None,
+    seed: int | None, only: tuple[str, ...] | None, save: Callable[[TrialRecord], TrialRecord],
+) -> TrialRecord:
+
+    store_save = save
+
+    class _Saver:
+        """Every record of the cycle goes to ``save``, its GPU-seconds computed when it is
+        finished."""
+
+        @staticmethod
+        def save_trial(trial: TrialRecord) -> TrialRecord:
+            if trial.finished_at is not None:
+                trial = trial.model_copy(update={"gpu_s": gpu_seconds(trial, spec)})
+            return store_save(trial)
+
+    saver = _Saver()
     outcome: StartOutcome | None = None
     try:
         for attempt in range(spec.retries + 1):
@@ -168,12 +322,13 @@ async def run_trial(
                     attempt == spec.retries:
                 break
     except BaseException as exc:  # recorded, its runs stopped, then raised again
-        await _abandon(executor, store, spec, record, exc, {}, say, exclusions)
+        await _abandon(executor, store, spec, record, exc, {}, say, exclusions,
+                       save=saver.save_trial)
         raise
     assert outcome is not None
     if outcome.refused is not None:
         verdict, findings = _summary(outcome.refused)
-        store.save_trial(record.model_copy(update={
+        saver.save_trial(record.model_copy(update={
             "status": TrialStatus.INFRA_FAILED, "cause": "host_not_clean",
             "detail": "; ".join(f.message for f in findings[:5]),
             "verdict_before": verdict, "findings_before": findings,
@@ -186,7 +341,7 @@ async def run_trial(
     record = record.model_copy(update={
         "run_id": run.id if run else None, "argv": run.argv if run else (),
         "verdict_before": before_verdict, "findings_before": before_findings})
-    store.save_trial(record)
+    saver.save_trial(record)
     if not outcome.ok:
         verdict_after, findings_after = _summary(
             outcome.teardown.verify if outcome.teardown else None)
@@ -194,7 +349,7 @@ async def run_trial(
             # Asked to stop while the server started: the signal that reached this process
             # (Slurm's scancel, a preemption) most likely reached the engine and its
             # supervisor too, so the failure says nothing of the configuration.
-            store.save_trial(record.model_copy(update={
+            saver.save_trial(record.model_copy(update={
                 "status": TrialStatus.INFRA_FAILED, "cause": "interrupted",
                 "detail": f"stopped while the server started ({outcome.cause}: "
                           f"{outcome.detail})", "log_tail": outcome.log_tail[-4000:],
@@ -204,12 +359,12 @@ async def run_trial(
         if outcome.host_failed:
             # The run folder or the supervisor failed, not the engine's command line: the slot
             # takes no more trials, and this configuration goes to another slot.
-            store.save_trial(record.model_copy(update={
+            saver.save_trial(record.model_copy(update={
                 "status": TrialStatus.INFRA_FAILED, "cause": "launch_failed",
                 "detail": outcome.detail, "phases": phases, "verdict_after": verdict_after,
                 "findings_after": findings_after, "finished_at": time.time()}))
             raise HostQuarantined(f"{executor.name} could not start a run: {outcome.detail}")
-        return store.save_trial(record.model_copy(update={
+        return saver.save_trial(record.model_copy(update={
             "status": TrialStatus.INFEASIBLE, "cause": outcome.cause, "detail": outcome.detail,
             "log_tail": outcome.log_tail[-4000:], "phases": phases,
             "verdict_after": verdict_after, "findings_after": findings_after,
@@ -217,13 +372,20 @@ async def run_trial(
     assert run is not None
     levels: list[LevelResult] = []
     level_verdicts: dict[str, LevelVerdict] = {}
+    slo_checks: dict[str, dict[str, Any]] = {}
     cause: str | None = None
     detail: str | None = None
     crashed = False
     failure: BaseException | None = None
+    capacity: CapacityResult | None = None
     try:
-        levels, level_verdicts, cause, detail, crashed = await _levels(
-            executor, spec, config, run, phases, say, stop)
+        if spec.objective.capacity:
+            levels, level_verdicts, cause, detail, crashed, capacity = await _capacity_levels(
+                executor, spec, config, run, phases, say, stop, seed=seed)
+        else:
+            levels, level_verdicts, cause, detail, crashed = await _levels(
+                executor, spec, config, run, phases, say, stop, seed=seed, only=only,
+                checks=slo_checks)
     except BaseException as exc:  # torn down, verified and recorded below, then raised again
         failure = exc
         cause, detail = "controller_error", _describe(exc)
@@ -243,7 +405,7 @@ async def run_trial(
     except BaseException as exc:
         # The run stays recorded as running: the next start of this study stops it.
         phases["teardown_s"] = round(time.monotonic() - t0, 3)
-        store.save_trial(record.model_copy(update={
+        saver.save_trial(record.model_copy(update={
             "status": TrialStatus.INFRA_FAILED, "cause": "teardown_failed",
             "detail": _describe(exc) + (f" (after {detail})" if failure is not None else ""),
             "phases": phases, "verdict_after": Verdict.UNKNOWN, "finished_at": time.time()}))
@@ -252,27 +414,34 @@ async def run_trial(
     phases["total_s"] = round(time.monotonic() - started, 3)
     verdict_after, findings_after = _summary(report.verify)
     if failure is not None:
-        store.save_trial(record.model_copy(update={
+        saver.save_trial(record.model_copy(update={
             "status": TrialStatus.INFRA_FAILED, "cause": cause, "detail": detail,
             "levels": tuple(levels), "phases": phases,
             "verdict_after": verdict_after, "findings_after": findings_after,
             "finished_at": time.time()}))
         raise failure
     if stop is not None and stop.is_set():
-        store.save_trial(record.model_copy(update={
+        saver.save_trial(record.model_copy(update={
             "status": TrialStatus.INFRA_FAILED, "cause": "interrupted", "phases": phases,
             "verdict_after": verdict_after, "finished_at": time.time()}))
         raise Interrupted()
+    if capacity is not None:
+        return saver.save_trial(record.model_copy(update={
+            **capacity_fields(spec, capacity, cause if crashed else None),
+            "levels": tuple(levels), "level_verdicts": level_verdicts, "phases": phases,
+            "log_tail": tail[-4000:] if tail else None,
+            "verdict_after": verdict_after, "findings_after": findings_after,
+            "finished_at": time.time()}))
     good = [lv for lv in levels if level_verdicts.get(lv.label) == LevelVerdict.OK]
     best = spec.objective.best(good)
     status = TrialStatus.FEASIBLE if good else TrialStatus.INFEASIBLE
     if not good and cause is None:
         cause = "slo_miss"
-    return store.save_trial(record.model_copy(update={
+    return saver.save_trial(record.model_copy(update={
         "status": status, "cause": cause, "detail": detail,
         "value": spec.objective.value(best) if best is not None else None,
         "best_level": best.label if best is not None else None, "levels": tuple(levels),
-        "level_verdicts": level_verdicts, "phases": phases,
+        "level_verdicts": level_verdicts, "phases": phases, "slo_checks": slo_checks,
         "log_tail": tail[-4000:] if tail else None,
         "verdict_after": verdict_after, "findings_after": findings_after,
         "finished_at": time.time()}))
@@ -303,7 +472,8 @@ def _describe(exc: BaseException) -> str:
 
 async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: TrialRecord,
                    exc: BaseException, phases: dict[str, float], say: Say,
-                   exclusions: Exclusions | None = None) -> None:
+                   exclusions: Exclusions | None = None,
+                   save: Callable[[TrialRecord], TrialRecord] | None = None) -> None:
     """After an exception while a trial's server was starting: stop every run of this trial
     the store says is starting or ready, and record the trial ``infra_failed``
     (``controller_error``). Never raises for the teardown (the next start of the study stops
@@ -327,7 +497,7 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
             continue
         stopped_any = True
         verdict_after, findings_after = _summary(report.verify)
-    store.save_trial(record.model_copy(update={
+    (save or store.save_trial)(record.model_copy(update={
         "status": TrialStatus.INFRA_FAILED, "cause": "controller_error", "detail": detail,
         "phases": phases, "verdict_after": verdict_after if stopped_any else Verdict.UNKNOWN,
         "findings_after": findings_after, "finished_at": time.time()}))
@@ -335,31 +505,53 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
 
 async def _levels(
     executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
-    phases: dict[str, float], say: Say, stop: asyncio.Event | None,
+    phases: dict[str, float], say: Say, stop: asyncio.Event | None, *,
+    seed: int | None = None, only: tuple[str, ...] | None = None,
+    checks: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[list[LevelResult], dict[str, LevelVerdict], str | None, str | None, bool]:
-    """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss.
-    The requests go to the run's port on its host (through an SSH forward for a remote one)."""
+    """Concurrency levels in ascending order; stop climbing at the first crash or SLO miss
+    (only the levels labelled in ``only`` when given). The requests go to the run's port on its host
+    (through an SSH forward for a remote one)."""
     async with executor.forward_port(run.port) as base_url:
-        return await _climb(executor, spec, config, run, phases, say, stop, base_url)
+        return await _climb(executor, spec, config, run, phases, say, stop, base_url,
+                            seed=seed, only=only, checks=checks if checks is not None else {})
 
 
 async def _climb(
     executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
-    phases: dict[str, float], say: Say, stop: asyncio.Event | None, base_url: str,
+    phases: dict[str, float], say: Say, stop: asyncio.Event | None, base_url: str, *,
+    seed: int | None = None, only: tuple[str, ...] | None = None,
+    checks: dict[str, dict[str, Any]],
 ) -> tuple[list[LevelResult], dict[str, LevelVerdict], str | None, str | None, bool]:
     limits = spec.slo_limits()
     adapter = adapter_for(config, executor)
     bench = spec.bench_config(base_url, ignore_eos=adapter.accepts_ignore_eos)
+    shares = {k: v for k, v in limits.items() if share_target(k) is not None}
+    if shares:
+        bench = bench.model_copy(update={"limits": shares})
+    if seed is not None:
+        bench = bench.model_copy(update={"seed": seed})
+    loads = list(bench.loads)
+    warmup = spec.warmup_requests()
+    # One more measurement of a configuration runs its best level alone (after the warm-up):
+    # its value is the objective there.
+    if only is not None:
+        chosen = [load for load in loads if load.label in only] or loads
+        # Without the ladder below them, the warm-up fills the first chosen level's batch at
+        # least once (the first measurement's lower levels warmed the server that much).
+        if chosen[0] is not loads[0] and isinstance(chosen[0], ClosedLoop):
+            warmup = max(warmup, chosen[0].concurrency)
+        loads = chosen
     levels: list[LevelResult] = []
     verdicts: dict[str, LevelVerdict] = {}
     cause = detail = None
     crashed = False
-    for index, load in enumerate(bench.loads):
+    for index, load in enumerate(loads):
         if stop is not None and stop.is_set():
             break
         say(f"level {load.label}")
         t0 = time.monotonic()
-        level = await run_level(bench, load, warmup=spec.warmup if index == 0 else 0, stop=stop,
+        level = await run_level(bench, load, warmup=warmup if index == 0 else 0, stop=stop,
                                 reference=levels[0] if levels else None)
         phases[f"level_{load.label}_s"] = round(time.monotonic() - t0, 3)
         levels.append(level)
@@ -397,6 +589,28 @@ async def _climb(
             say(f"{load.label}: bad output: {detail}")
             break
         misses = slo_misses(level, limits)
+        straddling = [k for k, c in slo_attainment(level, shares,
+                                                   spec.statistics.confidence).items()
+                      if c["straddles"]]
+        if straddling and (stop is None or not stop.is_set()):
+            # The share of requests that met a percentile SLO is a sample too: an interval
+            # that straddles the target is measured once more (other prompts), and the level
+            # decided on the two together.
+            say(f"{load.label}: {', '.join(straddling)} not settled by one sample: measuring "
+                "the level once more")
+            again = await run_level(bench.model_copy(update={"seed": bench.seed + 1}), load,
+                                    stop=stop, reference=levels[0])
+            phases[f"level_{load.label}_again_s"] = round(time.monotonic() - t0, 3)
+            pooled = pool_counts(level, again)
+            attained = slo_attainment(level, shares, spec.statistics.confidence, counts=pooled)
+            for c in attained.values():
+                c["remeasured"] = True
+            checks[level.label] = attained
+            misses = [m for m in misses if m.split(" ", 1)[0] not in attained]
+            misses += [f"{k}: {c['met']} of {c['n']} requests met it (< {c['target']:.1%})"
+                       for k, c in attained.items() if c["met"] < c["target"] * c["n"]]
+        elif shares:
+            checks[level.label] = slo_attainment(level, shares, spec.statistics.confidence)
         if misses:
             verdicts[level.label] = LevelVerdict.SLO_MISS
             detail = f"{load.label}: " + "; ".join(misses)
@@ -406,3 +620,106 @@ async def _climb(
         say(f"{load.label}: {level.output_throughput:.0f} output tok/s, "
             f"p99 TTFT {level.ttft_ms.p99 or 0:.0f} ms, p99 TPOT {level.tpot_ms.p99 or 0:.1f} ms")
     return levels, verdicts, cause, detail, crashed
+
+
+#: How each probe verdict of a capacity search reads as a trial's level verdict.
+PROBE_LEVEL_VERDICTS: dict[ProbeVerdict, LevelVerdict] = {
+    ProbeVerdict.PASS: LevelVerdict.OK,
+    ProbeVerdict.FAIL: LevelVerdict.SLO_MISS,
+    ProbeVerdict.UNRESOLVED: LevelVerdict.UNRESOLVED,
+    ProbeVerdict.CRASHED: LevelVerdict.CRASHED,
+    ProbeVerdict.ERRORS: LevelVerdict.ERRORS,
+    ProbeVerdict.BAD_OUTPUT: LevelVerdict.BAD_OUTPUT,
+    ProbeVerdict.INTERRUPTED: LevelVerdict.INTERRUPTED,
+}
+
+
+def capacity_fields(spec: StudySpec, result: CapacityResult,
+                    crash_cause: str | None) -> dict[str, Any]:
+    """A trial's result from its capacity search: ``capacity`` (the answer, its probes without
+    their levels), ``value`` (the capacity, or the most goodput of a passing probe),
+    ``best_level`` (the capacity probe's label), ``detail`` (:meth:`CapacityResult.summary`),
+    ``status`` feasible when there is a value, and ``cause``: the crash's (the capacity below
+    it stands), else for an infeasible trial the lowest probe's failed requests or bad output,
+    else ``nothing_passes``."""
+    value = result.value(spec.objective.metric)
+    cause = crash_cause
+    if value is None and cause is None:
+        lowest = min(result.probes, key=lambda p: p.load, default=None)
+        cause = lowest.cause if lowest is not None and lowest.verdict in (
+            ProbeVerdict.ERRORS, ProbeVerdict.BAD_OUTPUT) else "nothing_passes"
+    return {
+        "status": TrialStatus.FEASIBLE if value is not None else TrialStatus.INFEASIBLE,
+        "cause": cause, "detail": result.summary(), "value": value,
+        "best_level": result.label(result.capacity) if result.capacity is not None else None,
+        "capacity": result.without_levels(),
+    }
+
+
+def _describe_probe(probe: Probe) -> str:
+    """One line of a decided probe: ``c=38: pass (3 of 40 ... ) 412 tok/s``."""
+    worst = worst_check(probe.checks)
+    text = f"{probe.label}: {probe.verdict.value}"
+    if probe.measurements > 1:
+        text += f" ({probe.measurements} measurements pooled)"
+    if worst is not None:
+        text += f"; {worst.describe()}"
+    if probe.output_throughput is not None:
+        text += f"; {probe.output_throughput:.0f} output tok/s"
+    if probe.cause and probe.verdict != ProbeVerdict.PASS:
+        text += f"; {probe.cause}" + (f": {probe.detail}" if probe.detail else "")
+    return printable(text)
+
+
+async def _capacity_levels(
+    executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
+    phases: dict[str, float], say: Say, stop: asyncio.Event | None, *, seed: int | None = None,
+) -> tuple[list[LevelResult], dict[str, LevelVerdict], str | None, str | None, bool,
+           CapacityResult]:
+    """A capacity objective's levels: the probes of a fresh search (``spec.capacity_search``)
+    against the run's port (through an SSH forward for a remote host), warmed up before the
+    first. After each measurement the run's exit status is read: a server that exited, or a
+    probe that ended early, is a crash, its cause from the engine's log as a climb's
+    (:func:`classify_run_log`); the search ends there and its capacity below it stands. The
+    stop event ends the search (its probe ``interrupted``)."""
+    from cleanslate.bench import find_max
+
+    adapter = adapter_for(config, executor)
+    search = spec.capacity_search()
+    async with executor.forward_port(run.port) as base_url:
+        bench = spec.bench_config(base_url, ignore_eos=adapter.accepts_ignore_eos)
+        if seed is not None:
+            bench = bench.model_copy(update={"seed": seed})
+
+        async def check_server(level: LevelResult) -> tuple[str, str] | None:
+            code = await run_exit_code(executor, run)
+            if not level.partial and code is None:
+                return None
+            if stop is not None and stop.is_set() and code is None:
+                return None  # interrupted, not crashed
+            found = await classify_run_log(executor, adapter, run, returncode=code)
+            return found or ("crashed", level.partial_reason or
+                             f"the server exited with status {code}")
+
+        mark = [time.monotonic()]
+
+        def on_probe(probe: Probe) -> None:
+            now = time.monotonic()
+            phases[f"level_{probe.label}_s"] = round(now - mark[0], 3)
+            mark[0] = now
+            say(_describe_probe(probe))
+
+        say(f"capacity search from c={spec.capacity.start} (tolerance "
+            f"{spec.capacity.tolerance:.0%}, at most {spec.capacity.max_probes} probes)")
+        result = await find_max(bench, search, warmup=spec.warmup_requests(), stop=stop,
+                                max_extensions=spec.capacity.max_extensions,
+                                check_server=check_server, on_probe=on_probe)
+    levels = [p.level for p in result.probes if p.level is not None]
+    verdicts = {p.label: PROBE_LEVEL_VERDICTS[p.verdict] for p in result.probes}
+    crashed_at = next((p for p in result.probes if p.verdict == ProbeVerdict.CRASHED), None)
+    cause = detail = None
+    if crashed_at is not None:
+        cause, detail = crashed_at.cause, crashed_at.detail
+        say(f"{crashed_at.label}: the server crashed ({cause}): {detail}")
+    say(result.summary())
+    return levels, verdicts, cause, detail, crashed_at is not None, result

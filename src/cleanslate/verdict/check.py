@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from cleanslate.errors import CleanslateError
+from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu.base import GpuBackend, resolve_backend
 from cleanslate.probe.host import DEFAULT_TIMEOUT_S, probe_host
@@ -145,7 +145,7 @@ async def _checked_with_snapshot(executor: Executor, options: CheckOptions
     started = time.monotonic()
     try:
         return await check_host(executor, options)
-    except CleanslateError:
+    except InputError:
         raise  # bad input: the caller reports it
     except Exception as exc:
         return HostVerdict(

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import takewhile
 
+from cleanslate._types import RUN_MARKER_ENV
 from cleanslate.engines import match_engine
-from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot
+from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot, is_kernel_thread
 from cleanslate.verdict.baseline import Baseline, had_process
 from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
 
@@ -84,30 +86,17 @@ def excluded_pids(snapshot: Snapshot, roots: Iterable[int]) -> set[int]:
     parent is now), and a root that is PID 1 or a child subreaper adopts orphans, so for PID 1
     only the process itself is excluded (a checker that is a container's init).
     """
-    children: dict[int, list[int]] = {}
-    by_pid = {p.pid: p for p in snapshot.processes}
-    for proc in snapshot.processes:
-        children.setdefault(proc.ppid, []).append(proc.pid)
-    out: set[int] = set()
-    stack = list(roots)
+    tree = snapshot.tree
+    starts = list(roots)
+    session: set[int] = set()
     if snapshot.collector_pid is not None:
-        stack.append(snapshot.collector_pid)
-        collector = by_pid.get(snapshot.collector_pid)
+        starts.append(snapshot.collector_pid)
+        collector = tree.by_pid.get(snapshot.collector_pid)
         if collector is not None:
-            parent = by_pid.get(collector.ppid)
-            while parent is not None and parent.sid == collector.sid and parent.pid not in out:
-                out.add(parent.pid)
-                parent = by_pid.get(parent.ppid)
-    while stack:
-        pid = stack.pop()
-        if pid in out and pid not in roots:
-            continue
-        out.add(pid)
-        if pid == 1:
-            continue
-        stack.extend(c for c in children.get(pid, ())
-                     if c in by_pid and by_pid[c].run_marker is None)
-    return out
+            session = {p.pid for p in takewhile(lambda p: p.sid == collector.sid,
+                                                 tree.ancestors(collector.pid))}
+    return session | tree.descendants(
+        starts, enter=lambda p: p.run_marker is None and p.pid not in session)
 
 
 def other_runs_pids(snapshot: Snapshot, markers: Iterable[str]) -> set[int]:
@@ -116,18 +105,8 @@ def other_runs_pids(snapshot: Snapshot, markers: Iterable[str]) -> set[int]:
     wanted = set(markers)
     if not wanted:
         return set()
-    children: dict[int, list[ProcessInfo]] = {}
-    for proc in snapshot.processes:
-        children.setdefault(proc.ppid, []).append(proc)
-    stack = [p for p in snapshot.processes if p.run_marker in wanted]
-    out: set[int] = set()
-    while stack:
-        proc = stack.pop()
-        if proc.pid in out or proc.pid == 1:
-            continue
-        out.add(proc.pid)
-        stack.extend(c for c in children.get(proc.pid, ()) if c.run_marker is None)
-    return out
+    marked = [p.pid for p in snapshot.processes if p.run_marker in wanted and p.pid != 1]
+    return snapshot.tree.descendants(marked, enter=lambda p: p.run_marker is None) - {1}
 
 
 def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None) -> HostVerdict:
@@ -244,7 +223,7 @@ def _process_rules(
         owned = engine is not None or marked
         what = engine or f"run {proc.run_marker}"
         evidence = {**_evidence(proc), "engine": engine}
-        if proc.state == "Z":
+        if proc.is_zombie:
             out.append(_zombie(proc, what if owned else None, evidence))
             continue
         if proc.state == "D" and (owned or proc.pid in gpu_pids):
@@ -294,7 +273,7 @@ def _gpu_rules(
     out: list[Finding] = []
     if not reading.ok:
         return out  # reported by _source_rules as an unknown
-    by_pid = {p.pid: p for p in snapshot.processes}
+    by_pid = snapshot.by_pid
     present = {g.index for g in reading.gpus}
     if scope.gpus is not None:
         for missing in sorted(scope.gpus - present):
@@ -392,7 +371,7 @@ def _device_file_rules(
     gpu_pids: dict[int, dict[int, int | None]],
 ) -> list[Finding]:
     out = []
-    by_pid = {p.pid: p for p in snapshot.processes}
+    by_pid = snapshot.by_pid
     known: dict[int, list[float]] = {}
     for pid, create_time in baseline.device_holders if baseline else ():
         known.setdefault(pid, []).append(create_time)
@@ -420,7 +399,7 @@ def _port_rules(
     snapshot: Snapshot, scope: Scope, baseline: Baseline | None, own: set[int]
 ) -> list[Finding]:
     out = []
-    by_pid = {p.pid: p for p in snapshot.processes}
+    by_pid = snapshot.by_pid
     create = {p.pid: p.create_time for p in snapshot.processes}
     reasons = dict(scope.port_reasons)
     for sock in snapshot.sockets:
@@ -443,10 +422,6 @@ def _port_rules(
     return out
 
 
-def _kernel_thread(proc: ProcessInfo) -> bool:
-    return proc.pid == 2 or proc.ppid == 2
-
-
 #: PIDs named in an ``unreadable`` finding's message (all of them are in its evidence).
 _NAMED_PIDS = 5
 
@@ -457,11 +432,11 @@ def _unreadable_rules(snapshot: Snapshot, scope: Scope, own: set[int]) -> list[F
     marker that no one sees; one whose open files cannot be read may hold a GPU device file or
     a listening socket."""
     severity = _S.UNKNOWN if scope.strict else _S.WARNING
-    by_pid = {p.pid: p for p in snapshot.processes}
+    by_pid = snapshot.by_pid
 
     def relevant(pid: int) -> bool:
         proc = by_pid.get(pid)
-        return proc is None or not (pid in own or _kernel_thread(proc) or proc.state == "Z")
+        return proc is None or not (pid in own or is_kernel_thread(proc) or proc.is_zombie)
 
     def finding(what: str, pids: list[int], consequence: str) -> Finding:
         pids = sorted(pids)
@@ -481,7 +456,7 @@ def _unreadable_rules(snapshot: Snapshot, scope: Scope, own: set[int]) -> list[F
     environ = [p.pid for p in snapshot.processes if not p.environ_readable and relevant(p.pid)]
     if environ:
         out.append(finding("the environment", environ,
-                           f"a {_MARKER_NAME} marker there would not be seen"))
+                           f"a {RUN_MARKER_ENV} marker there would not be seen"))
     files = [pid for pid in snapshot.fd_unreadable if relevant(pid)]
     if files:
         out.append(finding("the open files", files,
@@ -499,9 +474,6 @@ def _unreadable_rules(snapshot: Snapshot, scope: Scope, own: set[int]) -> list[F
             evidence={"what": "processes", "hidepid": snapshot.proc_hidepid},
         ))
     return out
-
-
-_MARKER_NAME = "CLEANSLATE_RUN"
 
 
 def _baseline_rules(
@@ -532,7 +504,7 @@ def _baseline_rules(
                     "processes (an older format): new ones are not reported (save a new one)",
             evidence={"baseline_version": baseline.version},
         ))
-    by_pid = {p.pid: p for p in snapshot.processes}
+    by_pid = snapshot.by_pid
     create = {p.pid: p.create_time for p in snapshot.processes}
     if baseline.listeners is not None and snapshot.listeners is not None:
         in_scope = {s.inode for s in snapshot.sockets}
@@ -555,7 +527,7 @@ def _baseline_rules(
         known = baseline.process_index()
         theirs = _checker_processes(snapshot, scope.exclude_roots, known)
         for proc in snapshot.processes:
-            if (proc.pid in own or proc.pid in theirs or _kernel_thread(proc)
+            if (proc.pid in own or proc.pid in theirs or is_kernel_thread(proc)
                     or had_process(known, proc.pid, proc.create_time)):
                 continue
             if match_engine(proc.comm, proc.cmdline, scope.engines) is not None or (
@@ -579,30 +551,21 @@ def _checker_processes(
     over SSH (no ``roots``), everything under the collector's topmost ancestor that is new since
     the baseline (the connection's session: the GPU backend's command runs beside the
     collector)."""
-    by_pid = {p.pid: p for p in snapshot.processes}
-    children: dict[int, list[int]] = {}
-    for each in snapshot.processes:
-        children.setdefault(each.ppid, []).append(each.pid)
+    tree = snapshot.tree
     out: set[int] = set()
     roots = list(roots)
     for pid in [*roots, snapshot.collector_pid]:
-        proc = by_pid.get(pid) if pid is not None else None
-        while proc is not None and proc.pid not in out and proc.pid != 1:
-            out.add(proc.pid)
-            proc = by_pid.get(proc.ppid)
-    collector = by_pid.get(snapshot.collector_pid or -1)
+        if pid is None or pid == 1 or pid not in tree.by_pid:
+            continue
+        out.add(pid)
+        out.update(p.pid for p in takewhile(lambda p: p.pid != 1, tree.ancestors(pid)))
+    collector = tree.by_pid.get(snapshot.collector_pid or -1)
     if not roots and collector is not None:
-        top = collector
-        parent: ProcessInfo | None = by_pid.get(top.ppid)
-        while (parent is not None and parent.pid != 1
-               and not had_process(known, parent.pid, parent.create_time)):
-            top = parent
-            parent = by_pid.get(top.ppid)
-        stack = [top.pid]
-        while stack:
-            pid = stack.pop()
-            out.add(pid)
-            stack.extend(c for c in children.get(pid, ()) if c not in out)
+        top = [collector, *takewhile(
+            lambda p: p.pid != 1 and not had_process(known, p.pid, p.create_time),
+            tree.ancestors(collector.pid))][-1]
+        ours = set(out)
+        out |= tree.descendants([top.pid], enter=lambda p: p.pid not in ours)
     return out
 
 

@@ -20,11 +20,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar, TypeVar
 
+from cleanslate._types import Registry
 from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.snapshot import GpuReading
 
-_REGISTRY: dict[str, type[GpuBackend]] = {}
+_REGISTRY: Registry[type[GpuBackend]] = Registry("GPU backend")
 
 #: The order in which ``--gpu-backend auto`` tries backends. ``sim`` comes first because it is
 #: only usable when ``CLEANSLATE_SIM_GPU_DIR`` names a ledger, which a user sets on purpose.
@@ -65,11 +66,7 @@ B = TypeVar("B", bound=type[GpuBackend])
 def register(cls: B) -> B:
     """Class decorator: make a backend selectable by its ``name``. Raises :class:`ValueError`
     when another class has that name."""
-    existing = _REGISTRY.get(cls.name)
-    if existing is not None and existing is not cls:
-        raise ValueError(f"GPU backend {cls.name!r} is already registered by "
-                         f"{existing.__module__}.{existing.__qualname__}")
-    _REGISTRY[cls.name] = cls
+    _REGISTRY.add(cls.name, cls)
     return cls
 
 

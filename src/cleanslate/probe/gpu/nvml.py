@@ -25,8 +25,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypedDict, TypeGuard, TypeVar
 
+from cleanslate.errors import CleanslateError
 from cleanslate.hosts.base import Executor
 from cleanslate.probe.gpu._health import is_health_message
 from cleanslate.probe.gpu.base import GpuBackend, register
@@ -67,7 +68,7 @@ _STUCK: list[tuple[threading.Thread, float]] = []
 _STUCK_LOCK = threading.Lock()
 
 
-class NvmlTimeout(Exception):
+class NvmlTimeout(CleanslateError):
     """NVML did not answer in time (the worker thread is left behind as a daemon)."""
 
 
@@ -82,7 +83,51 @@ def _load_pynvml() -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def _error_record(exc: BaseException) -> dict[str, str]:
+class NvmlError(TypedDict):
+    """A call that failed, in place of its value: the error's kind (``NotSupported``) and text."""
+
+    nvml_error: str
+    message: str
+
+
+class RawProcess(TypedDict, total=False):
+    pid: int
+    used: int | None
+    name: str
+
+
+class RawRemappedRows(TypedDict):
+    corrected: int
+    uncorrected: int
+    pending: int
+    failure: int
+
+
+class RawGpu(TypedDict, total=False):
+    """One GPU as :func:`read_raw` records it (see :func:`gpu_from_raw`)."""
+
+    index: int
+    handle: NvmlError
+    uuid: str | NvmlError
+    name: str | NvmlError
+    pci_bus_id: str | NvmlError | None
+    mem_v2: dict[str, int | None] | NvmlError
+    mem_v1: dict[str, int | None] | NvmlError
+    procs: list[RawProcess] | NvmlError
+    ecc_uncorrected: int | NvmlError
+    retired_pages_pending: int | NvmlError
+    remapped_rows: RawRemappedRows | NvmlError
+
+
+class RawHost(TypedDict, total=False):
+    """A host's record (see :func:`reading_from_raw`): its GPUs, or why NVML read none."""
+
+    driver: str | NvmlError
+    error: str
+    gpus: list[RawGpu]
+
+
+def _error_record(exc: BaseException) -> NvmlError:
     kind = type(exc).__name__
     kind = kind.removeprefix("NVMLError_") if kind.startswith("NVMLError_") else kind
     try:
@@ -94,6 +139,11 @@ def _error_record(exc: BaseException) -> dict[str, str]:
 
 def _is_error(value: object) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(value, Mapping) and "nvml_error" in value
+
+
+def _failed(value: object) -> TypeGuard[NvmlError]:
+    """Whether what :func:`_call` returned is its error record."""
+    return _is_error(value)
 
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -114,38 +164,39 @@ def _text(value: Any) -> Any:
     return value
 
 
-def _read_gpu(nvml: Any, index: int) -> dict[str, Any]:
-    gpu: dict[str, Any] = {"index": index}
+def _read_gpu(nvml: Any, index: int) -> RawGpu:
+    gpu: RawGpu = {"index": index}
     handle = _call(nvml.nvmlDeviceGetHandleByIndex, index)
-    if _is_error(handle):
+    if _failed(handle):
         gpu["handle"] = handle
         return gpu
     gpu["uuid"] = _text(_call(nvml.nvmlDeviceGetUUID, handle))
     gpu["name"] = _text(_call(nvml.nvmlDeviceGetName, handle))
     pci = _call(nvml.nvmlDeviceGetPciInfo, handle)
-    gpu["pci_bus_id"] = pci if _is_error(pci) else _text(getattr(pci, "busId", None))
+    gpu["pci_bus_id"] = pci if _failed(pci) else _text(getattr(pci, "busId", None))
 
     version = getattr(nvml, "nvmlMemory_v2", None)
     if version is None:
         gpu["mem_v2"] = {"nvml_error": "FunctionNotFound", "message": "pynvml has no v2"}
     else:
         mem = _call(nvml.nvmlDeviceGetMemoryInfo, handle, version=version)
-        gpu["mem_v2"] = mem if _is_error(mem) else _fields(mem, "total", "used", "free", "reserved")
-    if _is_error(gpu["mem_v2"]):
+        gpu["mem_v2"] = mem if _failed(mem) else _fields(mem, "total", "used", "free", "reserved")
+    if _failed(gpu["mem_v2"]):
         mem = _call(nvml.nvmlDeviceGetMemoryInfo, handle)
-        gpu["mem_v1"] = mem if _is_error(mem) else _fields(mem, "total", "used", "free")
+        gpu["mem_v1"] = mem if _failed(mem) else _fields(mem, "total", "used", "free")
 
     procs = _call(nvml.nvmlDeviceGetComputeRunningProcesses, handle)
-    if _is_error(procs):
+    if _failed(procs):
         gpu["procs"] = procs
     else:
-        gpu["procs"] = []
+        entries: list[RawProcess] = []
         for proc in procs:
-            entry: dict[str, Any] = {"pid": proc.pid, "used": proc.usedGpuMemory}
+            entry: RawProcess = {"pid": proc.pid, "used": proc.usedGpuMemory}
             name = _text(_call(nvml.nvmlSystemGetProcessName, proc.pid))
             if isinstance(name, str) and name:
                 entry["name"] = name
-            gpu["procs"].append(entry)
+            entries.append(entry)
+        gpu["procs"] = entries
 
     gpu["ecc_uncorrected"] = _call(
         nvml.nvmlDeviceGetTotalEccErrors,
@@ -155,7 +206,7 @@ def _read_gpu(nvml: Any, index: int) -> dict[str, Any]:
     )
     gpu["retired_pages_pending"] = _call(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     rows = _call(nvml.nvmlDeviceGetRemappedRows, handle)
-    if _is_error(rows):
+    if _failed(rows):
         gpu["remapped_rows"] = rows
     else:
         corrected, uncorrected, pending, failure = rows
@@ -168,11 +219,11 @@ def _read_gpu(nvml: Any, index: int) -> dict[str, Any]:
     return gpu
 
 
-def _fields(obj: Any, *names: str) -> dict[str, Any]:
+def _fields(obj: Any, *names: str) -> dict[str, int | None]:
     return {name: getattr(obj, name, None) for name in names}
 
 
-def read_raw(nvml: Any) -> dict[str, Any]:
+def read_raw(nvml: Any) -> RawHost:
     """Read every GPU with NVML and return the raw record :func:`reading_from_raw` takes.
 
     The calls, with their ``nvidia-smi`` equivalents: ``nvmlDeviceGetMemoryInfo`` v2
@@ -189,7 +240,7 @@ def read_raw(nvml: Any) -> dict[str, Any]:
     except Exception as exc:
         return {"error": f"NVML could not initialise: {_error_record(exc)['message']}"}
     try:
-        raw: dict[str, Any] = {"driver": _text(_call(nvml.nvmlSystemGetDriverVersion))}
+        raw: RawHost = {"driver": _text(_call(nvml.nvmlSystemGetDriverVersion))}
         count = _call(nvml.nvmlDeviceGetCount)
         if _is_error(count):
             raw["error"] = f"nvmlDeviceGetCount failed: {count['message']}"

@@ -5,34 +5,59 @@ simulated worker records the memory it holds on its GPU, and the reader counts a
 its owning process exists (see :mod:`cleanslate.sim.ledger` for the format and semantics).
 
 Like a remote probe, the reader is a stdlib-only script whose source is sent to the host's
-Python (``executor.python -I -c SOURCE DIR``); its JSON answer becomes a
+Python (:func:`cleanslate.hosts.run_script`: on stdin, with the directory as its argument); its
+JSON answer becomes a
 :class:`~cleanslate.probe.snapshot.GpuReading` with ``source="sim"``. The equivalent by hand:
 ``python -m cleanslate.sim.ledger $CLEANSLATE_SIM_GPU_DIR`` (or ``cleanslate sim gpus``).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from cleanslate.hosts.base import Executor
+from cleanslate.hosts.scripts import run_script, script_source
 from cleanslate.probe.gpu.base import GpuBackend, register
 from cleanslate.probe.snapshot import Gpu, GpuProcess, GpuReading
-from cleanslate.sim import ledger
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV, ledger_dir
 
+#: The stdlib-only ledger reader (:mod:`cleanslate.sim.ledger`) sent to the host.
+LEDGER_SCRIPT = "sim.ledger"
 
-@lru_cache(maxsize=1)
+
+class LedgerProcess(TypedDict, total=False):
+    pid: int
+    used_mib: int
+    name: str | None
+
+
+class LedgerGpu(TypedDict, total=False):
+    index: int
+    name: str | None
+    memory_used_mib: int
+    memory_total_mib: int
+    releasing_mib: int
+    processes: list[LedgerProcess]
+
+
+class LedgerOutput(TypedDict, total=False):
+    """What the reader prints (:func:`cleanslate.sim.ledger.read_ledger`)."""
+
+    ok: bool
+    error: str
+    directory: str
+    gpus: list[LedgerGpu]
+    note: str
+
+
 def ledger_source() -> str:
     """The source of the stdlib-only ledger reader that is sent to the host."""
-    return Path(ledger.__file__).read_text(encoding="utf-8")
+    return script_source(LEDGER_SCRIPT).decode()
 
 
-def reading_from_json(payload: dict[str, Any], elapsed_s: float) -> GpuReading:
+def reading_from_json(payload: LedgerOutput, elapsed_s: float) -> GpuReading:
     """Turn the reader's JSON into a reading (``ok=False`` with its error when it failed)."""
     if not payload.get("ok"):
         return GpuReading(
@@ -111,10 +136,9 @@ class SimGpuBackend(GpuBackend):
             # The source on stdin, as the collector's: in argv it would be in the command line
             # of a process the concurrent collector lists, which the checker then redacts and
             # matches against every engine signature (a quarter of its CPU time per host).
-            result = await executor.run(
-                [executor.python, "-I", "-", directory], timeout=timeout,
-                stdin=ledger_source().encode(),
-            )
+            done = await run_script(executor, LEDGER_SCRIPT, directory, timeout,
+                                    output=LedgerOutput,
+                                    what="the simulated GPU ledger reader")
         except OSError as exc:
             return GpuReading(
                 backend=self.name,
@@ -123,15 +147,12 @@ class SimGpuBackend(GpuBackend):
                 elapsed_s=time.monotonic() - start,
             )
         elapsed = time.monotonic() - start
-        if not result.ok:
+        if done.output is None:
             return GpuReading(
-                backend=self.name, ok=False, error=result.describe_failure(), elapsed_s=elapsed
+                backend=self.name, ok=False, error=done.describe_failure(), elapsed_s=elapsed
             )
         try:
-            payload = json.loads(result.stdout)
-            if not isinstance(payload, dict):
-                raise ValueError("not a JSON object")
-            return reading_from_json(payload, elapsed)
+            return reading_from_json(done.output, elapsed)
         except (ValueError, KeyError, TypeError) as exc:
             return GpuReading(
                 backend=self.name,

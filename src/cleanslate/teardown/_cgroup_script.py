@@ -1,10 +1,11 @@
 """Act on a run's recorded cgroup, but only when it really is the run's own cgroup (v2).
 
-A self-contained, stdlib-only script (shipped to a host's ``python3`` like ``_signal.py``). A
-run record names its cgroup by path, and a record can come from a store that someone else
-writes: a plain folder named ``cleanslate-<run id>`` with a text file ``cgroup.procs`` in it
-would otherwise list any PIDs it likes for teardown to kill. So before every operation the
-path is checked, on the host, through file descriptors (no path is looked up twice):
+A self-contained, stdlib-only script (shipped to a host's ``python3`` like
+``_signal_script.py``). A run record names its cgroup by path, and a record can come from a
+store that someone else writes: a plain folder named ``cleanslate-<run id>`` with a text file
+``cgroup.procs`` in it would otherwise list any PIDs it likes for teardown to kill. So before
+every operation the path is checked, on the host, through file descriptors (no path is looked
+up twice):
 
 - it is absolute and normalised and it is its own ``realpath`` (no symbolic link on the way);
 - its parent directory, and the directory itself, are in a cgroup v2 file system:

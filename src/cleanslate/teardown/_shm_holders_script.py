@@ -1,8 +1,9 @@
 """Which of the named ``/dev/shm`` files a live process still maps or holds open.
 
-A self-contained, stdlib-only script (shipped to a host's ``python3`` like ``_signal.py``). It
-matches by inode, not by name: glibc maps a POSIX semaphore under a temporary name
-(``sem.XXXXXX (deleted)`` in ``/proc/PID/maps``) before linking it as ``sem.mp-*``.
+A self-contained, stdlib-only script (shipped to a host's ``python3`` like
+``_signal_script.py``). It matches by inode, not by name: glibc maps a POSIX semaphore under a
+temporary name (``sem.XXXXXX (deleted)`` in ``/proc/PID/maps``) before linking it as
+``sem.mp-*``.
 
 Input (argv[1], JSON): ``{"dir": "/dev/shm", "names": [..]}``.
 Output (stdout, JSON): ``{"held": {name: [pid, ..]}}`` for the names some process holds.

@@ -16,7 +16,7 @@ It reaps every child (the engine and the orphans it inherits) until none is left
 SIGTERM and SIGINT are forwarded to the engine's root process. Like the collector it needs only
 the standard library, so it can be shipped to a remote host's ``python3``.
 
-Usage: ``python3 -I -S _supervise.py SPEC.json`` where the spec holds ``argv``, ``env``, ``log``,
+Usage: ``python3 -I -S supervise.py SPEC.json`` where the spec holds ``argv``, ``env``, ``log``,
 ``state``, ``cwd``, ``daemonize`` and ``cgroup`` (the name of the run's cgroup, or ``null`` to
 make none). The spec holds the run's environment, secrets included: the script deletes it as
 soon as it has read it, so they then live only in the engine's own ``/proc/PID/environ``.
@@ -30,7 +30,7 @@ cgroup in ``/proc/self/cgroup`` (``0::/path``), creates ``<mount><own path>/<nam
 engine's process moves itself there before it executes the engine (so nothing it starts can be
 outside it). The cgroup's inode number (its cgroup id, unique within a boot) and the
 supervisor's uid (the cgroup's owner) are recorded, so that teardown acts on this very
-directory and no other of the same name (``cleanslate.teardown._cgroup``). Where that is not
+directory and no other of the same name (``cleanslate.teardown._cgroup_script``). Where that is not
 possible (no cgroup v2, read-only, not permitted) the run goes on without one and
 ``cgroup_error`` says why.
 """

@@ -1,6 +1,6 @@
 """The doctor's host script: a self-contained, stdlib-only reader of what a GPU host says.
 
-Like the check's collector (:mod:`cleanslate.probe._collect`), this module is imported by
+Like the check's collector (:mod:`cleanslate.probe._collect_script`), this module is imported by
 nothing at run time: its *source* is run by the host's Python (``python3 -I -``, the source on
 stdin), locally as a child process and remotely over SSH, so both give the same JSON by
 construction. It imports nothing outside the standard library (``pynvml`` only when the host
