@@ -1,8 +1,9 @@
 """The H200 capacity validation's recorded searches (docs/validation/h200-capacity.md), replayed.
 
-Two `cleanslate bench --find-max concurrency --slo p99_tpot_ms=200` runs against `transformers
-serve` on one H200, each on a new server: the JSON they wrote is checked against the search's
-core, so the page's claims hold for the data kept beside it and for the code as it is now.
+Four `cleanslate bench --find-max concurrency --slo p99_tpot_ms=200` runs against `transformers
+serve` on one H200, two on each of two machines, each on a new server: the JSON they wrote is
+checked against the search's core, so the page's claims hold for the data kept beside it and for
+the code as it is now.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from cleanslate.bench._capacity import (
 )
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "validation"
-RUNS = ("h200-capacity-s1.json", "h200-capacity-s2.json")
+# Per machine (A, then B: another fresh machine, another session), its two searches.
+SESSIONS = (("h200-capacity-s1.json", "h200-capacity-s2.json"),
+            ("h200-capacity-m2-s1.json", "h200-capacity-m2-s2.json"))
+RUNS = tuple(name for session in SESSIONS for name in session)
+RECORDS = ("h200-capacity-run.json", "h200-capacity-m2-run.json")
 
 
 def _doc(name: str) -> dict[str, Any]:
@@ -74,18 +79,33 @@ def test_replaying_the_verdicts_gives_the_same_probes_and_bracket(name: str) -> 
     assert all(not p.passed for p in recorded.probes if p.load > recorded.capacity)
 
 
-def test_the_two_searches_of_one_session_overlap() -> None:
-    first, second = (_result(name) for name in RUNS)
+@pytest.mark.parametrize("session", SESSIONS)
+def test_the_two_searches_of_one_session_overlap(session: tuple[str, str]) -> None:
+    first, second = (_result(name) for name in session)
     assert (first.capacity, first.upper) == (second.capacity, second.upper) == (224.0, 256.0)
     assert first.upper is not None and second.upper is not None
     assert first.capacity is not None and second.capacity is not None
     assert max(first.capacity, second.capacity) < min(first.upper, second.upper)
-    seeds = {_doc(name)["seed"] for name in RUNS}
+    seeds = {_doc(name)["seed"] for name in session}
     assert seeds == {0, 100000}  # other prompts in the second search
 
 
-def test_the_run_record_names_the_commit_and_two_clean_cycles() -> None:
-    run = _doc("h200-capacity-run.json")
+def test_the_second_machines_brackets_overlap_the_first_machines() -> None:
+    results = [_result(name) for name in RUNS]
+    lows = [r.capacity for r in results]
+    highs = [r.upper for r in results]
+    assert all(x is not None for x in lows) and all(x is not None for x in highs)
+    assert max(x for x in lows if x is not None) < min(x for x in highs if x is not None)
+    # Two machines: each session's record names its own commit and servers.
+    records = [_doc(name) for name in RECORDS]
+    assert len({r["commit"] for r in records}) == 2
+    assert not ({c["serve"]["run_id"] for c in records[0]["cycles"]}
+                & {c["serve"]["run_id"] for c in records[1]["cycles"]})
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_the_run_record_names_the_commit_and_two_clean_cycles(record: str) -> None:
+    run = _doc(record)
     assert len(run["commit"]) == 40
     assert any(run["commit"] in line for line in run["env"])
     serves = [c["serve"] for c in run["cycles"]]
