@@ -393,11 +393,20 @@ def test_a_worker_starting_leaves_a_trial_another_process_failed_meanwhile_alone
         stale = study.get_trials(deepcopy=True, states=(running,))
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # the other worker
         real = study.get_trials
+        (failed,) = real(deepcopy=True)
 
         def read(deepcopy: bool = True, states: Any = None) -> Any:
             return stale if states == (running,) else real(deepcopy=deepcopy, states=states)
 
         monkeypatch.setattr(study, "get_trials", read)
-        asyncio.run(_resume(LocalExecutor(), store, spec, study, TuneView(), fleet))
+        interrupted = asyncio.run(_resume(LocalExecutor(), store, spec, study, TuneView(), fleet))
+        assert interrupted == []  # nothing of this study was running when read from the store
+        # Left alone: still the one trial, failed as the other worker told it, with the same
+        # attributes and values (nothing re-told, re-queued or marked by this worker).
+        (after,) = real(deepcopy=True)
+        assert after.number == failed.number
+        assert after.state == optuna.trial.TrialState.FAIL
+        assert after.user_attrs == failed.user_attrs and after.system_attrs == failed.system_attrs
+        assert after.values == failed.values and after.datetime_complete == failed.datetime_complete
     finally:
         store.close()
