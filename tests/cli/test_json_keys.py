@@ -1,11 +1,11 @@
 """The keys of every ``--json`` document stay as they were recorded (the command line is a
 contract: fields may be added, never renamed or dropped silently).
 
-The documents of ``check``, ``serve --detach``, ``stop``, ``bench`` and ``tune`` on the sim
-engine are reduced to their key paths (``hosts[].findings[].kind``); maps whose keys are data
-(flags, phases, error kinds) count as one ``{*}``. ``data/json_keys.json`` holds the paths as
-recorded; a change of keys fails here until the file is rewritten on purpose with
-``CLEANSLATE_RECORD_JSON_KEYS=1``.
+The documents of ``check``, ``serve --detach``, ``stop``, ``bench``, ``bench --find-max`` and
+``tune`` on the sim engine are reduced to their key paths (``hosts[].findings[].kind``); maps
+whose keys are data (flags, phases, error kinds) count as one ``{*}``. ``data/json_keys.json``
+holds the paths as recorded; a change of keys fails here until the file is rewritten on purpose
+with ``CLEANSLATE_RECORD_JSON_KEYS=1``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,14 @@ def documents(tmp_path: Path) -> dict[str, Any]:
                         env=env, timeout=120)
         assert bench.returncode == 0, bench.stdout + bench.stderr
         docs["bench"] = bench.json()
+        # A capacity search's document (issue 25) on the same server: a generous SLO, so both
+        # probes pass and the search stops at its top load.
+        found = run_cli("bench", "--url", f"http://127.0.0.1:{port}", "--model", "sim",
+                        "--find-max", "concurrency", "--slo", "median_tpot_ms=100000",
+                        "--start", "1", "--max-load", "2", "--num-prompts", "4", "--warmup", "1",
+                        "--json", "-", "--no-live", env=env, timeout=120)
+        assert found.returncode == 0, found.stdout + found.stderr
+        docs["bench_find_max"] = found.json()
     finally:
         stopped = run_cli("stop", run_id, "--store", store, "--json", "--gpu-backend", "sim",
                           env=env, timeout=120)
