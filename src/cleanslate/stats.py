@@ -38,6 +38,13 @@ def _scipy() -> Any:
     return stats
 
 
+def preload() -> None:
+    """Import what the intervals need now. A tuning process calls it before its first trial:
+    imported on first use, between two trials of one slot, the 1.2 s import held the event loop
+    while another slot's level was being measured."""
+    _scipy()
+
+
 #: Repeats below this cannot give a Student-t interval (one repeat has no spread).
 MIN_REPEATS = 2
 
@@ -307,5 +314,5 @@ def pooled_squares(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
 
 
 __all__ = ["MIN_REPEATS", "Comparison", "Interval", "Outcome", "bootstrap_interval",
-           "compare_paired", "log_ratios", "percentile", "pooled_squares", "t_interval",
+           "compare_paired", "log_ratios", "percentile", "pooled_squares", "preload", "t_interval",
            "t_quantile", "wilson"]

@@ -154,3 +154,55 @@ def test_open_loop_for_a_duration_at_infinite_rate_is_bounded_by_the_cap() -> No
     lv = level(OpenLoop(rate=math.inf, max_concurrency=2), {"itl_s": 0.005}, duration_s=0.4)
     assert lv.completed >= 4 and lv.max_concurrent_requests == 2
     assert lv.duration < 1.0
+
+
+def test_the_heap_is_frozen_while_a_level_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's oldest-generation collection walks the whole heap; in a tuning process that
+    paused every stream for 70-250 ms and made a configuration measure 14-30 % slower than
+    itself (tests/tune/test_race_sim.py on a loaded machine). While a level is measured the
+    heap is frozen (:func:`gc.freeze`), so a collection then walks only what the level made;
+    two levels at once collect and freeze once, and the heap is unfrozen when both have
+    ended."""
+    import gc
+
+    from cleanslate.bench import _runner
+
+    frozen: list[int] = []  # the freeze count, sampled every millisecond of a measured window
+    collections: list[int] = []  # explicit collections: one per first level of a batch
+    run = _runner._Level.run
+    measuring = [0]
+
+    async def timed(self: Any) -> None:
+        measuring[0] += 1
+        try:
+            await run(self)
+        finally:
+            measuring[0] -= 1
+
+    async def sample() -> None:
+        while True:
+            if measuring[0]:
+                frozen.append(gc.get_freeze_count())
+            await asyncio.sleep(0.001)
+
+    async def go() -> list[LevelResult]:
+        sampler = asyncio.create_task(sample())
+        try:
+            async with fake_server(itl_s=0.001) as (url, _stats):
+                config = BenchConfig(url=url, model="m", workload=SMALL, num_prompts=60)
+                both = await asyncio.gather(run_level(config, ClosedLoop(concurrency=4)),
+                                            run_level(config, ClosedLoop(concurrency=6)))
+                after = gc.get_freeze_count()
+                again = await run_level(config, ClosedLoop(concurrency=2))
+                return [*both, again] if after == 0 else []
+        finally:
+            sampler.cancel()
+
+    monkeypatch.setattr(_runner._Level, "run", timed)
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or collect(*a))
+    results = asyncio.run(go())
+    assert [r.completed for r in results] == [60, 60, 60], "the heap stayed frozen"
+    assert len(frozen) > 20 and min(frozen) > 0, (len(frozen), frozen[:5])
+    assert len(collections) == 2  # the pair of levels once, the third level once
+    assert gc.get_freeze_count() == 0

@@ -22,6 +22,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
+from cleanslate import stats
 from cleanslate.config import line_of
 from cleanslate.engines import check_flags, engine_help_options
 from cleanslate.errors import InputError
@@ -245,6 +246,7 @@ async def run_study(
     (:mod:`cleanslate.tune.fleet`), each running one verified trial at a time. ``executor``
     is the study's ``host`` (a study with ``hosts:`` opens one per host)."""
     view = view or TuneView()
+    stats.preload()
     study = register_study(store, spec, running=True)
     slots = spec.slot_list()
     stop = asyncio.Event()
