@@ -16,9 +16,9 @@ Plain text and data (no rich, no matplotlib): the tables, the page, the exports 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cleanslate.bench import CAPACITY_OBJECTIVES, CapacityResult, Probe, ProbeVerdict, StopReason
+from cleanslate.report._documents import CapacityCells, CapacityDocument, ProbeDocument
 
 #: What stopped a search, in the words of the tables.
 STOP_WORDS = {
@@ -118,7 +118,7 @@ def findings_text(result: CapacityResult) -> str:
     return "; ".join(parts)
 
 
-def probe_document(probe: Probe) -> dict[str, Any]:
+def probe_document(probe: Probe) -> ProbeDocument:
     """A probe as the summaries hold it: verdict, load, attainment with its interval and
     target, requests and measurements."""
     return {"index": probe.index, "label": probe.label, "load": probe.load,
@@ -129,7 +129,7 @@ def probe_document(probe: Probe) -> dict[str, Any]:
             "cause": probe.cause}
 
 
-def capacity_document(result: CapacityResult) -> dict[str, Any]:
+def capacity_document(result: CapacityResult) -> CapacityDocument:
     """The answer of one search as JSON: ``capacity`` and ``upper`` (the bracket
     ``[capacity, upper)``), ``bracket`` and ``summary`` (the text), ``dimension``,
     ``stopped_by``, ``crash``, ``cliffs``, ``unresolved``, ``max_goodput``, and ``probes``
@@ -148,10 +148,12 @@ CSV_COLUMNS = ("capacity", "capacity_upper", "capacity_bracket", "probes", "stop
                "crash", "unresolved", "cliffs")
 
 
-def csv_fields(result: CapacityResult | None) -> dict[str, Any]:
+def csv_fields(result: CapacityResult | None) -> CapacityCells:
     """:data:`CSV_COLUMNS` of one trial (empty cells without a search)."""
     if result is None:
-        return dict.fromkeys(CSV_COLUMNS)
+        return {"capacity": None, "capacity_upper": None, "capacity_bracket": None,
+                "probes": None, "stopped_by": None, "crash": None, "unresolved": None,
+                "cliffs": None}
     return {"capacity": result.capacity, "capacity_upper": result.upper,
             "capacity_bracket": bracket_text(result), "probes": len(result.probes),
             "stopped_by": result.stopped_by.value, "crash": result.crash,

@@ -10,12 +10,14 @@ from __future__ import annotations
 import functools
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cleanslate.bench import CAPACITY_OBJECTIVES, CapacityResult, ClosedLoop, LevelResult
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.errors import InputError
+from cleanslate.report._documents import SharedConfigDocument, SlotDocument
 from cleanslate.report._stats import (
     Difference,
     Standing,
@@ -37,8 +39,11 @@ from cleanslate.store import (
     TrialStatus,
     level_metric,
 )
+from cleanslate.tune.factors import Scalar
 from cleanslate.tune.study import Objective, Statistics
 from cleanslate.verdict.findings import Finding, Severity, Verdict
+
+_Item = TypeVar("_Item")
 
 #: Trial statuses in the order a report lists them after sorting by the objective.
 STATUS_ORDER = (TrialStatus.FEASIBLE, TrialStatus.INFEASIBLE, TrialStatus.INFRA_FAILED,
@@ -58,12 +63,12 @@ LEVEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     """A flag value as a report shows it: ``unset`` for null (the flag is not passed)."""
     return "unset" if value is None else str(value)
 
 
-def params_text(params: dict[str, Any]) -> str:
+def params_text(params: Mapping[str, Scalar]) -> str:
     """``flag=value flag=value`` with :func:`show`'s values."""
     return " ".join(f"{k}={show(v)}" for k, v in params.items())
 
@@ -189,8 +194,8 @@ class Effect:
     """
 
     factor: str
-    baseline_value: Any
-    value: Any
+    baseline_value: Scalar
+    value: Scalar
     trial: TrialView
     change_pct: float | None
     better: bool | None
@@ -247,7 +252,7 @@ class SlotSummary:
     reason: str | None = None
     findings: tuple[Finding, ...] = ()
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> SlotDocument:
         return {"slot": self.slot, "host": self.host, "trials": self.trials,
                 "infra_failures": self.infra_failures, "state": self.state,
                 "reason": self.reason,
@@ -364,7 +369,7 @@ class StudyReport:
         return names
 
     @property
-    def baseline(self) -> dict[str, Any]:
+    def baseline(self) -> dict[str, Scalar]:
         return dict(self.spec.get("baseline") or {})
 
     @property
@@ -541,19 +546,19 @@ class SharedConfig:
     """One configuration (the same ``params``) in two studies: its trial in each, and ``b``
     against ``a`` (:func:`~cleanslate.report._stats.difference`)."""
 
-    params: dict[str, Any]
+    params: dict[str, Scalar]
     a: TrialView
     b: TrialView
     difference: Difference
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> SharedConfigDocument:
         return {"params": self.params, "a": self.a.number, "b": self.b.number,
                 "a_value": self.a.record.value, "b_value": self.b.record.value,
                 "a_n": self.difference.n_a, "b_n": self.difference.n_b,
                 **self.difference.document()}
 
 
-def _config_key(params: dict[str, Any]) -> str:
+def _config_key(params: Mapping[str, Scalar]) -> str:
     import json
 
     return json.dumps(params, sort_keys=True, default=str)
@@ -596,7 +601,7 @@ def shared_configs(a: StudyReport, b: StudyReport) -> list[SharedConfig]:
     return out
 
 
-def pareto(points: list[tuple[Any, float, float]]) -> list[Any]:
+def pareto(points: list[tuple[_Item, float, float]]) -> list[_Item]:
     """The items whose ``(x, y)`` no other item dominates, maximizing x and minimizing y,
     sorted by x. Exact duplicates are all kept."""
     front = []

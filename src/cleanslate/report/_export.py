@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import math
-from typing import Any
 
 from cleanslate.report._capacity import CSV_COLUMNS, capacity_document, csv_fields
 from cleanslate.report._data import (
@@ -15,6 +14,13 @@ from cleanslate.report._data import (
     TrialView,
     comparable,
     shared_configs,
+)
+from cleanslate.report._documents import (
+    BestDocument,
+    ComparisonDocument,
+    ExportDocument,
+    StudyDocument,
+    StudyStatisticsDocument,
 )
 
 #: CSV columns before the parameters (``param.<flag>``) and the best level's metrics:
@@ -30,7 +36,7 @@ _TAIL = ("verdict_before", "verdict_after", "run_id", "launch_command")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def csv_cell(value: Any) -> Any:
+def csv_cell(value: object) -> str | int | float:
     """A value as a CSV cell: ``None`` empty; a finite number (that we measured or that the
     study's space holds) as the number it is, negative ones too; any other value as text, with
     a ``'`` before it when it starts like a formula (:data:`_FORMULA_START`), so that a
@@ -46,17 +52,18 @@ def csv_cell(value: Any) -> Any:
     return "'" + text if text.startswith(_FORMULA_START) else text
 
 
-def trial_row(report: StudyReport, trial: TrialView) -> dict[str, Any]:
-    """One trial as a flat row: parameters as ``param.<flag>``, metrics of its best level."""
+def trial_row(report: StudyReport, trial: TrialView) -> dict[str, object]:
+    """One trial as a flat row, column to value (each made a cell by :func:`csv_cell`):
+    parameters as ``param.<flag>``, metrics of its best level."""
     r = trial.record
     found = trial.interval(report.confidence)
-    row: dict[str, Any] = {"study": report.name, "number": r.number, "status": r.status,
-                           "cause": r.cause, "detail": r.detail, "value": r.value,
-                           "ci_low": found.low if found else None,
-                           "ci_high": found.high if found else None,
-                           "n_replicates": found.n if found else None,
-                           "standing": report.mark(trial) or None,
-                           "best_level": r.best_level}
+    row: dict[str, object] = {"study": report.name, "number": r.number, "status": r.status,
+                              "cause": r.cause, "detail": r.detail, "value": r.value,
+                              "ci_low": found.low if found else None,
+                              "ci_high": found.high if found else None,
+                              "n_replicates": found.n if found else None,
+                              "standing": report.mark(trial) or None,
+                              "best_level": r.best_level}
     if report.capacity:
         row.update(csv_fields(trial.capacity))
     for name in report.factors:
@@ -86,7 +93,7 @@ def to_csv(reports: list[StudyReport]) -> str:
     return out.getvalue()
 
 
-def best_document(report: StudyReport) -> dict[str, Any] | None:
+def best_document(report: StudyReport) -> BestDocument | None:
     """The study's best: its number, parameters, value with its interval (``ci_low``,
     ``ci_high``: ``None`` with one measurement) and ``n_replicates``, the trials tied with it
     (``tied_with``) and undecided against it (``undecided_with``), its level and launch
@@ -104,7 +111,7 @@ def best_document(report: StudyReport) -> dict[str, Any] | None:
             "capacity": capacity_document(best.capacity) if best.capacity else None}
 
 
-def _trial_document(report: StudyReport, trial: TrialView) -> dict[str, Any]:
+def _trial_document(report: StudyReport, trial: TrialView) -> dict[str, object]:
     """A trial record as JSON with its launch command, its standing against the best, its
     comparison with the best (``vs_best``: the race or the paired comparison; ``None`` for
     the best and a trial not compared), and for a capacity search ``capacity_summary``
@@ -118,13 +125,27 @@ def _trial_document(report: StudyReport, trial: TrialView) -> dict[str, Any]:
             "capacity_summary": capacity_document(trial.capacity) if trial.capacity else None}
 
 
-def study_document(report: StudyReport) -> dict[str, Any]:
+def _statistics_document(report: StudyReport) -> StudyStatisticsDocument:
+    """The study's ``statistics:`` block (every key of :class:`~cleanslate.tune.study.
+    Statistics`), what the statistics ran and cost, and each slot's host effect."""
+    stats = report.statistics
+    standing = report.standing
+    return {"replicates": stats.replicates, "tie_margin": stats.tie_margin,
+            "confidence": stats.confidence, "max_replicates": stats.max_replicates,
+            "max_error_rate": stats.max_error_rate,
+            "replicates_run": standing.replicates, "gpu_s": standing.statistics_gpu_s,
+            "total_gpu_s": standing.total_gpu_s, "share": standing.share,
+            "host_effects": {slot: {"effect": found.mean, "ci_low": found.low,
+                                    "ci_high": found.high, "n": found.n}
+                             for slot, found in sorted(report.host_effects.items())}}
+
+
+def study_document(report: StudyReport) -> StudyDocument:
     """A study as JSON: its spec, its best trial (with its interval and tie set), every trial
     record (levels, phases, verdicts, log tail, interval, replicates, races) with its launch
     command, the ablation effects with their intervals, what the statistics cost, per slot its
     trials, infrastructure failures and state (quarantined and why), and per host its doctor
     snapshot with a one-line summary."""
-    standing = report.standing
     return {
         "study": report.name,
         "status": report.status,
@@ -134,14 +155,7 @@ def study_document(report: StudyReport) -> dict[str, Any]:
         "spec": report.spec,
         "elapsed_s": report.elapsed_s,
         "best": best_document(report),
-        "statistics": {**report.statistics.model_dump(mode="json"),
-                       "replicates_run": standing.replicates,
-                       "gpu_s": standing.statistics_gpu_s,
-                       "total_gpu_s": standing.total_gpu_s, "share": standing.share,
-                       "host_effects": {slot: {"effect": found.mean, "ci_low": found.low,
-                                               "ci_high": found.high, "n": found.n}
-                                        for slot, found in
-                                        sorted(report.host_effects.items())}},
+        "statistics": _statistics_document(report),
         "trials": [_trial_document(report, t) for t in report.sorted_trials()],
         "ablation": [{"factor": e.factor, "baseline": e.baseline_value, "value": e.value,
                       "trial": e.trial.number, "change_pct": e.change_pct,
@@ -155,7 +169,7 @@ def study_document(report: StudyReport) -> dict[str, Any]:
     }
 
 
-def comparisons_document(reports: list[StudyReport]) -> list[dict[str, Any]]:
+def comparisons_document(reports: list[StudyReport]) -> list[ComparisonDocument]:
     """Each study after the first against the first: the configurations both ran, each with
     ``b`` against ``a`` (``diff``, ``ci_low``, ``ci_high``, ``method``, ``verdict``)."""
     if len(reports) < 2:
@@ -169,7 +183,7 @@ def comparisons_document(reports: list[StudyReport]) -> list[dict[str, Any]]:
 def to_json(reports: list[StudyReport]) -> str:
     """``{"studies": [...]}``: one :func:`study_document` per study; with several,
     ``comparisons``: each later study's shared configurations against the first's."""
-    doc: dict[str, Any] = {"studies": [study_document(r) for r in reports]}
+    doc: ExportDocument = {"studies": [study_document(r) for r in reports]}
     if len(reports) > 1:
         doc["comparisons"] = comparisons_document(reports)
     return json.dumps(doc, indent=2, default=str) + "\n"

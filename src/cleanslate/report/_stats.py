@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cleanslate.bench import LevelResult
+from cleanslate.report._documents import DifferenceDocument
 from cleanslate.stats import Interval, Outcome, compare_paired, t_interval, t_quantile
 from cleanslate.store import TrialRecord, TrialStatus, level_metric
 from cleanslate.tune.study import Objective, Statistics, StudySpec
@@ -197,7 +198,7 @@ class Difference:
                           method=self.method, verdict=verdict, n_a=self.n_b, n_b=self.n_a,
                           pairs=self.pairs)
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> DifferenceDocument:
         return {"diff": self.diff, "ci_low": self.low, "ci_high": self.high,
                 "method": self.method, "verdict": self.verdict,
                 "significant": self.significant, "n_a": self.n_a, "n_b": self.n_b,
