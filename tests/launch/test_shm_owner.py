@@ -23,7 +23,7 @@ from cleanslate.launch.lifecycle import shm_remover
 from cleanslate.probe.gpu.none import NoGpuBackend
 from cleanslate.probe.host import probe_host
 from cleanslate.store import RunRecord
-from cleanslate.teardown.teardown import ScopeSpec, teardown
+from cleanslate.teardown import ScopeSpec, teardown
 
 NOBODY = 65534
 

@@ -33,7 +33,7 @@ from cleanslate.store import (
     TrialStatus,
 )
 from cleanslate.store._tables import RunRow, StudyRow, TrialRow
-from cleanslate.teardown.teardown import TeardownReport
+from cleanslate.teardown import TeardownReport
 from cleanslate.verdict.check import CheckReport
 from cleanslate.verdict.findings import Finding, Verdict
 from tests.store.documents import check_report, finding, level, teardown_report

@@ -22,7 +22,7 @@ from cleanslate.store import (
     _records,
     level_metric,
 )
-from cleanslate.teardown.teardown import Target, TargetRecord, TeardownReport
+from cleanslate.teardown import Target, TargetRecord, TeardownReport
 from cleanslate.verdict.check import CheckReport
 from tests.store.documents import STORES, check_report, level, recorded_run, teardown_report
 

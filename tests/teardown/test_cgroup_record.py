@@ -22,7 +22,9 @@ from cleanslate.hosts.local import LocalExecutor
 from cleanslate.launch._supervise_script import cgroup_parent
 from cleanslate.launch.lifecycle import stop_server
 from cleanslate.store import RunRecord, RunStatus, Store
-from cleanslate.teardown.teardown import CGROUP, TeardownReport, cgroup_op
+from cleanslate.teardown import TeardownReport
+from cleanslate.teardown._host import cgroup_op
+from cleanslate.teardown.scope import CGROUP
 from tests.hosts.conftest import ssh_home, sshd  # noqa: F401
 from tests.teardown._reuse import Strangers, start_time, strangers  # noqa: F401
 

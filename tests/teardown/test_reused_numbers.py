@@ -22,7 +22,7 @@ from cleanslate.hosts.local import LocalExecutor
 from cleanslate.launch.lifecycle import stop_server
 from cleanslate.sim.ledger import allocate
 from cleanslate.store import RunRecord, RunStatus, Store
-from cleanslate.teardown.teardown import TeardownReport
+from cleanslate.teardown import TeardownReport
 from cleanslate.tune.study import StudySpec
 from cleanslate.tune.trial import recover_host
 from tests.teardown._reuse import Strangers, start_time, stat_field, strangers  # noqa: F401

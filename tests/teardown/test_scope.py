@@ -19,22 +19,17 @@ from cleanslate.probe.snapshot import (
     ProcessInfo,
     Snapshot,
 )
-from cleanslate.teardown.teardown import (
+from cleanslate.teardown import Protected, ScopeSpec
+from cleanslate.teardown.scope import (
     CGROUP,
     DESCENDANT,
     ENGINE,
     GROUP,
     MARKER,
     NAMED,
-    PROTECTED_ANCESTOR,
-    PROTECTED_INIT,
-    PROTECTED_KTHREAD,
-    PROTECTED_OWN,
-    PROTECTED_SESSION,
     ROOT,
     SESSION,
     SUPERVISOR,
-    ScopeSpec,
     protected_pids,
     resolve_scope,
     scope_and_protected,
@@ -292,12 +287,12 @@ def test_protected_processes_and_why() -> None:
     member = proc(600, 400, 600, 400, "sleep", ("sleep", "100"))  # a job of our shell
     child = proc(601, ME, 601, 601, "python", ("python", "-I", "-S", "-"))
     protected = protected_pids(host(member, child), {ME})
-    assert protected[1] == PROTECTED_INIT
-    assert protected[2] == PROTECTED_KTHREAD and protected[40] == PROTECTED_KTHREAD
-    assert protected[400] == PROTECTED_ANCESTOR and protected[300] == PROTECTED_ANCESTOR
-    assert protected[600] == PROTECTED_SESSION
-    assert protected[ME] == PROTECTED_OWN
-    assert protected[601] == PROTECTED_OWN and protected[COLLECTOR] == PROTECTED_OWN
+    assert protected[1] == Protected.INIT
+    assert protected[2] == Protected.KTHREAD and protected[40] == Protected.KTHREAD
+    assert protected[400] == Protected.ANCESTOR and protected[300] == Protected.ANCESTOR
+    assert protected[600] == Protected.SESSION
+    assert protected[ME] == Protected.OWN
+    assert protected[601] == Protected.OWN and protected[COLLECTOR] == Protected.OWN
     assert SUP not in protected and ROOTPID not in protected
 
 
@@ -306,7 +301,7 @@ def test_pid_1_is_never_selected_nor_expanded() -> None:
     targets, refused = scope_and_protected(host(), named(1),
                                            now=NOW)
     assert targets == []
-    assert [(t.pid, t.protected) for t in refused] == [(1, PROTECTED_INIT)]
+    assert [(t.pid, t.protected) for t in refused] == [(1, Protected.INIT)]
 
 
 def test_the_calling_shell_is_never_selected() -> None:
@@ -314,7 +309,7 @@ def test_the_calling_shell_is_never_selected() -> None:
     targets, refused = scope_and_protected(host(), named(400),
                                            now=NOW)
     assert targets == []
-    assert refused[0].pid == 400 and refused[0].protected == PROTECTED_ANCESTOR
+    assert refused[0].pid == 400 and refused[0].protected == Protected.ANCESTOR
 
 
 def test_no_path_reaches_a_protected_process() -> None:
@@ -353,7 +348,7 @@ def test_descendant_walk_stops_at_protected_processes() -> None:
         now=NOW)
     assert {t.pid for t in targets} == {2000, 2001}
     assert [(t.pid, t.why, t.protected) for t in refused] == [
-        (2002, DESCENDANT, PROTECTED_SESSION)]
+        (2002, DESCENDANT, Protected.SESSION)]
 
 
 def test_naming_an_ancestor_of_ours_is_refused() -> None:
@@ -367,7 +362,7 @@ def test_naming_an_ancestor_of_ours_is_refused() -> None:
     targets, refused = scope_and_protected(snapshot, named(350),
                                            now=NOW)
     assert targets == []
-    assert [(t.pid, t.protected) for t in refused] == [(350, PROTECTED_ANCESTOR)]
+    assert [(t.pid, t.protected) for t in refused] == [(350, Protected.ANCESTOR)]
 
 
 def test_session_zero_protects_nothing() -> None:

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from cleanslate.hosts.local import LocalExecutor
-from cleanslate.teardown import _signal_script
-from cleanslate.teardown.teardown import ROOT, Target, _wait_gone
+from cleanslate.teardown import Target, _signal_script
+from cleanslate.teardown._host import wait_gone
+from cleanslate.teardown.scope import ROOT
 from tests.conftest import Processes
 
 BOOT = _signal_script._boot_time()
@@ -69,7 +70,7 @@ def test_a_reused_pid_is_not_waited_on(procs: Processes) -> None:
 
 
 def test_teardown_wait_through_the_executor(procs: Processes) -> None:
-    """``_wait_gone`` ships the script to the host: one command returns the living targets, the
+    """``wait_gone`` ships the script to the host: one command returns the living targets, the
     moment the others exit."""
     short = _sleeper(procs, 0.4)
     long = _sleeper(procs, 30)
@@ -80,9 +81,9 @@ def test_teardown_wait_through_the_executor(procs: Processes) -> None:
     async def go() -> tuple[list[Target], list[Target], float]:
         executor = LocalExecutor(sys.executable)
         started = time.monotonic()
-        first = await _wait_gone(executor, targets[:1], 20.0)
+        first = await wait_gone(executor, targets[:1], 20.0)
         waited = time.monotonic() - started
-        both = await _wait_gone(executor, targets, 0.2)
+        both = await wait_gone(executor, targets, 0.2)
         return first, both, waited
 
     first, both, waited = asyncio.run(go())

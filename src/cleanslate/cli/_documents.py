@@ -3,7 +3,7 @@
 The command line is a contract: a document's fields may be added, never renamed or dropped
 (``tests/cli/test_json_keys.py`` holds their keys). ``check --json`` is the
 :class:`~cleanslate.verdict.check.CheckReport` itself and ``clean --json`` (with targets) the
-:class:`~cleanslate.teardown.teardown.TeardownReport`; the others are here. Each is printed with
+:class:`~cleanslate.teardown.TeardownReport`; the others are here. Each is printed with
 :func:`emit`: one JSON document on stdout, nothing else there.
 
 This module imports the records the documents hold (the store's, the smoke test's): the
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, field_serializer
 from cleanslate.doctor.snapshot import HostSnapshot
 from cleanslate.engines import SmokeResult
 from cleanslate.store import RunRecord, RunStatus, TrialRecord
-from cleanslate.teardown.teardown import TargetRecord, TeardownReport
+from cleanslate.teardown import TargetRecord, TeardownReport
 from cleanslate.verdict.check import CheckReport
 
 if TYPE_CHECKING:  # the builders' arguments (Optuna is not loaded for serve or stop)

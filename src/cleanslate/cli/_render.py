@@ -17,7 +17,7 @@ from rich.text import Text
 from cleanslate.cli._common import console
 
 if TYPE_CHECKING:
-    from cleanslate.teardown.teardown import Target, TargetRecord, TeardownReport
+    from cleanslate.teardown import Target, TargetRecord, TeardownReport
     from cleanslate.verdict.check import CheckReport
     from cleanslate.verdict.findings import HostVerdict
 

@@ -25,7 +25,7 @@ from cleanslate.hosts import executor_for
 from cleanslate.verdict.check import DEFAULT_SETTLE_S
 
 if TYPE_CHECKING:
-    from cleanslate.teardown.teardown import Target
+    from cleanslate.teardown import Target
 
 
 def clean(
@@ -69,7 +69,7 @@ def clean(
     if bad:
         raise InputError(f"{bad[0]} is not a process id", where="--pid",
                          hint="a PID is a positive number (see `ps -e`)")
-    from cleanslate.teardown.teardown import ScopeSpec, scan_scope, teardown
+    from cleanslate.teardown import ScopeSpec, scan_scope, teardown
     from cleanslate.verdict.check import CheckOptions
     from cleanslate.verdict.rules import Scope
 

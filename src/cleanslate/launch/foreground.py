@@ -29,7 +29,7 @@ from cleanslate.launch.lifecycle import (
     stop_server,
 )
 from cleanslate.store import RunRecord, RunStatus, Store
-from cleanslate.teardown.teardown import TeardownReport
+from cleanslate.teardown import TeardownReport
 
 #: Called once the server is ready and smoke-tested, before serving: the caller reports it.
 OnReady = Callable[[RunRecord, StartOutcome], None]

@@ -52,7 +52,7 @@ from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, re
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
 from cleanslate.store import HostRecord, RunRecord, Store, local_machine
-from cleanslate.teardown.teardown import (
+from cleanslate.teardown import (
     ScopeSpec,
     TeardownReport,
     skip_teardown,

@@ -2,7 +2,7 @@
 
 A record is a frozen pydantic model. Its nested documents are models too (a run's check
 reports are :class:`~cleanslate.verdict.check.CheckReport`, its teardown a
-:class:`~cleanslate.teardown.teardown.TeardownReport`); maps stay maps only where their keys are
+:class:`~cleanslate.teardown.TeardownReport`); maps stay maps only where their keys are
 data (flags, environment, phases). The JSON a record dumps is the JSON the store holds, key for
 key, so stores written before records were typed read as they are.
 
@@ -24,7 +24,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cleanslate.errors import CleanslateError
-from cleanslate.teardown.teardown import TeardownReport
+from cleanslate.teardown import TeardownReport
 from cleanslate.verdict.check import CheckReport
 
 #: The layout of the documents this cleanslate writes. 1: before versions were recorded;
