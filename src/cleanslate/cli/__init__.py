@@ -66,6 +66,26 @@ def build_app(only: str | None = None) -> typer.Typer:
     return app
 
 
+#: The width of ``--help`` written to a pipe or a file: rich would take 80 columns and cut the
+#: defaults column (``random:input_len=1024,o…``); at this width no default of any command is
+#: cut. ``$COLUMNS`` or ``$TERMINAL_WIDTH`` still decide when set; a terminal keeps its own.
+HELP_PIPE_WIDTH = 160
+
+
+def _help_width(argv: list[str]) -> None:
+    """Widen ``--help`` that is not written to a terminal (see :data:`HELP_PIPE_WIDTH`)."""
+    if "--help" not in argv or "COLUMNS" in os.environ or "TERMINAL_WIDTH" in os.environ:
+        return
+    try:
+        if sys.stdout.isatty():
+            return
+    except (AttributeError, ValueError):
+        pass
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = HELP_PIPE_WIDTH
+
+
 def _command_in(argv: list[str]) -> str | None:
     """The command named on a command line (its first word that is not an option), if it is
     one of :data:`COMMANDS` or :data:`GROUPS`."""
@@ -94,6 +114,7 @@ def main() -> None:
       cannot be read or written): its reason and file; exit 2. Commands name the option where
       they write outputs (``--json``, ``--html``, ``--save-baseline``).
     """
+    _help_width(sys.argv[1:])
     try:
         build_app(_command_in(sys.argv[1:]))()
     except InputError as exc:

@@ -13,11 +13,11 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from cleanslate.cli._common import check_writable, parse_gpus
+from cleanslate.cli._options import GpuBackendOption, JsonOption, SettleOption, store_option
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import require_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for, set_accept_new_host_keys
-from cleanslate.probe.gpu.base import backend_names
 from cleanslate.verdict.baseline import Baseline
 from cleanslate.verdict.check import (
     DEFAULT_SETTLE_S,
@@ -47,14 +47,13 @@ def check(
         "--default-ports/--no-default-ports", help="Also require the default ports of the "
         "engines in scope (8000, 8080, 30000 ...) and the ports of the runs recorded for the "
         "host to be free.")] = True,
-    store: Annotated[str | None, typer.Option(
-        "--store", help="Store whose recorded runs' ports are checked (default: "
+    store: Annotated[str | None, store_option(
+        help="Store whose recorded runs' ports are checked (default: "
         "$CLEANSLATE_STORE or ./cleanslate.db, when it exists; never created by check).")
     ] = None,
     engine: Annotated[list[str] | None, typer.Option(
         "--engine", help="Only these engines' processes count as strays (repeatable).")] = None,
-    gpu_backend: Annotated[str, typer.Option(
-        help="auto, nvml, nvidia-smi, sim or none.")] = "auto",
+    gpu_backend: GpuBackendOption = "auto",
     baseline: Annotated[Path | None, typer.Option(
         help="Compare with an idle-state baseline saved by --save-baseline: listeners new "
         "since then (any port) are errors, processes new since then warnings.")] = None,
@@ -67,10 +66,7 @@ def check(
         help="Seconds --until-clean keeps trying.")] = 60.0,
     interval: Annotated[float, typer.Option(
         help="Seconds between probes with --until-clean.")] = 0.5,
-    settle: Annotated[float, typer.Option(
-        help="Seconds the host must keep reading clean before --until-clean says CLEAN "
-        "(readings back to back; an engine process that reappears meanwhile is DIRTY).")
-    ] = DEFAULT_SETTLE_S,
+    settle: SettleOption = DEFAULT_SETTLE_S,
     timeout: Annotated[float, typer.Option(
         help="Seconds each probe source may take before it counts as unknown.")] = 10.0,
     tolerance_mib: Annotated[int, typer.Option(
@@ -82,15 +78,11 @@ def check(
     accept_new_host_key: Annotated[bool, typer.Option(
         "--accept-new-host-key", help="Trust and record unknown SSH host keys (changed keys are "
         "always refused).")] = False,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON document on stdout and nothing else.")] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """Probe the host(s) and print CLEAN, DIRTY or UNKNOWN (exit 0, 1 or 3)."""
     if accept_new_host_key:
         set_accept_new_host_keys(True)
-    if gpu_backend != "auto" and gpu_backend not in backend_names():
-        raise InputError(f"unknown GPU backend {gpu_backend!r}", where="--gpu-backend",
-                         hint="choose one of auto, " + ", ".join(backend_names()))
     for name, value in (("--deadline", deadline), ("--interval", interval),
                         ("--timeout", timeout)):
         if not math.isfinite(value) or value <= 0:

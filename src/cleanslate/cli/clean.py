@@ -17,6 +17,14 @@ import typer
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err, progress_printer
+from cleanslate.cli._options import (
+    DeadlineOption,
+    GpuBackendOption,
+    GraceOption,
+    JsonOption,
+    SettleOption,
+    StoreOption,
+)
 from cleanslate.cli._render import print_teardown, targets_table
 from cleanslate.cli.stop import stop_run
 from cleanslate.engines.signatures import require_signature
@@ -37,17 +45,12 @@ def clean(
         "--pid", help="A process (and its descendants) to end (repeatable).")] = None,
     host: Annotated[str | None, typer.Option(help="Host (default: this machine).")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Act without asking.")] = False,
-    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 30.0,
-    deadline: Annotated[float, typer.Option(help="Seconds to wait for a clean verdict.")
-                        ] = 60.0,
-    store_url: Annotated[str | None, typer.Option("--store", help="Store URL (--run).")] = None,
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend for verification.")] = "auto",
-    settle: Annotated[float, typer.Option(
-        help="Seconds the verification's settle window lasts (no process may appear in it; "
-        "it opens on the first clean reading, after any GPU memory release).")
-    ] = DEFAULT_SETTLE_S,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
-                        ] = False,
+    grace: GraceOption = 30.0,
+    deadline: DeadlineOption = 60.0,
+    store_url: StoreOption = None,
+    gpu_backend: GpuBackendOption = "auto",
+    settle: SettleOption = DEFAULT_SETTLE_S,
+    json_out: JsonOption = False,
 ) -> None:
     """End a run (--run), an engine's stray processes (--engine) or given PIDs (--pid), then
     verify. --engine and --pid list their targets and act only with --yes or a confirmation.

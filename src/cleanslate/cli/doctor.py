@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cleanslate.cli._common import console, parse_gpus
+from cleanslate.cli._options import JsonOption
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for, set_accept_new_host_keys
 
@@ -33,8 +34,7 @@ def doctor(
     accept_new_host_key: Annotated[bool, typer.Option(
         "--accept-new-host-key", help="Trust and record unknown SSH host keys (changed keys are "
         "always refused).")] = False,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON document on stdout and nothing else.")] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """Examine GPU host(s): driver, devices, topology and P2P, environment, and what each
     finding means for serving (exit 0 no problem, 1 problems, 3 could not tell)."""

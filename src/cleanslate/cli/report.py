@@ -11,6 +11,7 @@ import typer
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err
+from cleanslate.cli._options import StoreOption
 from cleanslate.errors import InputError
 
 if TYPE_CHECKING:  # SQLAlchemy is imported when the command runs
@@ -87,9 +88,7 @@ def _format(fmt: str | None, out: Path | None) -> str | None:
 def report(
     study: Annotated[str, typer.Argument(metavar="STUDY",
                                          help="The study's name (the `name:` of its file).")],
-    store_url: Annotated[str | None, typer.Option(
-        "--store", help="Store URL (default $CLEANSLATE_STORE or sqlite:///cleanslate.db).")
-    ] = None,
+    store_url: StoreOption = None,
     compare: Annotated[list[str] | None, typer.Option(
         "--compare", metavar="OTHER_STUDY",
         help="Another study of the store to put side by side (repeatable); each "

@@ -19,6 +19,7 @@ import typer
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err, parse_gpus, progress_printer
+from cleanslate.cli._options import GpuBackendOption, JsonOption, StoreOption
 from cleanslate.cli._render import print_teardown, render_report
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
@@ -129,19 +130,18 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default: the engine's).")] = None,
     gpus: Annotated[str | None, typer.Option(help="GPUs the run needs, e.g. 0,1.")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Leave it running, recorded.")] = False,
-    store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
+    store_url: StoreOption = None,
     ready_timeout: Annotated[float | None, typer.Option(help="Seconds to become ready.")] = None,
     smoke: Annotated[bool, typer.Option(help="Smoke-test after ready.")] = True,
     smoke_timeout: Annotated[float | None, typer.Option(
         help="Seconds per smoke request.")] = None,
     grace: Annotated[float | None, typer.Option(
         help="Seconds between SIGTERM and SIGKILL at teardown.")] = None,
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
+    gpu_backend: GpuBackendOption = "auto",
     no_preflight: Annotated[bool, typer.Option(
         "--no-preflight", help="Launch even if the host is not clean (not recommended).")
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
-                        ] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """Launch a server on a verified clean host, wait until ready, smoke-test it.
 

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err
+from cleanslate.cli._options import GpuBackendOption, store_option
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
 
@@ -33,8 +34,8 @@ def submit(
     study_file: Annotated[Path, typer.Argument(help="The study file (YAML).")],
     workers: Annotated[int, typer.Option(min=1, max=10_000,
                                          help="Array tasks: one cleanslate worker each.")],
-    store_url: Annotated[str | None, typer.Option(
-        "--store", help="Store URL every node reaches (postgresql://...).")] = None,
+    store_url: Annotated[str | None, store_option(
+        help="Store URL every node reaches (postgresql://...).")] = None,
     gpus_per_worker: Annotated[int | None, typer.Option(
         min=0, max=64, help="GPUs Slurm gives each task (--gres=gpu:G); default: as many as "
         "the study's gpus: names.")] = None,
@@ -43,8 +44,7 @@ def submit(
         "--time", help="Slurm --time of each task, e.g. 4:00:00.")] = None,
     max_parallel: Annotated[int | None, typer.Option(
         min=1, max=10_000, help="Tasks running at once (--array=...%K).")] = None,
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend of the workers' checks.")
-                           ] = "auto",
+    gpu_backend: GpuBackendOption = "auto",
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the batch script; submit nothing, leave the store alone.")
     ] = False,

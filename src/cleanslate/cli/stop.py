@@ -15,6 +15,14 @@ import typer
 from rich.text import Text
 
 from cleanslate.cli._common import console_err, progress_printer
+from cleanslate.cli._options import (
+    DeadlineOption,
+    GpuBackendOption,
+    GraceOption,
+    JsonOption,
+    SettleOption,
+    StoreOption,
+)
 from cleanslate.cli._render import print_teardown
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
@@ -24,17 +32,12 @@ from cleanslate.verdict.check import DEFAULT_SETTLE_S
 
 def stop(
     run_id: Annotated[str, typer.Argument(help="The run id printed by `serve`.")],
-    store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
-    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 30.0,
-    deadline: Annotated[float, typer.Option(help="Seconds to wait for a clean verdict.")
-                        ] = 60.0,
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend for verification.")] = "auto",
-    settle: Annotated[float, typer.Option(
-        help="Seconds the verification's settle window lasts (no process may appear in it; "
-        "it opens on the first clean reading, after any GPU memory release).")
-    ] = DEFAULT_SETTLE_S,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
-                        ] = False,
+    store_url: StoreOption = None,
+    grace: GraceOption = 30.0,
+    deadline: DeadlineOption = 60.0,
+    gpu_backend: GpuBackendOption = "auto",
+    settle: SettleOption = DEFAULT_SETTLE_S,
+    json_out: JsonOption = False,
 ) -> None:
     """Tear down a recorded run and verify the host is clean (same as `clean --run ID`)."""
     raise typer.Exit(stop_run(run_id, store_url, grace, deadline, gpu_backend, json_out,

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err
+from cleanslate.cli._options import GpuBackendOption, JsonOption, StoreOption
 from cleanslate.cli._render import render_report
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
@@ -81,14 +82,13 @@ class ConsoleView(TuneView):
 
 def tune(
     study_file: Annotated[Path, typer.Argument(help="The study file (YAML).")],
-    store_url: Annotated[str | None, typer.Option("--store", help="Store URL.")] = None,
+    store_url: StoreOption = None,
     resume: Annotated[bool, typer.Option(
         "--resume/--no-resume", help="Resume a study of the same name (the default).")] = True,
     host: Annotated[str | None, typer.Option(
         help="Host, overriding the study's host: and hosts:.")] = None,
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
-                        ] = False,
+    gpu_backend: GpuBackendOption = "auto",
+    json_out: JsonOption = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Validate the study (file and flags) and print its plan; launch "
         "nothing and leave the store alone.")] = False,
@@ -103,10 +103,6 @@ def tune(
         raise InputError("--check and --register cannot be given together: --check leaves the "
                          "store alone, --register writes the study to it", where="--register",
                          hint="run --check first, then --register")
-    if gpu_backend != "auto":  # an unknown name: before the store is opened
-        from cleanslate.probe.gpu import backend_class
-
-        backend_class(gpu_backend)
     from cleanslate.tune import load_study, run_study, validate_study_flags
     from cleanslate.tune.controller import check_slot_hosts
 

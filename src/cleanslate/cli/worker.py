@@ -15,14 +15,15 @@ from rich.markup import escape
 from rich.text import Text
 
 from cleanslate.cli._common import console, parse_gpus
+from cleanslate.cli._options import GpuBackendOption, store_option
 from cleanslate.cli.tune import ConsoleView
 from cleanslate.errors import ExitCode
 
 
 def worker(
     study: Annotated[str, typer.Option("--study", help="The study's name in the store.")],
-    store_url: Annotated[str | None, typer.Option(
-        "--store", help="Store URL shared by the fleet (postgresql://... across machines).")
+    store_url: Annotated[str | None, store_option(
+        help="Store URL shared by the fleet (postgresql://... across machines).")
     ] = None,
     host: Annotated[str | None, typer.Option(
         help="The slot's host (default: the study's host, else this machine).")] = None,
@@ -30,7 +31,7 @@ def worker(
         help="The slot's GPUs, e.g. 0,1 (default: the study's).")] = None,
     port: Annotated[int | None, typer.Option(
         min=1, max=65535, help="The slot's port (default: the study's first slot's).")] = None,
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend for the checks.")] = "auto",
+    gpu_backend: GpuBackendOption = "auto",
 ) -> None:
     """Lease trials of a study that `cleanslate tune` started and run them on one slot (host,
     GPUs, port) until its plan or budget is done. Any number of workers may share a store."""
