@@ -26,7 +26,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import IO
 
@@ -93,7 +93,7 @@ class Launcher:
             gpu_mib = int(config["memory_total_mib"])
             gpu_count = int(config["gpus"])
         self.gpu_count = gpu_count
-        settings = SimSettings(**{**opts.settings.to_dict(), "gpu_memory_mib": gpu_mib})
+        settings = replace(opts.settings, gpu_memory_mib=gpu_mib)
         self.model = SimModel(settings)
         self.workers: list[_Worker] = []
         self.engine: Engine | None = None

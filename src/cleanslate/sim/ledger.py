@@ -38,7 +38,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 #: The environment variable that names the ledger directory: read by the simulated engine's
 #: processes (they record their memory there), by the ``sim`` GPU backend and ``--gpu-backend
@@ -51,6 +51,79 @@ DEFAULT_NAME = "Simulated NVIDIA H200 (cleanslate sim, not a real GPU)"
 CONFIG_FILE = "config.json"
 
 
+# The documents of the ledger (TypedDicts of Python 3.8's ``typing``: the host's Python may be
+# that old; optional keys are those of a ``total=False`` class).
+
+
+class ConfigFile(TypedDict, total=False):
+    """``config.json`` as :func:`write_config` writes it (every key optional)."""
+
+    gpus: int
+    memory_total_mib: int
+    name: str
+    idle_used_mib: int
+
+
+class LedgerConfig(TypedDict):
+    """The ledger's configuration as :func:`read_config` reads it: every key, with defaults."""
+
+    gpus: int
+    memory_total_mib: int
+    name: str
+    idle_used_mib: int
+
+
+class Allocation(TypedDict):
+    """One ``alloc-<pid>-<gpu>.json`` entry (see the module docstring)."""
+
+    pid: int
+    start_ticks: int | None
+    gpu: int
+    used_mib: int
+    name: str
+    release_delay_s: float
+    gone_at: float | None
+
+
+class GoneStamp(TypedDict):
+    """A ``gone-<pid>-<gpu>.json`` file: when the reader first saw the owner gone."""
+
+    gone_at: float
+
+
+class LedgerProcess(TypedDict):
+    """A process holding memory on a simulated GPU, as the reader lists it."""
+
+    pid: int
+    used_mib: int
+    name: str | None
+
+
+class LedgerGpu(TypedDict):
+    """One simulated GPU as the reader sees it."""
+
+    index: int
+    memory_used_mib: int
+    memory_total_mib: int
+    name: str
+    processes: list[LedgerProcess]
+    releasing_mib: int
+
+
+class _LedgerResultBase(TypedDict):
+    ok: bool
+
+
+class LedgerResult(_LedgerResultBase, total=False):
+    """What the reader prints: ``ok`` with ``gpus``, ``directory`` and maybe ``note``, or
+    ``ok`` false with ``error``."""
+
+    error: str
+    gpus: list[LedgerGpu]
+    directory: str
+    note: str
+
+
 def ledger_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """The ledger directory named by :data:`SIM_GPU_DIR_ENV` in ``environ`` (this process's
     environment when ``None``), or ``None`` when it names none."""
@@ -58,23 +131,23 @@ def ledger_dir(environ: Mapping[str, str] | None = None) -> str | None:
     return value or None
 
 
-def read_config(directory: str) -> dict[str, Any]:
-    """The ledger's GPU count, size and name, with defaults for what the config omits."""
-    config: dict[str, Any] = {
-        "gpus": DEFAULT_GPUS,
-        "memory_total_mib": DEFAULT_MEMORY_MIB,
-        "name": DEFAULT_NAME,
-        "idle_used_mib": 0,
-    }
+def read_config(directory: str) -> LedgerConfig:
+    """The ledger's GPU count, size and name, with defaults for what the config omits (the
+    values the file holds are taken as they are)."""
     path = os.path.join(directory, CONFIG_FILE)
     try:
         with open(path, encoding="utf-8") as fh:
             loaded = json.load(fh)
     except FileNotFoundError:
-        return config
-    if isinstance(loaded, dict):
-        config.update({k: v for k, v in loaded.items() if k in config})
-    return config
+        loaded = None
+    if not isinstance(loaded, dict):
+        loaded = {}
+    return {
+        "gpus": loaded.get("gpus", DEFAULT_GPUS),
+        "memory_total_mib": loaded.get("memory_total_mib", DEFAULT_MEMORY_MIB),
+        "name": loaded.get("name", DEFAULT_NAME),
+        "idle_used_mib": loaded.get("idle_used_mib", 0),
+    }
 
 
 def write_config(
@@ -120,7 +193,7 @@ def owner_alive(pid: int, start_ticks: int | None) -> bool:
     return True
 
 
-def _atomic_write(path: str, payload: dict[str, Any]) -> None:
+def _atomic_write(path: str, payload: ConfigFile | Allocation | GoneStamp) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(payload, fh)
@@ -176,7 +249,7 @@ def release(directory: str, gpu: int, pid: int | None = None) -> None:
             os.unlink(path)
 
 
-def read_ledger(directory: str, now: float | None = None) -> dict[str, Any]:
+def read_ledger(directory: str, now: float | None = None) -> LedgerResult:
     """Read the ledger with the driver's semantics (see the module docstring)."""
     now = time.time() if now is None else now
     if not os.path.isdir(directory):
@@ -189,7 +262,7 @@ def read_ledger(directory: str, now: float | None = None) -> dict[str, Any]:
         names = sorted(os.listdir(directory))
     except (OSError, ValueError, TypeError) as exc:
         return {"ok": False, "error": f"cannot read simulated GPU ledger {directory!r}: {exc}"}
-    gpus: list[dict[str, Any]] = [
+    gpus: list[LedgerGpu] = [
         {
             "index": i,
             "memory_used_mib": idle,
@@ -242,7 +315,7 @@ def read_ledger(directory: str, now: float | None = None) -> dict[str, Any]:
         for stale in (path, gone_path):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
-    result: dict[str, Any] = {"ok": True, "gpus": gpus, "directory": directory}
+    result: LedgerResult = {"ok": True, "gpus": gpus, "directory": directory}
     if notes:
         result["note"] = "; ".join(notes)
     return result

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 #: The default simulated GPU: an H200 (``nvidia-smi`` reports 143771 MiB).
 DEFAULT_GPU_MIB = 143_771
@@ -59,6 +60,15 @@ RETRACT_DECODE_STEPS = 20  # a retraction frees room for this many decode steps 
 #: (both live outside the static pool): for the default settings about 0.928 with CUDA graphs
 #: and 0.944 without them (see :meth:`SimModel.memory_plan`).
 
+class SteadyWorkload(TypedDict):
+    """The workload :func:`steady_value` scores a configuration under: prompts of
+    ``input_len`` tokens asking for ``output_len`` tokens (``kind`` as a study file names it)."""
+
+    kind: str
+    input_len: int
+    output_len: int
+
+
 #: The default search space of the quick start (flag -> values, SGLang spelling), meant with
 #: :data:`QUICKSTART_FIXED`, :data:`QUICKSTART_WORKLOAD`, :data:`QUICKSTART_CONCURRENCY` and
 #: :data:`QUICKSTART_TTFT_SLO_S` (:func:`steady_value` scores it). Its best configuration
@@ -67,7 +77,7 @@ RETRACT_DECODE_STEPS = 20  # a retraction frees room for this many decode steps 
 #: the graphs does not start; CUDA graphs speed every decode step; a larger chunk pays fewer
 #: fixed prefill costs; 64 running requests cap the batch; and with CUDA graphs, a decode batch
 #: above ``cuda-graph-max-bs`` (128) crashes at concurrency 256 but not at 128.
-QUICKSTART_SPACE: dict[str, list[Any]] = {
+QUICKSTART_SPACE: dict[str, list[float] | list[bool] | list[int]] = {
     "mem-fraction-static": [0.80, 0.85, 0.88, 0.92, 0.95],
     "disable-cuda-graph": [True, False],
     "max-running-requests": [64, 128, 256, 512],
@@ -75,8 +85,8 @@ QUICKSTART_SPACE: dict[str, list[Any]] = {
 }
 
 #: The fixed flags and workload the quick-start space is meant for.
-QUICKSTART_FIXED: dict[str, Any] = {"tp-size": 1, "cuda-graph-max-bs": 128}
-QUICKSTART_WORKLOAD: dict[str, Any] = {"kind": "random", "input_len": 1024, "output_len": 128}
+QUICKSTART_FIXED: dict[str, int] = {"tp-size": 1, "cuda-graph-max-bs": 128}
+QUICKSTART_WORKLOAD: SteadyWorkload = {"kind": "random", "input_len": 1024, "output_len": 128}
 QUICKSTART_CONCURRENCY: list[int] = [32, 128, 256]
 #: The latency bound the quick-start surface is judged under: mean TTFT, seconds.
 QUICKSTART_TTFT_SLO_S = 8.0
@@ -105,8 +115,32 @@ class SimSettings:
     cold_start_steps: int = COLD_STEPS
     drift: float = DRIFT_SIGMA
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> SettingsDict:
+        """The settings as a dict of their fields (a copy)."""
+        return cast(SettingsDict, dict(self.__dict__))
+
+
+class SettingsDict(TypedDict):
+    """:class:`SimSettings` as a dict (:meth:`SimSettings.to_dict`): one key per field."""
+
+    tp_size: int
+    mem_fraction_static: float
+    disable_cuda_graph: bool
+    cuda_graph_max_bs: int
+    max_running_requests: int
+    chunked_prefill_size: int
+    context_length: int
+    disable_radix_cache: bool
+    gpu_memory_mib: int
+    time_scale: float
+    seed: int
+    noise_seed: int | None
+    run_marker: str | None
+    host_noise: float
+    cold_start: float
+    cold_start_decode: float
+    cold_start_steps: int
+    drift: float
 
 
 @dataclass(frozen=True)
@@ -317,10 +351,10 @@ class SimModel:
         return {"output_throughput": throughput, "ttft_s": ttft, "batch": float(b)}
 
 
-def settings_from_flags(flags: dict[str, Any]) -> SimSettings:
+def settings_from_flags(flags: Mapping[str, object]) -> SimSettings:
     """Build settings from SGLang-spelled flags (``mem-fraction-static`` ...); unknown keys are
     ignored here (the CLI validates them)."""
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {}  # the flags' values as given: the dataclass does not convert
     for key, value in flags.items():
         name = key.lstrip("-").replace("-", "_")
         if name in SimSettings.__dataclass_fields__:
@@ -328,9 +362,9 @@ def settings_from_flags(flags: dict[str, Any]) -> SimSettings:
     return SimSettings(**kw)
 
 
-def steady_value(flags: dict[str, Any], concurrency: list[int] | None = None,
+def steady_value(flags: Mapping[str, object], concurrency: list[int] | None = None,
                  ttft_slo_s: float = QUICKSTART_TTFT_SLO_S,
-                 workload: dict[str, Any] | None = None) -> float | None:
+                 workload: SteadyWorkload | None = None) -> float | None:
     """What a study's trial of these flags would score, from the steady-state estimate: the
     output tokens/s of its best level, the levels climbing in ascending order and stopping at
     the first crash (CUDA graphs above ``cuda-graph-max-bs``) or mean TTFT above the SLO, as
