@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 
 from cleanslate.bench import SLO, BenchConfig, ClosedLoop, LevelResult
 from cleanslate.bench import _metrics as m
 from cleanslate.bench._client import RequestRecord
-from cleanslate.bench._runner import _result
+from cleanslate.bench._summary import LevelRun, level_result
 
 
 def rec(
@@ -79,11 +76,8 @@ def test_max_in_flight() -> None:
 
 def level_of(records: list[RequestRecord], slo: SLO, reason: str | None = None) -> LevelResult:
     config = BenchConfig(url="http://127.0.0.1:1", model="m", slo=slo)
-    level: Any = SimpleNamespace(
-        config=config, records=records, tokenizer=None, abort_reason=reason, capped=False,
-        reference=None,
-    )
-    return _result(level, ClosedLoop(concurrency=2), 0.5, 2.0, len(records))
+    run = LevelRun(config=config, records=records, abort_reason=reason)
+    return level_result(run, ClosedLoop(concurrency=2), 0.5, 2.0, len(records))
 
 
 def test_level_totals_throughputs_and_goodput_by_hand() -> None:

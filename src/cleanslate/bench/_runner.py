@@ -40,11 +40,9 @@ from cleanslate.bench import _metrics as m
 from cleanslate.bench._arrivals import iter_offsets
 from cleanslate.bench._client import (
     CONNECTION_ERRORS,
-    DETAIL_CHARS,
     RequestBuilder,
     RequestRecord,
     aborted_record,
-    printable,
     send_request,
 )
 from cleanslate.bench._limits import MAX_NUM_PROMPTS
@@ -55,20 +53,11 @@ from cleanslate.bench._models import (
     LevelResult,
     OpenLoop,
 )
-from cleanslate.bench._repeats import combine, steady_verdict, target_reached, validity
+from cleanslate.bench._repeats import combine, target_reached
+from cleanslate.bench._summary import LevelRun, level_result
 from cleanslate.bench._tokens import HFTokenizer, Tokenizer
-from cleanslate.bench._workloads import Prompt, RandomWorkload, generate
+from cleanslate.bench._workloads import Prompt, generate
 from cleanslate.hosts.forward import connector_for, open_connection
-from cleanslate.outputs import has_nan_marker, judge_text, level_verdict
-
-#: Client CPU use (CPU seconds / wall seconds) above which a level warns that the client may
-#: itself be the bottleneck. The event loop runs on one core.
-CPU_SATURATION = 0.9
-
-#: On the chat endpoint a chat template's head is the same for every request and an engine
-#: may serve it from its prefix cache: a random workload warns about cached prompt tokens
-#: there only above this share of its input tokens (on completions, above none).
-CHAT_CACHED_SHARE = 0.10
 
 
 @dataclass
@@ -111,39 +100,6 @@ def sampled(index: int) -> bool:
     if index < SAMPLE_FIRST:
         return True
     return index % SAMPLE_EVERY == 0 and SAMPLE_FIRST + index // SAMPLE_EVERY <= SAMPLE_MAX
-
-
-def output_checks(records: list[RequestRecord], ignore_eos: bool
-                  ) -> tuple[int, dict[str, int], list[str]]:
-    """(samples, issue counts, evidence) of a level's sampled requests: their text judged by
-    :func:`cleanslate.outputs.judge_text`, error finishes, short outputs under ``ignore_eos``,
-    and error payloads (HTTP 200 streams whose ``error`` names NaN)."""
-    issues: dict[str, int] = {}
-    evidence: list[str] = []
-    samples = 0
-
-    def note(issue: str, text: str) -> None:
-        issues[issue] = issues.get(issue, 0) + 1
-        if len(evidence) < 3:
-            evidence.append(f"{issue}: {printable(text, 200)}")
-
-    for r in records:
-        if r.text is None:
-            continue
-        samples += 1
-        if r.error == "server_error" and has_nan_marker(r.error_detail or ""):
-            note("nan", f"error event: {r.error_detail}")
-            continue
-        if r.error is not None:
-            continue  # counted as a failed request already
-        judged = judge_text(r.text)
-        if judged is not None:
-            note(judged[0], judged[1])
-        elif r.error_finish:
-            note("error_finish", f"finish_reason error after {r.text[:120]!r}")
-        elif ignore_eos and r.output_source != "approx" and r.output_tokens < r.requested_output:
-            note("short", f"{r.output_tokens} of {r.requested_output} tokens: {r.text[:120]!r}")
-    return samples, dict(sorted(issues.items())), evidence
 
 
 class _Level:
@@ -335,190 +291,6 @@ class _Level:
             await asyncio.gather(main, dog, aborted, *self.tasks, return_exceptions=True)
 
 
-def _result(
-    level: _Level, load: ClosedLoop | OpenLoop, cpu_s: float, wall_s: float, num_prompts: int,
-    latency: dict[str, np.ndarray] | None = None,
-) -> LevelResult:
-    """The level's result from its records; ``latency``: their samples
-    (:func:`cleanslate.bench._metrics.samples_ms`), computed here when not given."""
-    config = level.config
-    records = level.records
-    ok = [r for r in records if r.ok]
-    if records:
-        start, end = m.window(records)
-        duration = max(end - start, 1e-9)
-    else:
-        duration = 0.0
-    total_in = sum(r.input_tokens for r in ok)
-    total_out = sum(r.output_tokens for r in ok)
-
-    def per_s(x: float) -> float:
-        return x / duration if duration > 0 else 0.0
-
-    good: int | None = None
-    goodput: float | None = None
-    if not config.slo.is_empty():
-        good = sum(1 for r in records if m.is_good(r, config.slo))
-        goodput = per_s(good)
-    tpots = [t for t in (m.tpot_s(r) for r in ok) if t is not None]
-    errors = Counter(r.error for r in records if r.error is not None)
-    details: dict[str, str] = {}
-    for r in records:
-        if r.error is not None and r.error not in details:
-            details[r.error] = (r.error_detail or "")[:DETAIL_CHARS]
-    warnings: list[str] = []
-    if config.ignore_eos:
-        for kind in ("http_422", "http_400"):
-            body = details.get(kind, "")
-            if "ignore_eos" in body or "min_tokens" in body:
-                warnings.append(
-                    f"the server rejected requests with {kind} naming ignore_eos/min_tokens "
-                    f"({body[:120]}): it does not accept them; run again with --no-ignore-eos "
-                    "(BenchConfig.ignore_eos=False), output lengths are then up to the model"
-                )
-                break
-    if level.capped:
-        warnings.append(
-            f"the level stopped sending after {MAX_NUM_PROMPTS:,} requests (the cap per level) "
-            "before its duration ended"
-        )
-    out_sources: Counter[str] = Counter(r.output_source for r in ok)
-    in_sources: Counter[str] = Counter(r.input_source for r in ok)
-    short = [r for r in ok if r.output_source != "approx" and r.output_tokens < r.requested_output]
-    if short and config.ignore_eos:
-        warnings.append(
-            f"{len(short)} of {len(ok)} requests got fewer output tokens than requested "
-            f"(e.g. {short[0].output_tokens} < {short[0].requested_output}): the server may "
-            "ignore ignore_eos/min_tokens, so output lengths are not controlled"
-        )
-    if ok and out_sources.get("server", 0) < len(ok):
-        warnings.append(
-            "the server sent no usage for some requests: their output tokens were counted "
-            + ("with the tokenizer" if level.tokenizer else "as one per content event (approx)")
-        )
-    malformed = sum(r.malformed for r in records)
-    if malformed:
-        warnings.append(f"{malformed} malformed SSE events/lines were skipped")
-    samples, issues, evidence = output_checks(records, config.ignore_eos)
-    reference = level.reference
-    bad = level_verdict(samples, issues,
-                        dict(reference.output_issues) if reference is not None else None,
-                        reference.output_samples if reference is not None else 0)
-    if bad is not None:
-        warnings.append(f"bad output: {issues[bad]} of {samples} sampled responses show "
-                        f"{bad} (e.g. {evidence[0] if evidence else '-'})")
-    retried = sum(r.retried for r in records)
-    reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    if retried:
-        warnings.append(
-            f"the server closed kept-alive connections without saying so: {retried} requests "
-            "were sent again on a new connection, and later ones did not reuse connections"
-        )
-    cpu_util = cpu_s / wall_s if wall_s > 0 else 0.0
-    if cpu_util > CPU_SATURATION:
-        warnings.append(
-            f"the client used {cpu_util:.0%} of a CPU core: it may be the bottleneck; "
-            "measure with fewer concurrent requests per client or several clients"
-        )
-    sends = sorted(r.t_send for r in records)
-    achieved = (
-        (len(sends) - 1) / (sends[-1] - sends[0])
-        if len(sends) > 1 and sends[-1] > sends[0]
-        else 0.0
-    )
-    cached = sum(reported) if reported else None
-    if cached and _prefix_free(config):
-        share = cached / total_in if total_in else 1.0
-        if config.endpoint == "completions" or share > CHAT_CACHED_SHARE:
-            warnings.append(
-                f"the server served {cached:,} prompt tokens ({share:.1%} of the input) from "
-                "its prefix cache on a random workload without a shared prefix: the prompts "
-                "were seen before (a level or repeat with the same seed, or another client), "
-                "so prefill was not measured in full")
-    is_open = isinstance(load, OpenLoop)
-    partial = level.abort_reason is not None
-    if partial:
-        warnings.append(f"level ended early: {level.abort_reason}")
-    error_rate, valid, invalid_reason = validity(
-        len(ok), len(records) - len(ok), config.max_error_rate, level.abort_reason)
-    window = (m.steady(records, load.concurrency, duration)
-              if isinstance(load, ClosedLoop) and records else None)
-    steady_share: float | None = None
-    if isinstance(load, ClosedLoop):
-        steady_share = window.share if window is not None else 0.0
-    steady_ok, steady_warning = steady_verdict(steady_share)
-    if steady_warning is not None:
-        warnings.append(steady_warning)
-    steady_ttft = m.stats_ms(window.ttft_s) if window is not None else None
-    steady_tpot = m.stats_ms(window.tpot_s) if window is not None else None
-    if latency is None:
-        latency = m.samples_ms(records)
-    return LevelResult(
-        label=load.label,
-        load=load,
-        completed=len(ok),
-        failed=len(records) - len(ok),
-        num_prompts=num_prompts,
-        duration=duration,
-        total_input_tokens=total_in,
-        total_output_tokens=total_out,
-        request_throughput=per_s(len(ok)),
-        output_throughput=per_s(total_out),
-        total_token_throughput=per_s(total_in + total_out),
-        request_goodput=goodput,
-        good_requests=good,
-        max_concurrency=load.concurrency if isinstance(load, ClosedLoop) else load.max_concurrency,
-        max_concurrent_requests=m.max_in_flight(records) if records else 0,
-        request_rate=(None if not is_open or math.isinf(load.rate) else load.rate),  # type: ignore[union-attr]
-        burstiness=load.burstiness if isinstance(load, OpenLoop) else None,
-        achieved_request_rate=achieved,
-        ttft_ms=m.stats_ms([m.ttft_s(r) for r in ok]),
-        tpot_ms=m.stats_ms(tpots),
-        itl_ms=m.stats_ms(m.pooled_itls(ok)),
-        e2el_ms=m.stats_ms([m.e2e_s(r) for r in ok]),
-        errors=dict(sorted(errors.items())),
-        error_details=dict(sorted(details.items())),
-        malformed_sse_events=malformed,
-        connection_retries=retried,
-        cached_prompt_tokens=cached,
-        output_samples=samples,
-        output_issues=issues,
-        output_evidence=tuple(evidence),
-        bad_output=bad,
-        output_tokens_source=m.source_of(out_sources),
-        input_tokens_source=m.source_of(in_sources),
-        requested_output_tokens=sum(r.requested_output for r in ok),
-        short_output_requests=len(short),
-        partial=partial,
-        partial_reason=level.abort_reason,
-        client_cpu_s=cpu_s,
-        client_wall_s=wall_s,
-        client_cpu_util=cpu_util,
-        warnings=tuple(warnings),
-        seed=config.seed,
-        error_rate=error_rate,
-        valid=valid,
-        invalid_reason=invalid_reason,
-        steady_share=steady_share,
-        steady_duration=(window.end - window.start) if window is not None else None,
-        steady_output_throughput=window.output_throughput if window is not None else None,
-        steady_request_throughput=window.request_throughput if window is not None else None,
-        steady_requests=window.requests if window is not None else None,
-        steady_median_ttft_ms=steady_ttft.median if steady_ttft is not None else None,
-        steady_p99_ttft_ms=steady_ttft.p99 if steady_ttft is not None else None,
-        steady_median_tpot_ms=steady_tpot.median if steady_tpot is not None else None,
-        steady_p99_tpot_ms=steady_tpot.p99 if steady_tpot is not None else None,
-        steady_ok=steady_ok,
-        limit_counts=m.limit_counts(latency, config.limits),
-    )
-
-
-def _prefix_free(config: BenchConfig) -> bool:
-    """Whether the workload's prompts share nothing a prefix cache could serve (a random
-    workload without a shared prefix)."""
-    return isinstance(config.workload, RandomWorkload) and config.workload.prefix_len == 0
-
-
 def make_session(config: BenchConfig) -> aiohttp.ClientSession:
     """The one connection pool of a run: keep-alive, no connection limit; a read that waits
     longer than ``read_timeout_s`` fails the request as ``timeout`` (each request's total
@@ -651,8 +423,11 @@ async def _measure(
         cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
     progress.finished = True
     latency = m.samples_ms(level.records)
-    return _result(level, load, cpu_s, wall_s, len(prompts) if config.duration_s is None else 0,
-                   latency), latency
+    run = LevelRun(config=config, records=level.records, capped=level.capped,
+                   tokenized=level.tokenizer is not None, reference=level.reference,
+                   abort_reason=level.abort_reason)
+    return level_result(run, load, cpu_s, wall_s,
+                        len(prompts) if config.duration_s is None else 0, latency), latency
 
 
 async def run_repeats(

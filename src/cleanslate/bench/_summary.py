@@ -1,0 +1,316 @@
+"""A measured level's result: the figures aggregated from its request records
+(:func:`level_result`), and its warnings, one rule each (:data:`WARNING_RULES`), every rule a
+function of the level's :class:`Facts` that returns its sentence or ``None``."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cleanslate.bench import _metrics as m
+from cleanslate.bench._client import DETAIL_CHARS, RequestRecord, printable
+from cleanslate.bench._limits import MAX_NUM_PROMPTS
+from cleanslate.bench._models import BenchConfig, ClosedLoop, LevelResult, OpenLoop
+from cleanslate.bench._repeats import steady_verdict, validity
+from cleanslate.bench._workloads import RandomWorkload
+from cleanslate.outputs import has_nan_marker, judge_text, level_verdict
+
+#: Client CPU use (CPU seconds / wall seconds) above which a level warns that the client may
+#: itself be the bottleneck. The event loop runs on one core.
+CPU_SATURATION = 0.9
+
+#: On the chat endpoint a chat template's head is the same for every request and an engine
+#: may serve it from its prefix cache: a random workload warns about cached prompt tokens
+#: there only above this share of its input tokens (on completions, above none).
+CHAT_CACHED_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    """What a measured level leaves for its summary: its records, whether it hit the request
+    cap, whether a tokenizer counted tokens, the run's first level (``reference``, whose
+    sampled outputs tell whether this level's went bad under load) and why it ended early."""
+
+    config: BenchConfig
+    records: list[RequestRecord]
+    capped: bool = False
+    tokenized: bool = False
+    reference: LevelResult | None = None
+    abort_reason: str | None = None
+
+
+def output_checks(records: list[RequestRecord], ignore_eos: bool
+                  ) -> tuple[int, dict[str, int], list[str]]:
+    """(samples, issue counts, evidence) of a level's sampled requests: their text judged by
+    :func:`cleanslate.outputs.judge_text`, error finishes, short outputs under ``ignore_eos``,
+    and error payloads (HTTP 200 streams whose ``error`` names NaN)."""
+    issues: dict[str, int] = {}
+    evidence: list[str] = []
+    samples = 0
+
+    def note(issue: str, text: str) -> None:
+        issues[issue] = issues.get(issue, 0) + 1
+        if len(evidence) < 3:
+            evidence.append(f"{issue}: {printable(text, 200)}")
+
+    for r in records:
+        if r.text is None:
+            continue
+        samples += 1
+        if r.error == "server_error" and has_nan_marker(r.error_detail or ""):
+            note("nan", f"error event: {r.error_detail}")
+            continue
+        if r.error is not None:
+            continue  # counted as a failed request already
+        judged = judge_text(r.text)
+        if judged is not None:
+            note(judged[0], judged[1])
+        elif r.error_finish:
+            note("error_finish", f"finish_reason error after {r.text[:120]!r}")
+        elif ignore_eos and r.output_source != "approx" and r.output_tokens < r.requested_output:
+            note("short", f"{r.output_tokens} of {r.requested_output} tokens: {r.text[:120]!r}")
+    return samples, dict(sorted(issues.items())), evidence
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a level's warnings are judged on, read once from its records."""
+
+    run: LevelRun
+    ok: list[RequestRecord]
+    details: dict[str, str]  # the first error detail of each error kind
+    short: list[RequestRecord]  # completed with fewer output tokens than asked for
+    out_sources: Counter[str]
+    malformed: int
+    retried: int
+    cpu_util: float
+    cached: int | None
+    total_in: int
+    samples: int
+    issues: dict[str, int]
+    evidence: list[str]
+    bad: str | None  # the output issue that makes the level's output bad
+    steady_warning: str | None
+
+
+def rejected_ignore_eos(f: Facts) -> str | None:
+    """The server refused ``ignore_eos``/``min_tokens`` (HTTP 422 or 400 naming them)."""
+    if not f.run.config.ignore_eos:
+        return None
+    for kind in ("http_422", "http_400"):
+        body = f.details.get(kind, "")
+        if "ignore_eos" in body or "min_tokens" in body:
+            return (f"the server rejected requests with {kind} naming ignore_eos/min_tokens "
+                    f"({body[:120]}): it does not accept them; run again with --no-ignore-eos "
+                    "(BenchConfig.ignore_eos=False), output lengths are then up to the model")
+    return None
+
+
+def capped(f: Facts) -> str | None:
+    if not f.run.capped:
+        return None
+    return (f"the level stopped sending after {MAX_NUM_PROMPTS:,} requests (the cap per level) "
+            "before its duration ended")
+
+
+def short_outputs(f: Facts) -> str | None:
+    if not (f.short and f.run.config.ignore_eos):
+        return None
+    return (f"{len(f.short)} of {len(f.ok)} requests got fewer output tokens than requested "
+            f"(e.g. {f.short[0].output_tokens} < {f.short[0].requested_output}): the server may "
+            "ignore ignore_eos/min_tokens, so output lengths are not controlled")
+
+
+def no_usage(f: Facts) -> str | None:
+    if not f.ok or f.out_sources.get("server", 0) >= len(f.ok):
+        return None
+    return ("the server sent no usage for some requests: their output tokens were counted "
+            + ("with the tokenizer" if f.run.tokenized
+               else "as one per content event (approx)"))
+
+
+def malformed(f: Facts) -> str | None:
+    return f"{f.malformed} malformed SSE events/lines were skipped" if f.malformed else None
+
+
+def bad_output(f: Facts) -> str | None:
+    if f.bad is None:
+        return None
+    return (f"bad output: {f.issues[f.bad]} of {f.samples} sampled responses show "
+            f"{f.bad} (e.g. {f.evidence[0] if f.evidence else '-'})")
+
+
+def retried(f: Facts) -> str | None:
+    if not f.retried:
+        return None
+    return (f"the server closed kept-alive connections without saying so: {f.retried} requests "
+            "were sent again on a new connection, and later ones did not reuse connections")
+
+
+def cpu_bound(f: Facts) -> str | None:
+    if f.cpu_util <= CPU_SATURATION:
+        return None
+    return (f"the client used {f.cpu_util:.0%} of a CPU core: it may be the bottleneck; "
+            "measure with fewer concurrent requests per client or several clients")
+
+
+def prefix_cached(f: Facts) -> str | None:
+    """Prompt tokens served from the prefix cache on a workload that shares no prefix."""
+    config = f.run.config
+    prefix_free = isinstance(config.workload, RandomWorkload) and config.workload.prefix_len == 0
+    if not f.cached or not prefix_free:
+        return None
+    share = f.cached / f.total_in if f.total_in else 1.0
+    if config.endpoint != "completions" and share <= CHAT_CACHED_SHARE:
+        return None
+    return (f"the server served {f.cached:,} prompt tokens ({share:.1%} of the input) from "
+            "its prefix cache on a random workload without a shared prefix: the prompts "
+            "were seen before (a level or repeat with the same seed, or another client), "
+            "so prefill was not measured in full")
+
+
+def ended_early(f: Facts) -> str | None:
+    reason = f.run.abort_reason
+    return f"level ended early: {reason}" if reason is not None else None
+
+
+def unsteady(f: Facts) -> str | None:
+    return f.steady_warning
+
+
+#: The warning rules, in the order a level lists their sentences.
+WARNING_RULES: tuple[Callable[[Facts], str | None], ...] = (
+    rejected_ignore_eos, capped, short_outputs, no_usage, malformed, bad_output, retried,
+    cpu_bound, prefix_cached, ended_early, unsteady,
+)
+
+
+def level_result(
+    run: LevelRun, load: ClosedLoop | OpenLoop, cpu_s: float, wall_s: float, num_prompts: int,
+    latency: dict[str, np.ndarray] | None = None,
+) -> LevelResult:
+    """The level's result from its records; ``latency``: their samples
+    (:func:`cleanslate.bench._metrics.samples_ms`), computed here when not given."""
+    config = run.config
+    records = run.records
+    ok = [r for r in records if r.ok]
+    if records:
+        start, end = m.window(records)
+        duration = max(end - start, 1e-9)
+    else:
+        duration = 0.0
+    total_in = sum(r.input_tokens for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    good: int | None = None
+    goodput: float | None = None
+    if not config.slo.is_empty():
+        good = sum(1 for r in records if m.is_good(r, config.slo))
+        goodput = per_s(good)
+    errors = Counter(r.error for r in records if r.error is not None)
+    details: dict[str, str] = {}
+    for r in records:
+        if r.error is not None and r.error not in details:
+            details[r.error] = (r.error_detail or "")[:DETAIL_CHARS]
+    out_sources: Counter[str] = Counter(r.output_source for r in ok)
+    in_sources: Counter[str] = Counter(r.input_source for r in ok)
+    short = [r for r in ok if r.output_source != "approx" and r.output_tokens < r.requested_output]
+    samples, issues, evidence = output_checks(records, config.ignore_eos)
+    reference = run.reference
+    bad = level_verdict(samples, issues,
+                        dict(reference.output_issues) if reference is not None else None,
+                        reference.output_samples if reference is not None else 0)
+    reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    cached = sum(reported) if reported else None
+    cpu_util = cpu_s / wall_s if wall_s > 0 else 0.0
+    sends = sorted(r.t_send for r in records)
+    achieved = ((len(sends) - 1) / (sends[-1] - sends[0])
+                if len(sends) > 1 and sends[-1] > sends[0] else 0.0)
+    is_open = isinstance(load, OpenLoop)
+    error_rate, valid, invalid_reason = validity(
+        len(ok), len(records) - len(ok), config.max_error_rate, run.abort_reason)
+    window = (m.steady(records, load.concurrency, duration)
+              if isinstance(load, ClosedLoop) and records else None)
+    steady_share: float | None = None
+    if isinstance(load, ClosedLoop):
+        steady_share = window.share if window is not None else 0.0
+    steady_ok, steady_warning = steady_verdict(steady_share)
+    facts = Facts(run=run, ok=ok, details=details, short=short, out_sources=out_sources,
+                  malformed=sum(r.malformed for r in records),
+                  retried=sum(r.retried for r in records), cpu_util=cpu_util, cached=cached,
+                  total_in=total_in, samples=samples, issues=issues, evidence=evidence, bad=bad,
+                  steady_warning=steady_warning)
+    warnings = tuple(text for rule in WARNING_RULES if (text := rule(facts)) is not None)
+    steady_ttft = m.stats_ms(window.ttft_s) if window is not None else None
+    steady_tpot = m.stats_ms(window.tpot_s) if window is not None else None
+    if latency is None:
+        latency = m.samples_ms(records)
+    return LevelResult(
+        label=load.label,
+        load=load,
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        num_prompts=num_prompts,
+        duration=duration,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=per_s(len(ok)),
+        output_throughput=per_s(total_out),
+        total_token_throughput=per_s(total_in + total_out),
+        request_goodput=goodput,
+        good_requests=good,
+        max_concurrency=load.concurrency if isinstance(load, ClosedLoop) else load.max_concurrency,
+        max_concurrent_requests=m.max_in_flight(records) if records else 0,
+        request_rate=(None if not is_open or math.isinf(load.rate) else load.rate),  # type: ignore[union-attr]
+        burstiness=load.burstiness if isinstance(load, OpenLoop) else None,
+        achieved_request_rate=achieved,
+        ttft_ms=m.stats_ms([m.ttft_s(r) for r in ok]),
+        tpot_ms=m.stats_ms([t for t in (m.tpot_s(r) for r in ok) if t is not None]),
+        itl_ms=m.stats_ms(m.pooled_itls(ok)),
+        e2el_ms=m.stats_ms([m.e2e_s(r) for r in ok]),
+        errors=dict(sorted(errors.items())),
+        error_details=dict(sorted(details.items())),
+        malformed_sse_events=facts.malformed,
+        connection_retries=facts.retried,
+        cached_prompt_tokens=cached,
+        output_samples=samples,
+        output_issues=issues,
+        output_evidence=tuple(evidence),
+        bad_output=bad,
+        output_tokens_source=m.source_of(out_sources),
+        input_tokens_source=m.source_of(in_sources),
+        requested_output_tokens=sum(r.requested_output for r in ok),
+        short_output_requests=len(short),
+        partial=run.abort_reason is not None,
+        partial_reason=run.abort_reason,
+        client_cpu_s=cpu_s,
+        client_wall_s=wall_s,
+        client_cpu_util=cpu_util,
+        warnings=warnings,
+        seed=config.seed,
+        error_rate=error_rate,
+        valid=valid,
+        invalid_reason=invalid_reason,
+        steady_share=steady_share,
+        steady_duration=(window.end - window.start) if window is not None else None,
+        steady_output_throughput=window.output_throughput if window is not None else None,
+        steady_request_throughput=window.request_throughput if window is not None else None,
+        steady_requests=window.requests if window is not None else None,
+        steady_median_ttft_ms=steady_ttft.median if steady_ttft is not None else None,
+        steady_p99_ttft_ms=steady_ttft.p99 if steady_ttft is not None else None,
+        steady_median_tpot_ms=steady_tpot.median if steady_tpot is not None else None,
+        steady_p99_tpot_ms=steady_tpot.p99 if steady_tpot is not None else None,
+        steady_ok=steady_ok,
+        limit_counts=m.limit_counts(latency, config.limits),
+    )
+
+
+__all__ = ["CHAT_CACHED_SHARE", "CPU_SATURATION", "WARNING_RULES", "Facts", "LevelRun",
+           "level_result", "output_checks"]
