@@ -17,7 +17,7 @@ from cleanslate.cli._options import GpuBackendOption, JsonOption, SettleOption, 
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import require_signature
 from cleanslate.errors import InputError
-from cleanslate.hosts import executor_for, set_accept_new_host_keys
+from cleanslate.hosts import executor_for
 from cleanslate.verdict.baseline import Baseline
 from cleanslate.verdict.check import (
     DEFAULT_SETTLE_S,
@@ -81,8 +81,7 @@ def check(
     json_out: JsonOption = False,
 ) -> None:
     """Probe the host(s) and print CLEAN, DIRTY or UNKNOWN (exit 0, 1 or 3)."""
-    if accept_new_host_key:
-        set_accept_new_host_keys(True)
+    accept_new = True if accept_new_host_key else None  # else the URL's or the environment's
     for name, value in (("--deadline", deadline), ("--interval", interval),
                         ("--timeout", timeout)):
         if not math.isfinite(value) or value <= 0:
@@ -102,7 +101,8 @@ def check(
     loaded = Baseline.load(baseline) if baseline else None
     for name in engine or ():
         require_signature(name)  # unknown engine: an input error naming the known ones
-    executors = [executor_for(h) for h in host] if host else [executor_for(None)]
+    executors = ([executor_for(h, accept_new_host_keys=accept_new) for h in host] if host
+                 else [executor_for(None)])
     reasons = _implicit_ports(engine, store, [e.name for e in executors]) if default_ports \
         else {}
     explicit = sorted(set(port or ()))

@@ -13,7 +13,7 @@ from rich.text import Text
 from cleanslate.cli._common import console, parse_gpus
 from cleanslate.cli._options import JsonOption
 from cleanslate.errors import InputError
-from cleanslate.hosts import executor_for, set_accept_new_host_keys
+from cleanslate.hosts import executor_for
 
 if TYPE_CHECKING:
     from cleanslate.doctor.report import DoctorReport, HostDoctor
@@ -38,13 +38,13 @@ def doctor(
 ) -> None:
     """Examine GPU host(s): driver, devices, topology and P2P, environment, and what each
     finding means for serving (exit 0 no problem, 1 problems, 3 could not tell)."""
-    if accept_new_host_key:
-        set_accept_new_host_keys(True)
+    accept_new = True if accept_new_host_key else None  # else the URL's or the environment's
     if not math.isfinite(timeout) or timeout <= 0:
         raise InputError(f"must be a positive number of seconds, got {timeout:g}",
                          where="--timeout")
     gpu_list = parse_gpus(gpus)
-    executors = [executor_for(h) for h in host] if host else [executor_for(None)]
+    executors = ([executor_for(h, accept_new_host_keys=accept_new) for h in host] if host
+                 else [executor_for(None)])
     from cleanslate.doctor.run import doctor_hosts
 
     report = asyncio.run(doctor_hosts(executors, gpus=gpu_list, bandwidth=bandwidth,

@@ -29,7 +29,6 @@ __all__ = [
     "executor_for",
     "is_local_host",
     "run_script",
-    "set_accept_new_host_keys",
 ]
 
 _LOCAL_NAMES = (None, "", "local", "localhost")
@@ -43,20 +42,23 @@ def is_local_host(host: str | None) -> bool:
     return host in _LOCAL_NAMES
 
 
-def executor_for(host: str | None) -> Executor:
+def executor_for(host: str | None, *, accept_new_host_keys: bool | None = None) -> Executor:
     """Return the executor for a ``--host`` value.
 
     ``None``, ``local`` or ``localhost``: this machine. ``ssh://[user@]host[:port][?accept-new=1
     &connect-timeout=S]`` or ``[user@]NAME`` (a ``Host`` of ``~/.ssh/config``): that host over SSH.
     A malformed value is an :class:`~cleanslate.errors.InputError`; an unreachable host is not an
     error here (connections open on first use, and a failure makes that host UNKNOWN).
+    ``accept_new_host_keys``: record an SSH host key never seen before (``True``; a changed key
+    is still refused), or not (``False``); ``None`` leaves it to the URL's ``?accept-new=1``
+    and ``$CLEANSLATE_SSH_ACCEPT_NEW``.
     """
     if is_local_host(host):
         return LocalExecutor()
     from cleanslate.hosts.ssh import SSHExecutor
 
     assert host is not None
-    return SSHExecutor(host)
+    return SSHExecutor(host, accept_new=accept_new_host_keys)
 
 
 def check_resolves(host: str | None, *, where: str = "--host") -> None:
@@ -70,9 +72,3 @@ def check_resolves(host: str | None, *, where: str = "--host") -> None:
     assert host is not None
     resolve_address(host, where=where)
 
-
-def set_accept_new_host_keys(enabled: bool = True) -> None:
-    """Opt in to recording SSH host keys never seen before (``--accept-new-host-key``)."""
-    from cleanslate.hosts.ssh import set_accept_new_host_keys as _set
-
-    _set(enabled)

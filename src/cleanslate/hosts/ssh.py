@@ -12,7 +12,8 @@ Contract, in addition to :mod:`cleanslate.hosts.base`:
 - host keys are checked strictly against ``known_hosts`` (``UserKnownHostsFile`` of the config,
   else ``~/.ssh/known_hosts``). An unknown key is refused with a message that says how to trust
   it; it is recorded on first use only when the user opted in (``CLEANSLATE_SSH_ACCEPT_NEW=1``,
-  ``?accept-new=1``, or :func:`set_accept_new_host_keys`). A *changed* key is always refused.
+  ``?accept-new=1``, or ``accept_new=True``, which ``--accept-new-host-key`` passes). A
+  *changed* key is always refused.
 - one connection per resolved target (user, host, port) and event loop, opened on first use and
   shared by every command of that loop; a lost connection is reopened by the next command.
 - connecting has a deadline (``connect_timeout``, default :data:`DEFAULT_CONNECT_TIMEOUT_S`).
@@ -79,19 +80,9 @@ CONNECT_TIMEOUT_ENV = "CLEANSLATE_SSH_CONNECT_TIMEOUT"
 CONFIG_ENV = "CLEANSLATE_SSH_CONFIG"
 
 _TRUE = {"1", "true", "yes", "on"}
-_accept_new_default: bool | None = None
-
-
-def set_accept_new_host_keys(enabled: bool) -> None:
-    """Trust (and record in ``known_hosts``) host keys never seen before, for every SSH host of
-    this process; what ``check --accept-new-host-key`` calls. A changed key is still refused."""
-    global _accept_new_default
-    _accept_new_default = enabled
 
 
 def _accept_new_from_env() -> bool:
-    if _accept_new_default is not None:
-        return _accept_new_default
     return os.environ.get(ACCEPT_NEW_ENV, "").strip().lower() in _TRUE
 
 
