@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
 
-from cleanslate.tune.factors import SAMPLED_STRATEGIES
+from cleanslate.tune.factors import SAMPLED_STRATEGIES, Scalar
 from cleanslate.tune.factors import distribution as factor_distribution
 from cleanslate.tune.study import StudySpec
 
@@ -37,7 +36,7 @@ def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
     return {name: distribution(spec, name) for name in spec.space}
 
 
-def ablation_configs(spec: StudySpec) -> list[dict[str, Any]]:
+def ablation_configs(spec: StudySpec) -> list[dict[str, Scalar]]:
     """The baseline, then for each factor each non-baseline value with the rest at baseline."""
     base = {name: spec.baseline[name] for name in spec.space}
     configs = [dict(base)]
@@ -48,7 +47,7 @@ def ablation_configs(spec: StudySpec) -> list[dict[str, Any]]:
     return configs
 
 
-def grid_configs(spec: StudySpec) -> list[dict[str, Any]]:
+def grid_configs(spec: StudySpec) -> list[dict[str, Scalar]]:
     names = list(spec.space)
     combos = itertools.product(*(spec.factor_values(n) for n in names))
     configs = [dict(zip(names, combo, strict=True)) for combo in combos]
@@ -59,7 +58,7 @@ def grid_configs(spec: StudySpec) -> list[dict[str, Any]]:
     return configs
 
 
-def planned_configs(spec: StudySpec) -> list[dict[str, Any]] | None:
+def planned_configs(spec: StudySpec) -> list[dict[str, Scalar]] | None:
     """The fixed trial list of grid and ablation studies (``None`` for samplers)."""
     if spec.strategy == "ablation":
         return ablation_configs(spec)
