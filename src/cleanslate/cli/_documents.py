@@ -13,15 +13,17 @@ commands import it when they print a document, not before.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import typer
 from pydantic import BaseModel, ConfigDict, field_serializer
 
+from cleanslate.bench import WorkloadSpec
 from cleanslate.doctor.snapshot import HostSnapshot
-from cleanslate.engines import SmokeResult
+from cleanslate.engines import FlagValue, SmokeResult
 from cleanslate.store import RunRecord, RunStatus, TrialRecord
 from cleanslate.teardown import TargetRecord, TeardownReport
+from cleanslate.tune.factors import Scalar
 from cleanslate.verdict.check import CheckReport
 
 if TYPE_CHECKING:  # the builders' arguments (Optuna is not loaded for serve or stop)
@@ -36,7 +38,7 @@ class Document(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-def emit(document: Document | dict[str, Any]) -> None:
+def emit(document: Document | dict[str, object]) -> None:
     """Print ``document`` as one line of JSON on stdout."""
     data = document.model_dump(mode="json") if isinstance(document, Document) else document
     typer.echo(json.dumps(data, default=str))
@@ -128,9 +130,9 @@ class ServeEnded(Document):
     teardown: TeardownReport
 
 
-def stopped(run_id: str, report: TeardownReport) -> dict[str, Any]:
-    """``stop --json`` and ``clean --run --json``: the teardown report with the run's id
-    first."""
+def stopped(run_id: str, report: TeardownReport) -> dict[str, object]:
+    """``stop --json`` and ``clean --run --json``: the teardown report's JSON with the run's id
+    first (only printed)."""
     return {"run_id": run_id, **report.model_dump(mode="json")}
 
 
@@ -196,11 +198,11 @@ class TuneDone(Document):
     new_trials: int
     best: TrialRecord | None
     trials: list[TrialRecord]
-    statistics: dict[str, Any] | None = None
-    capacity: dict[str, Any] | None = None
+    statistics: StatisticsDoc | None = None
+    capacity: dict[str, object] | None = None  # the report's capacity_document, as is
 
     @field_serializer("trials")
-    def _without_log_tails(self, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+    def _without_log_tails(self, trials: list[TrialRecord]) -> list[dict[str, object]]:
         return [t.model_dump(mode="json", exclude={"log_tail"}) for t in trials]
 
     @classmethod
@@ -210,8 +212,8 @@ class TuneDone(Document):
         best = outcome.best
         return cls(study=spec.name, stopped_by=outcome.stopped_by, message=outcome.message,
                    new_trials=outcome.new_trials, best=best, trials=outcome.trials,
-                   statistics=StatisticsDoc.of(spec, outcome.trials).model_dump(mode="json"),
-                   capacity=capacity_document(best.capacity)
+                   statistics=StatisticsDoc.of(spec, outcome.trials),
+                   capacity=dict(capacity_document(best.capacity))
                    if best is not None and best.capacity is not None else None)
 
 
@@ -230,13 +232,13 @@ class TunePlan(Document):
     host: str
     strategy: str
     trials: int
-    configurations: list[dict[str, Any]] | None
+    configurations: list[dict[str, Scalar]] | None
     distributions: dict[str, str] | None
-    fixed: dict[str, Any]
+    fixed: dict[str, FlagValue]
     levels: list[str]
     requests_per_level: int | None
     duration_s_per_level: float | None
-    workload: dict[str, Any]
+    workload: WorkloadSpec
     objective: PlanObjective
     slo: dict[str, float]
     flags_note: str | None
@@ -255,7 +257,7 @@ class TunePlan(Document):
             fixed=spec.fixed, levels=[f"c={c}" for c in spec.concurrency],
             requests_per_level=spec.requests_per_level,
             duration_s_per_level=spec.duration_s_per_level,
-            workload=workload.model_dump(mode="json"),
+            workload=workload,
             objective=PlanObjective(direction=spec.objective.direction,
                                     metric=spec.objective.metric),
             slo=spec.slo, flags_note=note,
