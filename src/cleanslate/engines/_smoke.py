@@ -31,7 +31,7 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import aiohttp
 
@@ -95,10 +95,36 @@ def _error_in(payload: Any) -> str | None:
     return None
 
 
+class ChatMessage(TypedDict):
+    """One message of a chat request."""
+
+    role: str
+    content: str
+
+
+class RequestBody(TypedDict):
+    """The JSON body of one smoke request: ``prompt`` for completions, ``messages`` for chat."""
+
+    model: str
+    max_tokens: int
+    temperature: float
+    stream: bool
+    prompt: NotRequired[str]
+    messages: NotRequired[list[ChatMessage]]
+
+
+class PromptFields(TypedDict):
+    """What every :class:`PromptOutput` of one request says of the request."""
+
+    endpoint: Endpoint
+    stream: bool
+    prompt: str
+
+
 def _body(
     endpoint: Endpoint, model: str, prompt: str, stream: bool, max_tokens: int, temperature: float
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
+) -> RequestBody:
+    body: RequestBody = {
         "model": model,
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -126,7 +152,7 @@ async def _one(
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
     start = time.monotonic()
     status: int | None = None
-    fields: dict[str, Any] = {"endpoint": endpoint, "stream": stream, "prompt": prompt}
+    fields: PromptFields = {"endpoint": endpoint, "stream": stream, "prompt": prompt}
     body = _body(endpoint, model, prompt, stream, max_tokens, temperature)
     target = url.rstrip("/") + path
 
