@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 #: One rank of the NCCL all-reduce: its own process (a CUDA context cannot be forked), started
 #: from a temporary file because this script itself came on stdin.
@@ -60,7 +60,38 @@ def staged(dst: Any, host: Any, src: Any) -> Any:
     return copy
 
 
-def allreduce(gpus: list[int], size: int, iters: int, timeout: float) -> dict[str, Any]:
+# The documents (TypedDicts of Python 3.8's ``typing``: the host's Python may be that old).
+
+
+class AllReduce(TypedDict, total=False):
+    """What :func:`allreduce` found: the bandwidths in GB/s, or ``error`` alone."""
+
+    error: str
+    algbw: float
+    busbw: float
+
+
+class Measurement(TypedDict):
+    """One figure the script measured, on the GPUs it names."""
+
+    what: str
+    gpus: list[int]
+    unit: str
+    value: float
+
+
+class _BandwidthsBase(TypedDict):
+    measurements: list[Measurement]
+    torch: str
+
+
+class Bandwidths(_BandwidthsBase, total=False):
+    """What the script prints when torch sees CUDA (else ``{"skipped": why}``)."""
+
+    allreduce_skipped: str
+
+
+def allreduce(gpus: list[int], size: int, iters: int, timeout: float) -> AllReduce:
     """NCCL all-reduce of ``size`` bytes over ``gpus``, one process per GPU: the algorithm and
     bus bandwidth (``busbw = algbw * 2 (n - 1) / n``, as nccl-tests define it), or an error."""
     with socket.socket() as sock:
@@ -115,7 +146,7 @@ def main() -> None:
     count = torch.cuda.device_count()
     gpus = [g for g in (options.get("gpus") or range(count)) if 0 <= g < count]
     size = int(options.get("size_mib") or 256) << 20
-    out: list[dict[str, Any]] = []
+    out: list[Measurement] = []
 
     def timed(fn: Any, devices: list[int], n: int = 10) -> float:
         fn()
@@ -162,7 +193,7 @@ def main() -> None:
             out.append({"what": "tiny GPU-to-GPU copy latency (4 bytes)", "gpus": [i, j],
                         "unit": "us", "value": timed(copier(b, a), [i, j], 1000) * 1e6})
             del dst
-    result: dict[str, Any] = {"measurements": out, "torch": torch.__version__}
+    result: Bandwidths = {"measurements": out, "torch": torch.__version__}
     if len(gpus) > 1 or options.get("allreduce"):
         del bufs, host
         torch.cuda.empty_cache()
