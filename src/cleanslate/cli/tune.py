@@ -189,8 +189,8 @@ def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
             f"{c.tolerance:.0%}, at most {c.max_probes} probes), each probe {per_level} and at "
             "least its concurrency"
             if spec.objective.capacity else f"levels {', '.join(plan.levels)}, {per_level} each")
-    console.print(Text(f"{what}; workload "
-                       f"{json.dumps(plan.workload)}; {spec.objective.direction} "
+    workload = json.dumps(plan.workload.model_dump(mode="json"))
+    console.print(Text(f"{what}; workload {workload}; {spec.objective.direction} "
                        f"{spec.objective.metric}"
                        + (f"; SLOs {json.dumps(spec.slo)}" if spec.slo else "")), soft_wrap=True)
     console.print("nothing was launched (--check)")
