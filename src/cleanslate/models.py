@@ -3,12 +3,14 @@
 :class:`Frozen` is immutable and reads fields it does not know (``extra="ignore"``, pydantic's
 default: a stored record must read the rows an older or newer version wrote);
 :class:`FrozenStrict` refuses them (``extra="forbid"``: a value built in this process, or a
-document that must match its schema exactly).
+document that must match its schema exactly). :data:`Port` is the one TCP port type.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Frozen(BaseModel):
@@ -23,4 +25,8 @@ class FrozenStrict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-__all__ = ["Frozen", "FrozenStrict"]
+#: A TCP port: 1 to 65535.
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+__all__ = ["Frozen", "FrozenStrict", "Port"]

@@ -37,9 +37,10 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from cleanslate.bench._models import LIMIT_KEY, SLO, LevelResult
+from cleanslate.models import FrozenStrict
 
 Dimension = Literal["concurrency", "rate"]
 Decision = Literal["pass", "fail", "straddles", "value"]
@@ -80,10 +81,6 @@ class StopReason(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 def share_target(key: str) -> float | None:
     """The share of samples a percentile key asks to meet its limit (``p99_tpot_ms``: 0.99;
     ``median_ttft_ms``: 0.5); ``None`` for a mean or a maximum, which have no share."""
@@ -98,7 +95,7 @@ def share_target(key: str) -> float | None:
     return None
 
 
-class CapacitySLO(_Frozen):
+class CapacitySLO(FrozenStrict):
     """What a probe must meet. ``limits``: level keys (``p99_tpot_ms: 200``). Without
     ``attainment``, each percentile key is met when its share of samples at or under the
     limit reaches the percentile (a mean or a maximum is met by its value, without an
@@ -165,7 +162,7 @@ class CapacitySLO(_Frozen):
         return max(1, math.ceil(top * z * z / (1 - top) - 1e-9))
 
 
-class SloCheck(_Frozen):
+class SloCheck(FrozenStrict):
     """One SLO at one probe: the samples that met it, of how many, the target share and the
     Wilson interval of the share; ``value`` is the statistic itself (``p99_tpot_ms``), and
     ``decision`` ``pass``, ``fail`` or ``straddles`` (``value`` for a mean or a maximum: no
@@ -201,7 +198,7 @@ class SloCheck(_Frozen):
                 f"{self.low:.1%}-{self.high:.1%}) against {self.target:.1%}")
 
 
-class Probe(_Frozen):
+class Probe(FrozenStrict):
     """One measured load of a search: its verdict with the checks behind it, how many
     measurements it pooled (1 plus the extensions), the figures the search reports, and why
     it did not pass."""
@@ -232,7 +229,7 @@ class Probe(_Frozen):
         return self.verdict == ProbeVerdict.PASS
 
 
-class CapacityResult(_Frozen):
+class CapacityResult(FrozenStrict):
     """The answer of one search (see the module docstring)."""
 
     dimension: Dimension

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationError
+from pydantic import BeforeValidator, Field, SerializeAsAny, ValidationError
 
 from cleanslate.bench._limits import MAX_LEN, MAX_PREFIXES
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
 from cleanslate.errors import InputError
+from cleanslate.models import FrozenStrict
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,9 @@ class Prompt:
     output_len: int
 
 
-class Workload(BaseModel):
+class Workload(FrozenStrict):
     """The base of workload specs: frozen, unknown keys refused. A subclass narrows ``kind`` to
     its ``Literal`` name (with that default) and says how long its prompts can get."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str
 

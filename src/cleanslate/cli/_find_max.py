@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -48,6 +48,7 @@ from cleanslate.bench import (
     worst_check,
 )
 from cleanslate.errors import ExitCode, InputError
+from cleanslate.models import FrozenStrict
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -353,11 +354,9 @@ def exit_code(result: CapacityResult) -> ExitCode:
 
 
 # --- the JSON document ------------------------------------------------------------------------
-class FindMaxDocument(BaseModel):
+class FindMaxDocument(FrozenStrict):
     """``cleanslate bench --find-max --json``: where and what was searched, and the answer
     with every probe (each with its measured level)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     tool: Literal["cleanslate bench --find-max"] = "cleanslate bench --find-max"
     version: str

@@ -34,9 +34,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from cleanslate.errors import InputError
+from cleanslate.models import FrozenStrict
 
 #: What ``--time`` accepts: Slurm's forms (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
 #: ``D-HH:MM``, ``D-HH:MM:SS``) or ``UNLIMITED``.
@@ -49,10 +50,8 @@ _OWN_OPTIONS = ("--array", "-a", "--output", "-o", "--error", "-e", "--job-name"
                 "--gres", "--gpus", "-G", "--export")
 
 
-class SlurmOptions(BaseModel):
+class SlurmOptions(FrozenStrict):
     """What ``cleanslate slurm submit`` was asked for."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     workers: int = Field(ge=1, le=10_000, description="array tasks, one worker each")
     gpus_per_worker: int = Field(default=0, ge=0, le=64,

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from cleanslate.config import load_yaml_model
 from cleanslate.engines import engine_class, engine_names
+from cleanslate.models import Port
 
 
 def _argv_template(engine: object) -> bool | None:
@@ -51,7 +52,7 @@ class ServerFields(BaseModel):
     engine: str
     model: str
     host: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: Port | None = None
     gpus: list[int] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     launch: list[str] | None = None

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict
 
 from cleanslate.engines import EngineAdapter
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.launcher import scrubber_for
+from cleanslate.models import Frozen
 from cleanslate.store import RunRecord
 
 LOG_TAIL_BYTES = 6000
@@ -32,8 +32,7 @@ REMOTE_RUNS_ROOT = ".cleanslate/runs"
 LOG_SETTLE_S = 1.0
 
 
-class ReadyResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class ReadyResult(Frozen):
 
     ready: bool
     cause: str | None = None

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from cleanslate.models import Frozen
 from cleanslate.redact import redact_argv
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class SourceStatus(Frozen):

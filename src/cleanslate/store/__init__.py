@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         Replicate,
         StudyRecord,
         StudyStatus,
+        TrialCause,
         TrialRecord,
         TrialStatus,
         level_metric,
@@ -63,7 +64,8 @@ if TYPE_CHECKING:
 # (``check``, ``stop``) never load: the names of ``_trials`` load when first used.
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("LevelVerdict", "Race", "Replicate", "StudyRecord", "StudyStatus",
-                     "TrialRecord", "TrialStatus", "level_metric"), "cleanslate.store._trials"),
+                     "TrialCause", "TrialRecord", "TrialStatus", "level_metric"),
+                    "cleanslate.store._trials"),
     **dict.fromkeys(("HostRecord", "local_machine"), "cleanslate.store._hosts")})
 
 
@@ -88,6 +90,7 @@ __all__ = [
     "Store",
     "StudyRecord",
     "StudyStatus",
+    "TrialCause",
     "TrialRecord",
     "TrialStatus",
     "artifacts_root",

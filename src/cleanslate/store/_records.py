@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from cleanslate.errors import CleanslateError
+from cleanslate.models import Frozen
 from cleanslate.teardown import TeardownReport
 from cleanslate.verdict.check import CheckReport
 
@@ -45,7 +46,7 @@ class NewerSchemaError(CleanslateError, ValueError):
         self.version = version
 
 
-class Record(BaseModel):
+class Record(Frozen):
     """A frozen record of the store.
 
     ``schema_version`` is the layout of the document the record was read from (1: written
@@ -57,8 +58,6 @@ class Record(BaseModel):
     not): a check report given as its JSON document becomes a :class:`CheckReport`, a status
     string its enum, and a wrong value is a :class:`pydantic.ValidationError`.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1, exclude=True)
 

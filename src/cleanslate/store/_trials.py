@@ -12,9 +12,10 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from cleanslate.bench import CapacityResult, LevelResult
+from cleanslate.models import Frozen
 from cleanslate.store._records import Record
 from cleanslate.verdict.findings import Finding, Verdict
 
@@ -34,6 +35,22 @@ class TrialStatus(StrEnum):
     def finished(self) -> bool:
         """True for a result of the study (feasible or infeasible)."""
         return self in (TrialStatus.FEASIBLE, TrialStatus.INFEASIBLE)
+
+
+class TrialCause(StrEnum):
+    """The causes a study's controller gives a trial itself. A trial that failed in its
+    engine (OOM, a Python exception, a crash under load) carries the cause its run was given
+    from the engine's log instead, which is an open set: ``TrialRecord.cause`` is text."""
+
+    HOST_NOT_CLEAN = "host_not_clean"  # dirty before the start, and cleaning did not help
+    LAUNCH_FAILED = "launch_failed"  # the run folder or the supervisor failed, not the engine
+    INTERRUPTED = "interrupted"  # the controller was asked to stop
+    TEARDOWN_FAILED = "teardown_failed"
+    CONTROLLER_ERROR = "controller_error"  # an error of this process during the cycle
+    CONTROLLER_DIED = "controller_died"  # found running by the next controller
+    SLO_MISS = "slo_miss"  # no level met every SLO
+    REQUEST_ERRORS = "request_errors"
+    BAD_OUTPUT = "bad_output"
 
 
 class LevelVerdict(StrEnum):
@@ -73,11 +90,7 @@ def level_metric(level: LevelResult, key: str) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-class _Part(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class Replicate(_Part):
+class Replicate(Frozen):
     """One more measurement of a trial's configuration (a whole cycle: a new server, the
     levels up to the trial's best, teardown and verification), as a race or ``replicates: N``
     takes it (``docs/statistics.md``). ``index`` 0 is the trial's own first measurement (its
@@ -107,7 +120,7 @@ class Replicate(_Part):
     capacity: CapacityResult | None = None
 
 
-class Race(_Part):
+class Race(Frozen):
     """A challenger raced against the incumbent (``against``, a trial number) in ``pairs``
     interleaved pairs: ``outcome`` win, loss, tie or undecided (:class:`cleanslate.stats.Outcome`),
     ``diff`` the challenger's objective over the incumbent's minus one (geometric mean of the

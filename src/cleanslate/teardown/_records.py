@@ -9,14 +9,13 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
 )
 
 from cleanslate.errors import ExitCode
+from cleanslate.models import Frozen
 from cleanslate.verdict.check import CheckReport
 
 
@@ -71,12 +70,10 @@ class Target:
         return self.record().model_dump(mode="json")
 
 
-class TargetRecord(BaseModel):
+class TargetRecord(Frozen):
     """A process in a teardown's scope as its report keeps it: a :class:`Target` with its
     command line cut at :attr:`COMMAND_CHARS` characters. In JSON, ``protected`` is present
     only for a process that was left alone."""
-
-    model_config = ConfigDict(frozen=True)
 
     COMMAND_CHARS: ClassVar[int] = 200
 
@@ -133,25 +130,21 @@ class ScopeSpec:
     exclude_roots: frozenset[int] = frozenset()
 
 
-class SignalRound(BaseModel):
+class SignalRound(Frozen):
     """One round of signals: when (seconds into the teardown), which, and to whom."""
-
-    model_config = ConfigDict(frozen=True)
 
     at_s: float
     signal: str
     sent: tuple[int, ...]
 
 
-class TeardownReport(BaseModel):
+class TeardownReport(Frozen):
     """What teardown did, and the verification that followed.
 
     ``refused`` is set when nothing was signalled because the record cannot name processes of
     this host (another boot or another machine); ``refused_code`` is then the exit code (2 for
     another machine: the run may be alive there; the verification's code for another boot).
     """
-
-    model_config = ConfigDict(frozen=True)
 
     targets: tuple[TargetRecord, ...]
     left_alone: tuple[TargetRecord, ...] = Field(

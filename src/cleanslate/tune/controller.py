@@ -41,6 +41,7 @@ from cleanslate.store import (
     RunStatus,
     Store,
     StudyStatus,
+    TrialCause,
     TrialRecord,
     TrialStatus,
 )
@@ -295,7 +296,7 @@ async def _recover_orphans(executor: Executor, store: Store, spec: StudySpec, vi
             slot = Slot(host=run.host, gpus=run.gpus, port=run.port)
             await stop_server(executors[run.host], store, run, grace_s=min(spec.grace_s, 10.0),
                               verify_deadline_s=spec.verify_deadline_s,
-                              status=RunStatus.STOPPED, cause="controller_died",
+                              status=RunStatus.STOPPED, cause=TrialCause.CONTROLLER_DIED,
                               exclusions=other_slots_markers(store, spec.name, run.host, slot))
     finally:
         for other in executors.values():
@@ -324,7 +325,7 @@ async def _resume(executor: Executor, store: Store, spec: StudySpec, study: optu
         view.phase(f"trial {record.number} was running when its controller stopped: "
                    "cleaning up and running it again")
         store.save_trial(record.model_copy(update={"status": TrialStatus.INFRA_FAILED,
-                                                    "cause": "controller_died",
+                                                    "cause": TrialCause.CONTROLLER_DIED,
                                                     "finished_at": time.time()}))
         interrupted.append(record)
     # The run of a lease that expired moments ago is being torn down by whoever expired it.

@@ -64,6 +64,7 @@ from cleanslate.store import (
     SlotRecord,
     SlotState,
     Store,
+    TrialCause,
     TrialRecord,
     TrialStatus,
     config_key,
@@ -606,7 +607,7 @@ class Fleet:
             if record.number == lease.trial:
                 closed.append(record)
                 self.store.save_trial(record.model_copy(update={
-                    "status": TrialStatus.INFRA_FAILED, "cause": "controller_died",
+                    "status": TrialStatus.INFRA_FAILED, "cause": TrialCause.CONTROLLER_DIED,
                     "detail": f"its worker stopped renewing lease {lease.id}: {lease.detail}",
                     "finished_at": time.time()}))
         if lease.trial is not None:
@@ -626,7 +627,7 @@ class Fleet:
                 report = await stop_server(
                     executor, self.store, run, grace_s=min(self.spec.grace_s, 10.0),
                     gpu_backend=self.gpu_backend, verify_deadline_s=self.spec.verify_deadline_s,
-                    cause="controller_died",
+                    cause=TrialCause.CONTROLLER_DIED,
                     exclusions=other_slots_markers(self.store, self.spec.name, lease.host,
                                                    slot))
             if report is None or verdict_of(report.verify) != Verdict.CLEAN:

@@ -77,6 +77,7 @@ from cleanslate.config import line_of, read_yaml, validation_error
 from cleanslate.engines import engine_class, flag_args
 from cleanslate.errors import InputError
 from cleanslate.launch.config import ServerFields
+from cleanslate.models import Port
 from cleanslate.store import level_metric
 from cleanslate.tune.factors import (
     MAX_POINTS,
@@ -137,7 +138,7 @@ class SlotSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpus: list[int] | None = Field(default=None, min_length=1)
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: Port | None = None
 
     @field_validator("gpus")
     @classmethod

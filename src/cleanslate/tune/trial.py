@@ -53,6 +53,7 @@ from cleanslate.store import (
     RunRecord,
     RunStatus,
     Store,
+    TrialCause,
     TrialRecord,
     TrialStatus,
     level_metric,
@@ -174,7 +175,7 @@ async def recover_host(executor: Executor, store: Store, spec: StudySpec, say: S
         say(f"cleaning up run {run.id} left by an earlier controller")
         await stop_server(executor, store, run, grace_s=min(spec.grace_s, 10.0),
                           verify_deadline_s=spec.verify_deadline_s, status=RunStatus.STOPPED,
-                          cause="controller_died", exclusions=exclusions)
+                          cause=TrialCause.CONTROLLER_DIED, exclusions=exclusions)
         stopped += 1
     return stopped
 
@@ -308,6 +309,13 @@ async def _cycle(
             return store_save(trial)
 
     saver = _Saver()
+
+    def finish(status: TrialStatus, cause: str | None, **fields: object) -> TrialRecord:
+        """The trial's last record: its status and cause and what it measured, finished now."""
+        return saver.save_trial(record.model_copy(update={
+            "status": status, "cause": None if cause is None else str(cause), **fields,
+            "finished_at": time.time()}))
+
     outcome: StartOutcome | None = None
     try:
         for attempt in range(spec.retries + 1):
@@ -328,11 +336,9 @@ async def _cycle(
     assert outcome is not None
     if outcome.refused is not None:
         verdict, findings = _summary(outcome.refused)
-        saver.save_trial(record.model_copy(update={
-            "status": TrialStatus.INFRA_FAILED, "cause": "host_not_clean",
-            "detail": "; ".join(f.message for f in findings[:5]),
-            "verdict_before": verdict, "findings_before": findings,
-            "finished_at": time.time()}))
+        finish(TrialStatus.INFRA_FAILED, TrialCause.HOST_NOT_CLEAN,
+               detail="; ".join(f.message for f in findings[:5]),
+               verdict_before=verdict, findings_before=findings)
         raise HostQuarantined(f"{executor.name} is not clean and cleaning did not help",
                               outcome.refused)
     run = outcome.run
@@ -349,26 +355,22 @@ async def _cycle(
             # Asked to stop while the server started: the signal that reached this process
             # (Slurm's scancel, a preemption) most likely reached the engine and its
             # supervisor too, so the failure says nothing of the configuration.
-            saver.save_trial(record.model_copy(update={
-                "status": TrialStatus.INFRA_FAILED, "cause": "interrupted",
-                "detail": f"stopped while the server started ({outcome.cause}: "
-                          f"{outcome.detail})", "log_tail": outcome.log_tail[-4000:],
-                "phases": phases, "verdict_after": verdict_after,
-                "findings_after": findings_after, "finished_at": time.time()}))
+            finish(TrialStatus.INFRA_FAILED, TrialCause.INTERRUPTED,
+                   detail=f"stopped while the server started ({outcome.cause}: "
+                   f"{outcome.detail})", log_tail=outcome.log_tail[-4000:],
+                   phases=phases, verdict_after=verdict_after,
+                   findings_after=findings_after)
             raise Interrupted()
         if outcome.host_failed:
             # The run folder or the supervisor failed, not the engine's command line: the slot
             # takes no more trials, and this configuration goes to another slot.
-            saver.save_trial(record.model_copy(update={
-                "status": TrialStatus.INFRA_FAILED, "cause": "launch_failed",
-                "detail": outcome.detail, "phases": phases, "verdict_after": verdict_after,
-                "findings_after": findings_after, "finished_at": time.time()}))
+            finish(TrialStatus.INFRA_FAILED, TrialCause.LAUNCH_FAILED,
+                   detail=outcome.detail, phases=phases, verdict_after=verdict_after,
+                   findings_after=findings_after)
             raise HostQuarantined(f"{executor.name} could not start a run: {outcome.detail}")
-        return saver.save_trial(record.model_copy(update={
-            "status": TrialStatus.INFEASIBLE, "cause": outcome.cause, "detail": outcome.detail,
-            "log_tail": outcome.log_tail[-4000:], "phases": phases,
-            "verdict_after": verdict_after, "findings_after": findings_after,
-            "finished_at": time.time()}))
+        return finish(TrialStatus.INFEASIBLE, outcome.cause, detail=outcome.detail,
+                      log_tail=outcome.log_tail[-4000:], phases=phases,
+                      verdict_after=verdict_after, findings_after=findings_after)
     assert run is not None
     levels: list[LevelResult] = []
     level_verdicts: dict[str, LevelVerdict] = {}
@@ -388,7 +390,7 @@ async def _cycle(
                 checks=slo_checks)
     except BaseException as exc:  # torn down, verified and recorded below, then raised again
         failure = exc
-        cause, detail = "controller_error", _describe(exc)
+        cause, detail = TrialCause.CONTROLLER_ERROR, _describe(exc)
         say(f"error during the levels ({detail}): tearing down")
     say("teardown and verification")
     t0 = time.monotonic()
@@ -405,25 +407,21 @@ async def _cycle(
     except BaseException as exc:
         # The run stays recorded as running: the next start of this study stops it.
         phases["teardown_s"] = round(time.monotonic() - t0, 3)
-        saver.save_trial(record.model_copy(update={
-            "status": TrialStatus.INFRA_FAILED, "cause": "teardown_failed",
-            "detail": _describe(exc) + (f" (after {detail})" if failure is not None else ""),
-            "phases": phases, "verdict_after": Verdict.UNKNOWN, "finished_at": time.time()}))
+        finish(TrialStatus.INFRA_FAILED, TrialCause.TEARDOWN_FAILED,
+               detail=_describe(exc) + (f" (after {detail})" if failure is not None else ""),
+               phases=phases, verdict_after=Verdict.UNKNOWN)
         raise
     phases["teardown_s"] = round(time.monotonic() - t0, 3)
     phases["total_s"] = round(time.monotonic() - started, 3)
     verdict_after, findings_after = _summary(report.verify)
     if failure is not None:
-        saver.save_trial(record.model_copy(update={
-            "status": TrialStatus.INFRA_FAILED, "cause": cause, "detail": detail,
-            "levels": tuple(levels), "phases": phases,
-            "verdict_after": verdict_after, "findings_after": findings_after,
-            "finished_at": time.time()}))
+        finish(TrialStatus.INFRA_FAILED, cause, detail=detail,
+               levels=tuple(levels), phases=phases,
+               verdict_after=verdict_after, findings_after=findings_after)
         raise failure
     if stop is not None and stop.is_set():
-        saver.save_trial(record.model_copy(update={
-            "status": TrialStatus.INFRA_FAILED, "cause": "interrupted", "phases": phases,
-            "verdict_after": verdict_after, "finished_at": time.time()}))
+        finish(TrialStatus.INFRA_FAILED, TrialCause.INTERRUPTED, phases=phases,
+               verdict_after=verdict_after)
         raise Interrupted()
     if capacity is not None:
         return saver.save_trial(record.model_copy(update={
@@ -436,15 +434,13 @@ async def _cycle(
     best = spec.objective.best(good)
     status = TrialStatus.FEASIBLE if good else TrialStatus.INFEASIBLE
     if not good and cause is None:
-        cause = "slo_miss"
-    return saver.save_trial(record.model_copy(update={
-        "status": status, "cause": cause, "detail": detail,
-        "value": spec.objective.value(best) if best is not None else None,
-        "best_level": best.label if best is not None else None, "levels": tuple(levels),
-        "level_verdicts": level_verdicts, "phases": phases, "slo_checks": slo_checks,
-        "log_tail": tail[-4000:] if tail else None,
-        "verdict_after": verdict_after, "findings_after": findings_after,
-        "finished_at": time.time()}))
+        cause = TrialCause.SLO_MISS
+    return finish(status, cause, detail=detail,
+                  value=spec.objective.value(best) if best is not None else None,
+                  best_level=best.label if best is not None else None, levels=tuple(levels),
+                  level_verdicts=level_verdicts, phases=phases, slo_checks=slo_checks,
+                  log_tail=tail[-4000:] if tail else None,
+                  verdict_after=verdict_after, findings_after=findings_after)
 
 
 #: How long a start that a signal may have ended waits for this process's own stop request:
@@ -490,7 +486,7 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
             report = await stop_server(
                 executor, store, run, grace_s=min(spec.grace_s, 10.0),
                 verify_deadline_s=spec.verify_deadline_s, status=RunStatus.FAILED,
-                cause="controller_error", detail=detail, exclusions=exclusions)
+                cause=TrialCause.CONTROLLER_ERROR, detail=detail, exclusions=exclusions)
         except Exception as stop_exc:  # recorded below; recover_host tries again later
             detail += f"; teardown failed: {_describe(stop_exc)}"
             verdict_after = Verdict.UNKNOWN
@@ -498,7 +494,7 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
         stopped_any = True
         verdict_after, findings_after = _summary(report.verify)
     (save or store.save_trial)(record.model_copy(update={
-        "status": TrialStatus.INFRA_FAILED, "cause": "controller_error", "detail": detail,
+        "status": TrialStatus.INFRA_FAILED, "cause": TrialCause.CONTROLLER_ERROR, "detail": detail,
         "phases": phases, "verdict_after": verdict_after if stopped_any else Verdict.UNKNOWN,
         "findings_after": findings_after, "finished_at": time.time()}))
 
@@ -569,7 +565,7 @@ async def _climb(
             break
         if level.failed:
             verdicts[level.label] = LevelVerdict.ERRORS
-            cause = "request_errors"
+            cause = TrialCause.REQUEST_ERRORS
             sent = level.completed + level.failed
             detail = f"{level.failed} of {sent} requests failed at {level.label}: " \
                      f"{level.errors}"
@@ -582,7 +578,7 @@ async def _climb(
             # The server answered, but its output broke under this load: the configuration is
             # infeasible here (the levels below it stay as measured).
             verdicts[level.label] = LevelVerdict.BAD_OUTPUT
-            cause = "bad_output"
+            cause = TrialCause.BAD_OUTPUT
             count = level.output_issues.get(level.bad_output, 0)
             detail = (f"{count} of {level.output_samples} sampled responses at {level.label} "
                       f"show {level.bad_output}: " + "; ".join(level.output_evidence[:2]))

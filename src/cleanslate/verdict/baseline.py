@@ -19,10 +19,11 @@ import os
 import stat
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from cleanslate.errors import InputError
 from cleanslate.hosts.files import untrusted
+from cleanslate.models import Frozen
 from cleanslate.probe.snapshot import ListeningSocket, Snapshot
 
 _HINT = "create one with `cleanslate check --save-baseline FILE`"
@@ -38,8 +39,7 @@ START_TIME_SLACK_S = 1.5
 VERSION = 2
 
 
-class BaselineGpu(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class BaselineGpu(Frozen):
 
     index: int
     uuid: str | None = None
@@ -47,18 +47,15 @@ class BaselineGpu(BaseModel):
     ecc_uncorrected: int | None = None
 
 
-class BaselineListener(BaseModel):
+class BaselineListener(Frozen):
     """A listening socket at the baseline: port, address and owners as (PID, start time)."""
-
-    model_config = ConfigDict(frozen=True)
 
     port: int
     address: str
     owners: tuple[tuple[int, float], ...] = ()
 
 
-class Baseline(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class Baseline(Frozen):
 
     version: int = 1
     host: str

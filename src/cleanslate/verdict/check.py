@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from pydantic import BaseModel, ConfigDict
-
 from cleanslate.errors import InputError
 from cleanslate.hosts.base import Executor
+from cleanslate.models import Frozen
 from cleanslate.probe.gpu.base import GpuBackend, resolve_backend
 from cleanslate.probe.host import DEFAULT_TIMEOUT_S, probe_host
 from cleanslate.probe.snapshot import Snapshot
@@ -69,7 +68,7 @@ class CheckOptions:
     exclusions: Callable[[], frozenset[str]] | None = None
 
 
-class UntilClean(BaseModel):
+class UntilClean(Frozen):
     """How ``--until-clean`` went.
 
     ``attempts``: readings taken. ``clean_after_s``: seconds from the start to the first clean
@@ -83,8 +82,6 @@ class UntilClean(BaseModel):
     finding).
     """
 
-    model_config = ConfigDict(frozen=True)
-
     deadline_s: float
     interval_s: float
     attempts: int
@@ -96,11 +93,9 @@ class UntilClean(BaseModel):
     respawned: bool = False
 
 
-class CheckReport(BaseModel):
+class CheckReport(Frozen):
     """The document ``check --json`` prints (a contract: fields may be added, never renamed;
     ``docs/check.md``)."""
-
-    model_config = ConfigDict(frozen=True)
 
     verdict: Verdict
     checked_at: str

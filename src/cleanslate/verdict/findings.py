@@ -5,9 +5,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from cleanslate.errors import ExitCode
+from cleanslate.models import Frozen
 from cleanslate.probe.snapshot import Gpu
 
 
@@ -68,10 +69,8 @@ class FindingKind(StrEnum):
     RESPAWNED = "respawned"
 
 
-class Finding(BaseModel):
+class Finding(Frozen):
     """One reason a host is not (or may not be) a clean slate, with its evidence."""
-
-    model_config = ConfigDict(frozen=True)
 
     kind: FindingKind
     severity: Severity
@@ -82,10 +81,8 @@ class Finding(BaseModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 
-class HostVerdict(BaseModel):
+class HostVerdict(Frozen):
     """The verdict on one host: the ``hosts[]`` entry of ``check --json``."""
-
-    model_config = ConfigDict(frozen=True)
 
     host: str
     verdict: Verdict
