@@ -14,7 +14,6 @@ import typer
 
 from cleanslate.cli._common import check_writable, parse_gpus
 from cleanslate.cli._options import GpuBackendOption, JsonOption, SettleOption, store_option
-from cleanslate.engines import engine_class, engine_names
 from cleanslate.engines.signatures import require_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
@@ -27,10 +26,8 @@ from cleanslate.verdict.check import (
 )
 from cleanslate.verdict.check import check_until_clean as _until_clean
 from cleanslate.verdict.findings import Verdict
+from cleanslate.verdict.ports import implicit_ports
 from cleanslate.verdict.rules import DEFAULT_IDLE_TOLERANCE_MIB, Scope
-
-#: Recorded runs whose ports a check looks at, per host (the most recent ones).
-_MAX_RECORDED_RUNS = 500
 
 T = TypeVar("T")
 
@@ -103,7 +100,8 @@ def check(
         require_signature(name)  # unknown engine: an input error naming the known ones
     executors = ([executor_for(h, accept_new_host_keys=accept_new) for h in host] if host
                  else [executor_for(None)])
-    reasons = _implicit_ports(engine, store, [e.name for e in executors]) if default_ports \
+    names = [e.name for e in executors]
+    reasons = implicit_ports(engine, _recorded_runs(store, names, engine)) if default_ports \
         else {}
     explicit = sorted(set(port or ()))
     scope = Scope(
@@ -165,26 +163,6 @@ def _run_quietly(coro: Coroutine[Any, Any, T]) -> T:
     return out[0]
 
 
-def _implicit_ports(engines: list[str] | None, store_url: str | None,
-                    hosts: list[str]) -> dict[int, str]:
-    """Ports a check requires free without being asked: the default ports of the engines in
-    scope, and the ports of the runs recorded for these hosts in the store (the most recent
-    :data:`_MAX_RECORDED_RUNS`), each with why, e.g. ``{8000: "vllm's default port"}``."""
-    names = engines or engine_names()
-    by_port: dict[int, list[str]] = {}
-    for name in names:
-        by_port.setdefault(engine_class(name).default_port, []).append(name)
-    reasons = {p: f"default port of {', '.join(sorted(n))}" for p, n in by_port.items()}
-    runs: dict[int, list[str]] = {}
-    for run in _recorded_runs(store_url, hosts, engines):
-        runs.setdefault(run[0], []).append(run[1])
-    for port_, ids in runs.items():
-        named = ", ".join(ids[-3:]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-        what = f"recorded run{'s' if len(ids) > 1 else ''} {named}"
-        reasons[port_] = f"{reasons[port_]}; {what}" if port_ in reasons else what
-    return reasons
-
-
 def _recorded_runs(store_url: str | None, hosts: list[str],
                    engines: list[str] | None) -> list[tuple[int, str]]:
     """(port, run id) of the runs recorded for ``hosts``, oldest first. The store is read only
@@ -218,10 +196,8 @@ def _recorded_runs(store_url: str | None, hosts: list[str],
 
     runs = Store(store_url, create=False).runs()
     wanted = set(hosts)
-    out = [(r.port, r.id) for r in runs
-           if r.host in wanted and (not engines or r.engine in engines)
-           and 1 <= r.port <= 65535]
-    return out[-_MAX_RECORDED_RUNS:]
+    return [(r.port, r.id) for r in runs
+            if r.host in wanted and (not engines or r.engine in engines)]
 
 
 __all__ = ["check"]

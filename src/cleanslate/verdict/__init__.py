@@ -8,6 +8,7 @@
   :func:`check_until_clean` (re-probe until clean and settled, or the deadline); the
   :class:`CheckReport` is the ``check --json`` document.
 - :mod:`~cleanslate.verdict.baseline`: an idle host's reading to compare with later.
+- :mod:`~cleanslate.verdict.ports`: the ports a check requires free without being asked.
 
 The names below load on first use.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         check_until_clean,
     )
     from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
+    from cleanslate.verdict.ports import implicit_ports
     from cleanslate.verdict.rules import DEFAULT_IDLE_TOLERANCE_MIB, Scope, evaluate
 
 __getattr__, __dir__ = lazy_exports(__name__, {
@@ -49,6 +51,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Severity": "cleanslate.verdict.findings",
     "Verdict": "cleanslate.verdict.findings",
     "Baseline": "cleanslate.verdict.baseline",
+    "implicit_ports": "cleanslate.verdict.ports",
 })
 
 __all__ = [
@@ -68,4 +71,5 @@ __all__ = [
     "check_hosts",
     "check_until_clean",
     "evaluate",
+    "implicit_ports",
 ]
