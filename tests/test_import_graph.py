@@ -26,19 +26,10 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src"
-ROOT_PACKAGE = "cleanslate"
-
-
-def module_files(src: Path = SRC, root: str = ROOT_PACKAGE) -> dict[str, Path]:
-    """``{dotted module name: file}`` for every ``.py`` file of the distribution."""
-    out: dict[str, Path] = {}
-    for path in sorted((src / root).rglob("*.py")):
-        parts = list(path.relative_to(src).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
-    return out
+try:
+    from tests._kit import module_files
+except ModuleNotFoundError:  # run as a script: tests/ is on the path, not the repository
+    from _kit import module_files
 
 
 def _is_type_checking(test: ast.expr) -> bool:

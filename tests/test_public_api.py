@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.test_import_graph import SRC, module_files
+from tests._kit import SRC, module_files
 
 MODULES = set(module_files())
 PACKAGES = sorted(name for name, path in module_files().items() if path.name == "__init__.py")

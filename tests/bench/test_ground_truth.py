@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,14 +23,9 @@ import pytest
 
 from cleanslate.bench import BenchConfig, ClosedLoop, LevelResult, RandomWorkload, run_level
 from cleanslate.bench._runner import make_session
+from tests._kit import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_sim(procs: Any, tmp_path: Path, truth: Path) -> str:

@@ -26,7 +26,7 @@ from cleanslate.bench._tokens import Tokenizer
 from cleanslate.bench._workloads import Workload
 from cleanslate.errors import InputError
 from cleanslate.tune.study import load_study
-from tests.tune.test_study_file import GOOD
+from tests._kit import study_yaml
 
 
 class RepeatWorkload(Workload):
@@ -72,8 +72,7 @@ def test_models_that_hold_a_workload_accept_the_kind_and_keep_its_fields() -> No
 
 def test_a_study_accepts_the_kind(tmp_path: Path) -> None:
     path = tmp_path / "study.yaml"
-    path.write_text(GOOD.replace("workload: {kind: random, input_len: 1024, output_len: 256}",
-                                 "workload: {kind: test-repeat, words: 6}"))
+    path.write_text(study_yaml(workload={"kind": "test-repeat", "words": 6}))
     spec, _ = load_study(path)
     assert spec.bench_config("http://127.0.0.1:1", ignore_eos=True).workload == \
         RepeatWorkload(words=6)

@@ -258,7 +258,7 @@ def test_nothing_passing_is_no_answer_exit_1(
 
 def test_an_unreachable_server_is_no_answer_exit_1(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.sim.conftest import free_port
+    from tests._kit import free_port
 
     res = run_main(capsys, monkeypatch, "bench", "--url", f"http://127.0.0.1:{free_port()}",
                    "--model", "m", "--find-max", "concurrency", "--slo", "p99_tpot_ms=200",

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cleanslate.store import RunRecord, Store
+from tests._kit import free_port
 from tests.conftest import Processes, run_cli
 
 #: Listens on a port, then sleeps. argv[1]: port, argv[2]: a file to create when listening.
@@ -39,12 +40,6 @@ HIDING_STRAY = (
     "os.execve(sys.executable, [sys.executable, '-c', os.environ['LISTENER_CODE'],"
     " sys.argv[1], sys.argv[2]], env)\n"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(path: Path, timeout: float = 10.0) -> None:
@@ -128,7 +123,7 @@ def test_a_renamed_reexeced_listener_on_a_recorded_port_is_dirty(
 ) -> None:
     """The issue's reproduction: renamed, argv rewritten, re-exec'd without CLEANSLATE_RUN,
     listening on the port of a run recorded in the store. Plain ``check`` looked at no port."""
-    port = _free_port()
+    port = free_port()
     url, run_id = _store_with_run(tmp_path, port)
     pid = _hiding_stray(procs, tmp_path, port)
     result = run_cli("check", "--gpu-backend", "none", "--store", url, "--json")
@@ -161,7 +156,7 @@ def test_a_listener_on_an_engine_default_port(procs: Processes, tmp_path: Path) 
 
 
 def test_baseline_reports_new_listeners_and_processes(procs: Processes, tmp_path: Path) -> None:
-    old_port, new_port = _free_port(), _free_port()
+    old_port, new_port = free_port(), free_port()
     old = _listener(procs, tmp_path, old_port)
     base = tmp_path / "baseline.json"
     saved = run_cli("check", "--gpu-backend", "none", "--save-baseline", str(base), "--json")

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests._kit import OMIT, free_port, study_yaml
 from tests.conftest import run_cli
-from tests.launch.test_lifecycle_sim import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -45,26 +45,6 @@ def key_paths(doc: Any, prefix: str = "") -> set[str]:
         for item in doc:
             out |= key_paths(item, prefix + "[]")
     return out
-
-
-STUDY = """\
-name: keys
-engine: sim
-model: sim
-port: {port}
-gpus: [0]
-fixed: {{tp-size: 1, time-scale: 0.25}}
-space:
-  max-running-requests: [32]
-strategy: grid
-workload: {{kind: random, input_len: 64, output_len: 8}}
-concurrency: [2]
-duration_s_per_level: 1
-ready_timeout_s: 30
-smoke_timeout_s: 10
-grace_s: 5
-verify_deadline_s: 20
-"""
 
 
 def documents(tmp_path: Path) -> dict[str, Any]:
@@ -104,7 +84,7 @@ def documents(tmp_path: Path) -> dict[str, Any]:
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     docs["stop"] = stopped.json()
     study = tmp_path / "study.yaml"
-    study.write_text(STUDY.format(port=free_port()))
+    study.write_text(study_yaml(name="keys", requests_per_level=OMIT, duration_s_per_level=1))
     tuned = run_cli("tune", str(study), "--store", store, "--json", env=env, timeout=300)
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
     docs["tune"] = tuned.json()

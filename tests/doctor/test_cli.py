@@ -10,7 +10,8 @@ import sys
 import time
 from typing import Any
 
-from tests.hosts.sshd import Sshd, free_port
+from tests._kit import free_port
+from tests.hosts.sshd import Sshd
 
 
 def doctor(*args: str, env: dict[str, str] | None = None, timeout: float = 120

@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,15 +29,10 @@ import pytest
 
 from cleanslate.engines import EngineAdapter, classify_log, get_engine, smoke_test, validate_flags
 from cleanslate.hosts.local import LocalExecutor
+from tests._kit import free_port
 
 pytestmark = pytest.mark.slow
 
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Engine:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests._kit import alive, free_port
 from tests.conftest import CliResult, Processes, run_cli
-from tests.launch.test_lifecycle_sim import alive, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,17 @@ They skip, with the reason, where the hosts cannot run (no root, no ``unshare``,
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
+from tests.conftest import Processes
 from tests.fleet.hosts import Decoy, Fleet, fleet_unavailable, start_fleet
 
 #: The module's fleet: two clean hosts and one with a decoy.
@@ -75,3 +80,37 @@ def fleet_env(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> Fleet:
                  "CLEANSLATE_STORE"):
         monkeypatch.delenv(name, raising=False)
     return fleet
+
+
+class Cli:
+    """``cleanslate ...`` processes of the fleet's client (its ``HOME`` and ledger path, in its
+    root directory), started by this test and ended by PID (``procs``)."""
+
+    def __init__(self, fleet: Fleet, procs: Processes) -> None:
+        self.fleet, self.procs = fleet, procs
+        self.logs: dict[str, Path] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        path = self.fleet.root / f"{name}.log"
+        self.logs[name] = path
+        fh: IO[bytes] = path.open("wb")
+        try:
+            return self.procs.start([sys.executable, "-m", "cleanslate", *args],
+                                    env=self.fleet.client_env(), cwd=self.fleet.root,
+                                    stdout=fh, stderr=subprocess.STDOUT)
+        finally:
+            fh.close()
+
+    def worker(self, name: str, study_name: str, store: str, host: str, gpu: int,
+               port: int) -> subprocess.Popen[bytes]:
+        return self.start(name, "worker", "--study", study_name, "--store", store,
+                          "--host", host, "--gpus", str(gpu), "--port", str(port))
+
+    def tail(self, name: str) -> str:
+        return f"--- {name} ---\n" + self.logs[name].read_text(errors="replace")[-3000:]
+
+    def wait_all(self, procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in procs.values():
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            assert code == 0, "\n".join(self.tail(n) for n in procs)

@@ -75,10 +75,10 @@ from pathlib import Path
 from typing import Any
 
 from cleanslate.sim import ledger
+from tests._kit import free_port
 from tests.hosts.sshd import (
     SSHD,
     Profile,
-    free_port,
     keygen,
     server_config,
     session_wrapper,

@@ -10,8 +10,8 @@ import pytest
 
 from cleanslate.hosts import Executor
 from cleanslate.testing.executor_contract import *  # noqa: F403
+from tests._kit import free_port
 from tests.fleet.hosts import Fleet
-from tests.hosts.sshd import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
+from tests._kit import free_port, free_ports
 from tests.conftest import Processes, recorded_rows
-from tests.fleet.conftest import MakeFleet
+from tests.fleet.conftest import Cli, MakeFleet
 from tests.fleet.hosts import Decoy, Fleet
-from tests.hosts.sshd import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +58,6 @@ lease_timeout_s: 10
 """
 
 
-def ports(n: int) -> list[int]:
-    """``n`` distinct free ports of the shared network."""
-    found: list[int] = []
-    while len(found) < n:
-        port = free_port()
-        if port not in found:
-            found.append(port)
-    return found
-
-
 def study(fleet: Fleet, name: str, hosts: str, duration: float = 1.0,
           half: bool = False) -> Path:
     """The 12-trial grid on ``hosts``; ``half``: its 6 trials with the radix cache on."""
@@ -94,40 +82,6 @@ def results(trials: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
             if t.get("study", name) == name and t["status"] in ("feasible", "infeasible")]
 
 
-class Cli:
-    """``cleanslate ...`` processes of the fleet's client (its ``HOME`` and ledger path, in its
-    root directory), started by this test and ended by PID (``procs``)."""
-
-    def __init__(self, fleet: Fleet, procs: Processes) -> None:
-        self.fleet, self.procs = fleet, procs
-        self.logs: dict[str, Path] = {}
-
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        path = self.fleet.root / f"{name}.log"
-        self.logs[name] = path
-        fh: IO[bytes] = path.open("wb")
-        try:
-            return self.procs.start([sys.executable, "-m", "cleanslate", *args],
-                                    env=self.fleet.client_env(), cwd=self.fleet.root,
-                                    stdout=fh, stderr=subprocess.STDOUT)
-        finally:
-            fh.close()
-
-    def worker(self, name: str, study_name: str, store: str, host: str, gpu: int,
-               port: int) -> subprocess.Popen[bytes]:
-        return self.start(name, "worker", "--study", study_name, "--store", store,
-                          "--host", host, "--gpus", str(gpu), "--port", str(port))
-
-    def tail(self, name: str) -> str:
-        return f"--- {name} ---\n" + self.logs[name].read_text(errors="replace")[-3000:]
-
-    def wait_all(self, procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for proc in procs.values():
-            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            assert code == 0, "\n".join(self.tail(n) for n in procs)
-
-
 def wait_for(predicate: Any, timeout: float, what: str, poll: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -145,7 +99,7 @@ def test_two_hosts_x_two_slots_measure_a_grid_once_each(
         make_fleet: MakeFleet, procs: Processes, figure: Any) -> None:
     fleet = make_fleet(["fleet-a", "fleet-b"], gpus=2)
     cli = Cli(fleet, procs)
-    pa0, pa1, pb0, pb1 = ports(4)
+    pa0, pa1, pb0, pb1 = free_ports(4)
     db = fleet.root / "four.db"
     store = f"sqlite:///{db}"
     four = study(fleet, "four", two_slots("fleet-a", pa0, pa1))
@@ -191,7 +145,7 @@ def test_a_decoy_on_a_slots_gpu_quarantines_that_slot_and_is_never_signalled(
     assert dirty.decoy_pid is not None
     ticks = dirty.start_ticks(dirty.decoy_pid)
     cli = Cli(fleet, procs)
-    pb0, pb1, pa0 = ports(3)
+    pb0, pb1, pa0 = free_ports(3)
     db = fleet.root / "dirty.db"
     store = f"sqlite:///{db}"
     path = study(fleet, "dirty", two_slots("fleet-b", pb0, pb1))
@@ -262,7 +216,7 @@ def _rows(url: str, table: str, study_name: str) -> list[dict[str, Any]]:
 
 
 def _sigkill_mid_trial(fleet: Fleet, cli: Cli, url: str, figure: Any) -> None:
-    pa0, pa1, pb0 = ports(3)
+    pa0, pa1, pb0 = free_ports(3)
     path = study(fleet, "kill", two_slots("fleet-a", pa0, pa1), duration=3.0, half=True)
     registered = fleet.cli("tune", str(path), "--store", url, "--register", timeout=120)
     assert registered.returncode == 0, registered.stdout + registered.stderr
@@ -330,7 +284,7 @@ def test_a_slot_that_ends_leaves_the_connection_of_its_hosts_other_slots_alone(
     fleet = make_fleet(["fleet-a"], gpus=2)
     monkeypatch.setenv("HOME", str(fleet.home))
     monkeypatch.setenv(SIM_GPU_DIR_ENV, str(fleet.ledger_path))
-    pa0, pa1 = ports(2)
+    pa0, pa1 = free_ports(2)
     spec = StudySpec.model_validate({
         "name": "s", "engine": "sim", "model": "sim", "hosts": ["fleet-a"],
         "slots": [{"gpus": [0], "port": pa0}, {"gpus": [1], "port": pa1}],
@@ -379,7 +333,7 @@ def test_a_worker_starting_leaves_a_trial_another_process_failed_meanwhile_alone
     (tmp_path / "gpus").mkdir()
     monkeypatch.setenv(SIM_GPU_DIR_ENV, str(tmp_path / "gpus"))
     spec = StudySpec.model_validate({
-        "name": "s", "engine": "sim", "model": "sim", "gpus": [0], "port": ports(1)[0],
+        "name": "s", "engine": "sim", "model": "sim", "gpus": [0], "port": free_port(),
         "space": {"max-running-requests": [16, 32]}, "strategy": "grid", "concurrency": [1]})
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     try:

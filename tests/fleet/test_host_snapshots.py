@@ -10,40 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from tests._kit import free_ports, study_yaml
 from tests.conftest import Processes, recorded_rows
-from tests.fleet.conftest import MakeFleet
-from tests.fleet.test_fleet_study import Cli, ports
+from tests.fleet.conftest import Cli, MakeFleet
 
 pytestmark = pytest.mark.slow
-
-STUDY = """\
-name: hosts
-engine: sim
-model: sim
-hosts: [fleet-a]
-gpus: [0]
-port: PORT
-fixed: {tp-size: 1, time-scale: 0.25}
-space:
-  max-running-requests: [16, 32, 64, 128]
-strategy: grid
-workload: {kind: random, input_len: 64, output_len: 8}
-concurrency: [2]
-requests_per_level: 4
-ready_timeout_s: 60
-smoke_timeout_s: 15
-grace_s: 5
-verify_deadline_s: 20
-lease_timeout_s: 10
-"""
-
 
 def test_two_hosts_record_one_snapshot_each(make_fleet: MakeFleet, procs: Processes) -> None:
     fleet = make_fleet(["fleet-a", "fleet-b"], gpus=2)
     cli = Cli(fleet, procs)
-    pa, pb0, pb1 = ports(3)
+    pa, pb0, pb1 = free_ports(3)
     path: Path = fleet.root / "hosts.yaml"
-    path.write_text(STUDY.replace("PORT", str(pa)))
+    path.write_text(study_yaml(name="hosts", hosts=["fleet-a"], port=pa,
+                               space={"max-running-requests": [16, 32, 64, 128]},
+                               ready_timeout_s=60, smoke_timeout_s=15, lease_timeout_s=10))
     db = fleet.root / "hosts.db"
     store = f"sqlite:///{db}"
     registered = fleet.cli("tune", str(path), "--store", store, "--register", timeout=120)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from tests._kit import free_port
 from tests.conftest import recorded_rows
 from tests.fleet.conftest import DECOY_HOST, MakeFleet
 from tests.fleet.hosts import DECOY_TITLE, Decoy, Fleet, outer_pid
-from tests.hosts.sshd import free_port
 
 pytestmark = pytest.mark.slow
 

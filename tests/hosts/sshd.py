@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests._kit import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 #: Tools a session without ``python3`` keeps (what the fallback probe and the executor use).
@@ -38,12 +40,6 @@ RESTRICTED_TOOLS = (
 
 def sshd_available() -> bool:
     return os.access(SSHD, os.X_OK) and shutil.which("ssh-keygen") is not None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

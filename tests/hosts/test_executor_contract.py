@@ -9,7 +9,7 @@ import pytest
 
 from cleanslate.hosts import Executor, LocalExecutor
 from cleanslate.testing.executor_contract import *  # noqa: F403
-from tests.hosts.sshd import free_port
+from tests._kit import free_port
 
 IMPLEMENTATIONS = ["local", "ssh"]
 

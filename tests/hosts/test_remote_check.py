@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests._kit import free_port
 from tests.conftest import Processes
 from tests.hosts.conftest import hang_pids, pid_alive
-from tests.hosts.sshd import Sshd, free_port
+from tests.hosts.sshd import Sshd
 
 STRAY = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(120)"
 

@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
+from tests._kit import free_port
 from tests.conftest import recorded_rows
 from tests.hosts.conftest import pid_alive
-from tests.hosts.sshd import Sshd, free_port
+from tests.hosts.sshd import Sshd
 
 pytestmark = pytest.mark.slow
 

@@ -65,6 +65,7 @@ def test_run_stdin_env_exit_codes(sshd: Sshd, ssh_home: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow  # 5.4-5.7 s measured
 def test_one_connection_per_host_and_loop(sshd: Sshd, ssh_home: Path) -> None:
     # $SSH_CONNECTION names the client's port: one connection means one port for every command,
     # also when commands run concurrently; a second event loop opens its own.
@@ -153,7 +154,7 @@ def test_hanging_command_is_ended_on_the_host(sshd: Sshd, ssh_home: Path,
 
 
 def test_unreachable_host_is_a_failed_command_not_an_exception(ssh_home: Path) -> None:
-    from tests.hosts.sshd import free_port
+    from tests._kit import free_port
 
     async def go() -> None:
         ex = SSHExecutor(f"ssh://root@127.0.0.1:{free_port()}?connect-timeout=3")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests._kit import alive, free_port
 from tests.conftest import CliResult, run_cli
-from tests.launch.test_lifecycle_sim import alive, free_port
 
 SIM_ARGV = [sys.executable, "-m", "cleanslate.sim", "serve", "--port", "{port}",
             "--model-path", "{model}"]

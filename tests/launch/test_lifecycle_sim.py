@@ -9,80 +9,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import CliResult, Processes, recorded_rows, run_cli
+from tests._kit import alive, free_port
+from tests.conftest import Processes, run_cli
+from tests.launch.conftest import Lab, served
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
-class Lab:
-    """One test's store, simulated GPU ledger and CLI environment."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.store = f"sqlite:///{root}/cs.db"
-        self.env = {"CLEANSLATE_SIM_GPU_DIR": str(root / "gpus")}
-        (root / "gpus").mkdir()
-
-    def cli(self, *args: str, timeout: float = 120) -> CliResult:
-        return run_cli(*args, env=self.env, timeout=timeout)
-
-    def serve(self, port: int, *engine_flags: str, extra: tuple[str, ...] = ()) -> CliResult:
-        return self.cli("serve", "--engine", "sim", "--model", "sim", "--port", str(port),
-                        "--store", self.store, "--detach", "--json", "--ready-timeout", "60",
-                        "--smoke-timeout", "5", *extra, "--", "--tp-size", "2", *engine_flags)
-
-    def stop(self, run_id: str, *extra: str) -> CliResult:
-        return self.cli("stop", run_id, "--store", self.store, "--json", "--deadline", "20",
-                        "--gpu-backend", "sim", *extra)
-
-    def check(self, *extra: str) -> dict[str, Any]:
-        result = self.cli("check", "--gpu-backend", "sim", "--engine", "sim", "--json", *extra)
-        return dict(result.json())
-
-    def runs(self) -> list[dict[str, Any]]:
-        return recorded_rows(self.root / "cs.db")
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(tmp_path)
-    yield lab
-    for run in lab.runs():
-        if run["status"] in ("starting", "ready"):
-            lab.stop(run["id"], "--grace", "2")
-
-
-def _served(result: CliResult) -> dict[str, Any]:
-    assert result.returncode == 0, result.stdout + result.stderr
-    return dict(result.json())
-
-
 def test_serve_ready_smoke_stop_clean(lab: Lab) -> None:
     port = free_port()
-    doc = _served(lab.serve(port))
+    doc = served(lab.serve(port))
     assert {"run_id", "url", "argv", "pid", "verdict_before"} <= set(doc)
     assert doc["verdict_before"]["verdict"] == "clean"
     assert doc["url"] == f"http://127.0.0.1:{port}"
@@ -133,7 +76,7 @@ def test_hang_times_out_then_teardown_clean(lab: Lab) -> None:
 
 
 def test_ignore_sigterm_escalates_to_sigkill(lab: Lab) -> None:
-    doc = _served(lab.serve(free_port(), "--fault", "ignore-sigterm"))
+    doc = served(lab.serve(free_port(), "--fault", "ignore-sigterm"))
     stopped = lab.stop(doc["run_id"], "--grace", "2")
     report = stopped.json()
     assert stopped.returncode == 0, stopped.stdout
@@ -145,7 +88,7 @@ def test_ignore_sigterm_escalates_to_sigkill(lab: Lab) -> None:
 
 
 def test_orphan_grandchild_found_by_marker_and_removed(lab: Lab) -> None:
-    doc = _served(lab.serve(free_port(), "--fault", "orphan-grandchild"))
+    doc = served(lab.serve(free_port(), "--fault", "orphan-grandchild"))
     stopped = lab.stop(doc["run_id"], "--grace", "5")
     report = stopped.json()
     assert stopped.returncode == 0, stopped.stdout
@@ -157,7 +100,7 @@ def test_orphan_grandchild_found_by_marker_and_removed(lab: Lab) -> None:
 
 
 def test_slow_release_is_waited_for_and_reported(lab: Lab) -> None:
-    doc = _served(lab.serve(free_port(), "--fault", "slow-release=3"))
+    doc = served(lab.serve(free_port(), "--fault", "slow-release=3"))
     stopped = lab.stop(doc["run_id"])
     report = stopped.json()
     assert stopped.returncode == 0
@@ -168,7 +111,7 @@ def test_slow_release_is_waited_for_and_reported(lab: Lab) -> None:
 
 def test_leave_port_is_port_in_use_until_the_orphan_is_gone(lab: Lab) -> None:
     port = free_port()
-    doc = _served(lab.serve(port, "--fault", f"leave-port={port}"))
+    doc = served(lab.serve(port, "--fault", f"leave-port={port}"))
     # A naive kill of the server: SIGTERM to its root process only.
     os.kill(doc["pid"], signal.SIGTERM)
     deadline = time.monotonic() + 15
@@ -189,7 +132,7 @@ def test_leave_port_is_port_in_use_until_the_orphan_is_gone(lab: Lab) -> None:
 def test_stop_leaves_unrelated_processes_and_clean_engine_refuses_without_yes(
     lab: Lab, procs: Processes
 ) -> None:
-    doc = _served(lab.serve(free_port()))
+    doc = served(lab.serve(free_port()))
     # Started after the launch (the preflight would rightly refuse a host with it running), in
     # a session of its own: `clean` never ends members of its caller's session.
     bystander = procs.python("import time; time.sleep(120)", "-m", "sglang.launch_server",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from cleanslate.engines import engine_class
 from cleanslate.hosts.local import LocalExecutor
 from cleanslate.launch import ready
 from cleanslate.store import RunRecord
+from tests._kit import free_port
 
 HEAD = ("[2026-12-01 14:00:00 TP0] Scheduler hit an exception: Traceback (most recent call "
         "last):\n  File \"/sgl/managers/scheduler.py\", line 2411, in run_scheduler_process\n"
@@ -26,16 +26,10 @@ LAST = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.
         "total capacity of 139.81 GiB of which 512.00 MiB is free.\n")
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(tmp_path: Path) -> RunRecord:
     folder = tmp_path / "r-ready"
     folder.mkdir()
-    port = _closed_port()
+    port = free_port()
     return RunRecord(id="r-ready", host="local", engine="sglang", model="m", argv=("x",),
                      marker="r-ready", port=port, url=f"http://127.0.0.1:{port}",
                      log_path=f"{folder}/server.log", artifacts_dir=str(folder))

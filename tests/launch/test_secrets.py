@@ -10,16 +10,16 @@ simulated engine.
 from __future__ import annotations
 
 import json
-import socket
 import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import CliResult, recorded_rows, run_cli
+from tests._kit import free_port
+from tests.conftest import run_cli
+from tests.launch.conftest import Lab as LaunchLab
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +29,8 @@ KEY = "sk-live-abcdef1234567890"
 SECRETS = (TOKEN, KEY)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Lab:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.store = f"sqlite:///{root}/cs.db"
-        self.env = {"CLEANSLATE_SIM_GPU_DIR": str(root / "gpus")}
-        (root / "gpus").mkdir()
-
-    def cli(self, *args: str, timeout: float = 120) -> CliResult:
-        return run_cli(*args, env=self.env, timeout=timeout)
+class Lab(LaunchLab):
+    """The launch tests' lab, with the secret-carrying server file and a search for leaks."""
 
     def server_file(self, *extra: str) -> Path:
         path = self.root / "server.yaml"
@@ -54,9 +41,6 @@ class Lab:
                      "{port}", "--model-path", "{model}"],
             "flags": {"api-key": KEY}}))
         return path
-
-    def runs(self) -> list[dict[str, Any]]:
-        return recorded_rows(self.root / "cs.db")
 
     def leaks(self) -> list[str]:
         """Files under the lab (artifacts, the store and its journals) holding a secret."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,14 +25,9 @@ from cleanslate.launch import lifecycle
 from cleanslate.launch.config import ServeConfig
 from cleanslate.launch.lifecycle import start_server
 from cleanslate.store import Store
+from tests._kit import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def marked(run_id: str) -> list[int]:

@@ -10,7 +10,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.launch.test_lifecycle_sim import Lab, _served, alive, free_port, lab  # noqa: F401
+from tests._kit import alive, free_port
+from tests.launch.conftest import Lab, served
 
 
 def _state(run: dict[str, object]) -> dict[str, object]:
@@ -18,12 +19,12 @@ def _state(run: dict[str, object]) -> dict[str, object]:
     return dict(json.loads(path.read_text()))
 
 
-def _record(lab: Lab, run_id: str) -> dict[str, object]:  # noqa: F811
+def _record(lab: Lab, run_id: str) -> dict[str, object]:
     return next(r for r in lab.runs() if r["id"] == run_id)
 
 
-def test_a_sigkilled_server_is_recorded_killed_by_stop(lab: Lab) -> None:  # noqa: F811
-    run = _served(lab.serve(free_port()))
+def test_a_sigkilled_server_is_recorded_killed_by_stop(lab: Lab) -> None:
+    run = served(lab.serve(free_port()))
     os.kill(int(run["pid"]), signal.SIGKILL)  # the server this test started, by PID
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and _state(_record(lab, run["run_id"])).get(
@@ -38,8 +39,8 @@ def test_a_sigkilled_server_is_recorded_killed_by_stop(lab: Lab) -> None:  # noq
     assert "SIGKILL" in str(record["detail"])
 
 
-def test_a_server_gone_with_its_supervisor_is_recorded_crashed(lab: Lab) -> None:  # noqa: F811
-    run = _served(lab.serve(free_port()))
+def test_a_server_gone_with_its_supervisor_is_recorded_crashed(lab: Lab) -> None:
+    run = served(lab.serve(free_port()))
     os.kill(int(run["supervisor_pid"]), signal.SIGKILL)
     os.kill(int(run["pid"]), signal.SIGKILL)
     deadline = time.monotonic() + 10
@@ -52,8 +53,8 @@ def test_a_server_gone_with_its_supervisor_is_recorded_crashed(lab: Lab) -> None
     assert "exit status was not recorded" in str(record["detail"])
 
 
-def test_a_serving_run_stopped_on_request_is_stopped(lab: Lab) -> None:  # noqa: F811
-    run = _served(lab.serve(free_port()))
+def test_a_serving_run_stopped_on_request_is_stopped(lab: Lab) -> None:
+    run = served(lab.serve(free_port()))
     assert lab.stop(run["run_id"]).returncode == 0
     record = _record(lab, run["run_id"])
     assert record["status"] == "stopped" and record["cause"] is None

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cleanslate.store import RunRecord, Store, TrialRecord
+from tests._kit import free_port
 
 DATA = Path(__file__).parent / "data" / "stores.json"
 
@@ -79,12 +79,6 @@ class StudyStore:
     folder: Path
     url: str
     studies: tuple[str, ...]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def load_recorded(url: str) -> list[str]:

@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from cleanslate.report import HEIGHT, WIDTH, StudyReport, load_report, render_html, write_pngs
+from cleanslate.report import StudyReport, load_report, render_html, write_pngs
 from cleanslate.store import Store
+from tests.report._browser import assert_real_plot
 from tests.report.conftest import StudyStore
-
-
-def png_pixels(data: bytes) -> Any:
-    """The pixels of a PNG (rows x columns x channels, floats 0..1)."""
-    import matplotlib.image
-
-    return matplotlib.image.imread(io.BytesIO(data), format="png")
-
-
-def assert_real_plot(data: bytes) -> None:
-    pixels = png_pixels(data)
-    assert pixels.shape[:2] == (HEIGHT, WIDTH)
-    rgb = pixels[..., :3]
-    assert float(rgb.std()) > 0.05, "the plot is (nearly) uniform"
-    assert float((rgb.mean(axis=2) < 0.9).mean()) > 0.01, "the plot is (nearly) blank"
 
 
 class Links(HTMLParser):

@@ -21,10 +21,15 @@ import pytest
 
 from cleanslate.report import load_report
 from cleanslate.store import Store
+from tests._kit import free_port
 from tests.conftest import Processes, run_cli
-from tests.report.conftest import StudyStore, free_port
-from tests.report.test_browser import assert_screenshot, console_messages, run_chromium
-from tests.report.test_html_plots import assert_real_plot
+from tests.report._browser import (
+    assert_real_plot,
+    assert_screenshot,
+    console_messages,
+    run_chromium,
+)
+from tests.report.conftest import StudyStore
 
 pytestmark = pytest.mark.slow
 

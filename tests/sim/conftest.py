@@ -12,7 +12,6 @@ import contextlib
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,12 +27,7 @@ import pytest
 from cleanslate.hosts.local import LocalExecutor
 from cleanslate.probe.gpu.sim import SimGpuBackend
 from cleanslate.probe.snapshot import GpuReading
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests._kit import free_port
 
 
 def port_listening(port: int) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._kit import study_yaml
 from tests.conftest import run_cli
-from tests.launch.test_lifecycle_sim import free_port
 from tests.sim._client import MODEL
 from tests.sim.conftest import SimServers
 
@@ -31,29 +31,13 @@ def test_bench_marks_the_level_whose_output_breaks(sims: SimServers) -> None:
     assert "bad output" in res.stderr
 
 
-STUDY = """\
-name: nan-under-load
-engine: sim
-model: sim
-port: {port}
-gpus: [0]
-fixed: {{tp-size: 1, time-scale: 0.25, fault: nan=8}}
-space:
-  max-running-requests: [128]
-strategy: grid
-workload: {{kind: random, input_len: 64, output_len: 16}}
-concurrency: [4, 64]
-requests_per_level: 64
-ready_timeout_s: 30
-smoke_timeout_s: 10
-grace_s: 5
-verify_deadline_s: 20
-"""
-
-
 def test_tune_records_the_level_infeasible_and_keeps_the_one_below(tmp_path: Path) -> None:
     study = tmp_path / "study.yaml"
-    study.write_text(STUDY.format(port=free_port()))
+    study.write_text(study_yaml(
+        name="nan-under-load", fixed={"tp-size": 1, "time-scale": 0.25, "fault": "nan=8"},
+        space={"max-running-requests": [128]},
+        workload={"kind": "random", "input_len": 64, "output_len": 16}, concurrency=[4, 64],
+        requests_per_level=64))
     (tmp_path / "gpus").mkdir()
     db = tmp_path / "s.db"
     res = run_cli("tune", str(study), "--store", f"sqlite:///{db}",

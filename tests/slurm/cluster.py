@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests._kit import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scancel", "sinfo")
 
@@ -60,12 +62,6 @@ def ensure_routable_address(private_namespace: bool) -> str | None:
         return "this host has no address but loopback, which Slurm cannot bind"
     subprocess.run(["ip", "addr", "add", NAMESPACE_ADDRESS, "dev", "lo"], check=True)
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _binary(name: str) -> str:
@@ -146,8 +142,8 @@ def start_cluster(root: Path, *, gpus: int = 4, cpus: int | None = None,
         f"SlurmctldHost={node}(127.0.0.1)",
         "SlurmUser=root",
         "SlurmdUser=root",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={free_port()}",
+        f"SlurmdPort={free_port()}",
         "AuthType=auth/munge",
         f"AuthInfo=socket={sock}",
         "CredType=cred/munge",

@@ -39,8 +39,8 @@ from cleanslate.tune._systemic import systemic_failure
 from cleanslate.tune.race import compare, grid_noise, summarize, tie_set
 from cleanslate.tune.study import StudySpec, load_study
 from cleanslate.tune.trial import PROBE_LEVEL_VERDICTS, capacity_fields
+from tests._kit import alive, free_port
 from tests.conftest import Processes, run_cli
-from tests.launch.test_lifecycle_sim import alive, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests._kit import free_port
 from tests.conftest import run_cli
-from tests.launch.test_lifecycle_sim import free_port
 
 pytestmark = pytest.mark.slow
 

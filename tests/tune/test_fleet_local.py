@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests._kit import alive, free_port
 from tests.conftest import Processes, recorded_rows, run_cli
-from tests.launch.test_lifecycle_sim import alive, free_port
 
 GRID = """\
 name: NAME

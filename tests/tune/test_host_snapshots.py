@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from cleanslate.doctor.snapshot import SNAPSHOT_TIMEOUT_ENV
+from tests._kit import free_port
 from tests.conftest import recorded_rows, run_cli
-from tests.launch.test_lifecycle_sim import free_port
 
 pytestmark = pytest.mark.slow
 

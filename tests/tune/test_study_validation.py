@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests._kit import free_port
 from tests.conftest import run_cli
 
 BASE = """\
@@ -36,14 +37,8 @@ verify_deadline_s: 20
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _study(tmp_path: Path, text: str) -> tuple[Path, int]:
-    port = _free_port()
+    port = free_port()
     path = tmp_path / "study.yaml"
     path.write_text(text.replace("PORT", str(port)))
     return path, port

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from cleanslate.tune._systemic import (
     normalized,
     systemic_failure,
 )
+from tests._kit import free_port
 from tests.cli.inproc import run_main
 
 DATA = Path(__file__).parents[1] / "engines" / "data"
@@ -110,16 +110,10 @@ def test_normalized_texts_keep_words_and_flags() -> None:
 # -- whole studies ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _study(tmp_path: Path, model: str, argv: list[str], space: dict[str, Any],
            name: str = "systemic") -> Path:
     lines = [f"name: {name}", "engine: command", f"model: {json.dumps(model)}",
-             f"port: {_free_port()}", f"argv: {json.dumps(argv)}", f"space: {json.dumps(space)}",
+             f"port: {free_port()}", f"argv: {json.dumps(argv)}", f"space: {json.dumps(space)}",
              "strategy: grid", "concurrency: [1]", "requests_per_level: 2",
              "ready_timeout_s: 20", "smoke_timeout_s: 5", "grace_s: 2", "verify_deadline_s: 10",
              "retries: 0"]
@@ -272,8 +266,8 @@ def test_a_fleet_stops_every_slot_and_records_nothing_infeasible(
     log = DATA / "model_load_vllm_missing_path.log"
     path = _study(tmp_path, "org/name", ["sh", "-c", 'grep -v "^#" "$0"; exit 1', str(log),
                                          "{port}"], {"x": [1, 2, 3, 4, 5, 6]}, name="fleet")
-    path.write_text(path.read_text() + f"slots: [{{gpus: [0], port: {_free_port()}}}, "
-                    f"{{gpus: [1], port: {_free_port()}}}]\n")
+    path.write_text(path.read_text() + f"slots: [{{gpus: [0], port: {free_port()}}}, "
+                    f"{{gpus: [1], port: {free_port()}}}]\n")
     db = tmp_path / "s.db"
     (tmp_path / "gpus").mkdir()  # a simulated GPU ledger: the slots' GPUs 0 and 1
     monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", str(tmp_path / "gpus"))

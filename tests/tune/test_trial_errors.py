@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +16,12 @@ from cleanslate.hosts import executor_for
 from cleanslate.store import Store
 from cleanslate.tune import trial as trial_mod
 from cleanslate.tune.study import load_study
+from tests._kit import study_yaml
 
 pytestmark = pytest.mark.slow
 
-STUDY = """\
-name: errors
-engine: sim
-model: sim
-port: PORT
-gpus: [0]
-fixed: {tp-size: 1, time-scale: 0.25}
-space: {fault: [null]}
-strategy: grid
-workload: {kind: random, input_len: 64, output_len: 8}
-concurrency: [2]
-requests_per_level: 4
-ready_timeout_s: 30
-smoke_timeout_s: 10
-grace_s: 5
-verify_deadline_s: 20
-"""
-
-
 class Injected(Exception):
     """The fault this test injects."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _marked(marker: str) -> list[int]:
@@ -79,7 +54,7 @@ def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", str(tmp_path / "gpus"))
     (tmp_path / "gpus").mkdir()
     path = tmp_path / "study.yaml"
-    path.write_text(STUDY.replace("PORT", str(_free_port())))
+    path.write_text(study_yaml(name="errors", space={"fault": [None]}))
     spec, _root = load_study(path)
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     yield spec, store

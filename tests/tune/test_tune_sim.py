@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
+from tests._kit import OMIT, alive, study_yaml
 from tests.conftest import Processes, run_cli
-from tests.launch.test_lifecycle_sim import alive, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _study(tmp_path: Path, body: str) -> Path:
+def _study(tmp_path: Path, overrides: dict[str, Any]) -> Path:
     path = tmp_path / "study.yaml"
-    path.write_text(body.replace("PORT", str(free_port())))
+    path.write_text(study_yaml(**overrides))
     return path
 
 
@@ -40,24 +40,10 @@ def _trials(db: Path) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in conn.execute("select data from cs_trials order by id")]
 
 
-FAULTS = """\
-name: faults
-engine: sim
-model: sim
-port: PORT
-gpus: [0]
-fixed: {tp-size: 1, time-scale: 0.25}
-space:
-  fault: [null, oom-at-start, nan, crash-at-concurrency=4]
-strategy: grid
-workload: {kind: random, input_len: 256, output_len: 32}
-concurrency: [8, 16]
-duration_s_per_level: 1
-ready_timeout_s: 30
-smoke_timeout_s: 10
-grace_s: 5
-verify_deadline_s: 20
-"""
+FAULTS = dict(name="faults",
+              space={"fault": [None, "oom-at-start", "nan", "crash-at-concurrency=4"]},
+              workload={"kind": "random", "input_len": 256, "output_len": 32}, concurrency=[8, 16],
+              requests_per_level=OMIT, duration_s_per_level=1)
 
 
 def test_failing_configs_are_results_and_the_best_is_feasible(tmp_path: Path) -> None:
@@ -82,24 +68,9 @@ def test_failing_configs_are_results_and_the_best_is_feasible(tmp_path: Path) ->
     assert "fault=None" in result.stdout.split("best configuration")[1]
 
 
-KILLED = """\
-name: killed
-engine: sim
-model: sim
-port: PORT
-gpus: [0]
-fixed: {tp-size: 1, time-scale: 0.25}
-space:
-  max-running-requests: [32, 64, 128]
-strategy: grid
-workload: {kind: random, input_len: 256, output_len: 32}
-concurrency: [8, 16]
-duration_s_per_level: 2
-ready_timeout_s: 30
-smoke_timeout_s: 10
-grace_s: 5
-verify_deadline_s: 20
-"""
+KILLED = dict(name="killed", space={"max-running-requests": [32, 64, 128]},
+              workload={"kind": "random", "input_len": 256, "output_len": 32}, concurrency=[8, 16],
+              requests_per_level=OMIT, duration_s_per_level=2)
 
 
 def test_controller_sigkilled_mid_trial_resumes_cleanly(tmp_path: Path, procs: Processes) -> None:

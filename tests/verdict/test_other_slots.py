@@ -9,7 +9,10 @@ from typing import Any
 from cleanslate.probe.snapshot import DeviceHolder, GpuProcess, ListeningSocket, ProcessInfo
 from cleanslate.verdict.findings import FindingKind, Verdict
 from cleanslate.verdict.rules import Scope, evaluate
-from tests.verdict.test_rules import _gpu, _proc, _reading, _snapshot
+from tests.verdict._build import gpu as _gpu
+from tests.verdict._build import proc as _proc
+from tests.verdict._build import reading as _reading
+from tests.verdict._build import snapshot as _snapshot
 
 OTHER = "r-20261201-000000-beef"  # the run of the other slot (GPU 0, port 30000)
 SCOPE = Scope(gpus=frozenset({1}), exclude_markers=frozenset({OTHER}))

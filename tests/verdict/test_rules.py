@@ -3,27 +3,26 @@ snapshots that isolate one rule each."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 
 from cleanslate.probe.gpu.nvidia_smi import reading_from_outputs
 from cleanslate.probe.gpu.nvml import reading_from_raw
 from cleanslate.probe.snapshot import (
     DeviceHolder,
-    Gpu,
     GpuProcess,
     GpuReading,
     ListeningSocket,
     ProcessInfo,
-    Snapshot,
     SourceStatus,
 )
 from cleanslate.verdict.baseline import Baseline
 from cleanslate.verdict.findings import FindingKind, HostVerdict, Severity, Verdict
 from cleanslate.verdict.rules import Scope, evaluate, excluded_pids
 from tests.probe.gpu._data import FIXTURES, nvml_dump, output
+from tests.verdict._build import gpu as _gpu
+from tests.verdict._build import proc as _proc
+from tests.verdict._build import reading as _reading
+from tests.verdict._build import snapshot as _snapshot
 
 
 def _ps_fixture(stem: str) -> tuple[ProcessInfo, ...]:
@@ -36,11 +35,6 @@ def _ps_fixture(stem: str) -> tuple[ProcessInfo, ...]:
                                state=stat[0], comm=comm, cmdline=tuple(args), create_time=0.0,
                                environ_readable=True))
     return tuple(out)
-
-
-def _snapshot(gpu: GpuReading, processes: Sequence[ProcessInfo] = (), **extra: Any) -> Snapshot:
-    return Snapshot(host="h200x2", taken_at="2026-11-30T13:05:39Z", elapsed_s=0.1,
-                    processes=tuple(processes), gpu=gpu, **extra)
 
 
 def _kinds(verdict: HostVerdict, severity: Severity | None = None) -> list[FindingKind]:
@@ -125,23 +119,6 @@ def test_nvidia_smi_errors_are_unknown_with_its_message(stem: str, message: str)
 
 
 # --- one rule at a time ---------------------------------------------------------------------
-
-
-def _gpu(index: int = 0, used: int | None = 3, procs: Sequence[GpuProcess] = (),
-         **kw: Any) -> Gpu:
-    return Gpu(index=index, uuid=f"GPU-{index}", name="NVIDIA H200", memory_used_mib=used,
-               memory_total_mib=143771, processes=tuple(procs), source="test", **kw)
-
-
-def _reading(*gpus: Gpu) -> GpuReading:
-    return GpuReading(backend="test", ok=True, gpus=tuple(gpus))
-
-
-def _proc(pid: int, comm: str = "python3", cmdline: Sequence[str] = ("python3",),
-          **kw: Any) -> ProcessInfo:
-    fields: dict[str, Any] = {"ppid": 1, "pgid": pid, "sid": pid, "state": "S",
-                              "create_time": 1.0, "environ_readable": True, **kw}
-    return ProcessInfo(pid=pid, comm=comm, cmdline=tuple(cmdline), **fields)
 
 
 def test_idle_memory_tolerance_and_baseline() -> None:

@@ -1,0 +1,82 @@
+"""The test kit: helpers that tests of several packages share (free ports, a process's
+liveness, a minimal simulated-engine study file). A test imports them from here, never from
+another ``test_*.py`` module."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT_PACKAGE = "cleanslate"
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago (bound, then released)."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports of 127.0.0.1 that were free a moment ago: all ``n`` are held
+    bound together before they are released, so no two are the same."""
+    with contextlib.ExitStack() as stack:
+        found = []
+        for _ in range(n):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            found.append(int(sock.getsockname()[1]))
+        return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def module_files(src: Path = SRC, root: str = ROOT_PACKAGE) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every ``.py`` file of the distribution."""
+    out: dict[str, Path] = {}
+    for path in sorted((src / root).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+#: ``study_yaml(key=OMIT)`` leaves ``key`` out of the study.
+OMIT: Any = object()
+
+
+def study_yaml(**overrides: Any) -> str:
+    """A minimal valid study of the simulated engine, as YAML: one trial of one level on GPU 0
+    of a free port, with short timeouts. ``overrides`` replace or add top-level keys (in the
+    order given, after the defaults); a key given ``OMIT`` is left out."""
+    study: dict[str, Any] = {
+        "name": "study",
+        "engine": "sim",
+        "model": "sim",
+        "port": free_port(),
+        "gpus": [0],
+        "fixed": {"tp-size": 1, "time-scale": 0.25},
+        "space": {"max-running-requests": [32]},
+        "strategy": "grid",
+        "workload": {"kind": "random", "input_len": 64, "output_len": 8},
+        "concurrency": [2],
+        "requests_per_level": 4,
+        "ready_timeout_s": 30,
+        "smoke_timeout_s": 10,
+        "grace_s": 5,
+        "verify_deadline_s": 20,
+    }
+    study.update(overrides)
+    return yaml.safe_dump({k: v for k, v in study.items() if v is not OMIT}, sort_keys=False,
+                          default_flow_style=None)
