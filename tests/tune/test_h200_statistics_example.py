@@ -65,3 +65,16 @@ def test_each_run_tells_graphs_apart_and_not_the_memory_cap(run: int) -> None:
 
 def test_the_two_runs_agree_on_the_best_and_the_contenders() -> None:
     assert _contenders(1) == _contenders(2)
+
+
+def test_run_5_with_the_heap_frozen_names_the_same_contenders() -> None:
+    """Run 5 (the load generator's heap frozen during levels): the same best and contenders
+    as runs 3 and 4; the two configurations without graphs lost to the incumbent of the time,
+    #1, one measurement each."""
+    best, tied, contenders = _contenders(5)
+    assert (best, tied, contenders) == (1, set(), {0, 1})
+    by_number = {t.number: t for t in _trials(5)}
+    assert [(r.against, r.outcome) for r in by_number[1].races] == [(0, "undecided")]
+    for n in (2, 3):
+        assert len(by_number[n].replicates) == 1
+        assert [(r.against, r.outcome) for r in by_number[n].races] == [(1, "loss")]
