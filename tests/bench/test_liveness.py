@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 from cleanslate.bench import BenchConfig, ClosedLoop, RandomWorkload, run_level
+from cleanslate.bench._client import CONNECTION_ERRORS
 from tests.bench.conftest import start_fake_server_process
 
 
@@ -51,7 +52,10 @@ def test_killed_server_ends_the_level_within_5s(procs: Any) -> None:
     assert lv.completed > 0
     assert lv.failed >= 16
     assert lv.errors.get("connection_reset", 0) >= 1
-    assert set(lv.errors) <= {"connection_reset", "connection_refused", "aborted"}
+    # Every failure is a failure to reach the server (reset, refused, or another connection
+    # error: one CI run saw "connection_error" once, its detail unrecorded) or a request the
+    # level's end aborted; never a timeout or a client error.
+    assert set(lv.errors) <= CONNECTION_ERRORS | {"aborted"}, lv.error_details
 
 
 def test_cli_exit_1_and_partial_json_when_the_server_dies(procs: Any) -> None:

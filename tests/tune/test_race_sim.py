@@ -26,14 +26,14 @@ model: sim
 port: {port}
 gpus: [0]
 fixed: {{tp-size: 1}}
-baseline: {{mem-fraction-static: 0.88, time-scale: 0.1}}
+baseline: {{mem-fraction-static: 0.88, time-scale: 0.2}}
 space:
   mem-fraction-static: [0.88, 0.92]
-  time-scale: [0.1, 0.0943]
+  time-scale: [0.2, 0.1886]
 strategy: ablation
 workload: {{kind: random, input_len: 256, output_len: 32}}
 concurrency: [16]
-duration_s_per_level: 1
+duration_s_per_level: 2
 statistics: {{replicates: auto, tie_margin: 0.05, max_replicates: 5}}
 ready_timeout_s: 30
 smoke_timeout_s: 10
@@ -57,9 +57,9 @@ def test_a_racing_study_on_the_sim(tmp_path: Path) -> None:
                   for r in conn.execute("select data from cs_trials order by id")}
     by_params = {(t["params"]["mem-fraction-static"], t["params"]["time-scale"]): t
                  for t in trials.values()}
-    same = by_params[(0.92, 0.1)]
-    faster = by_params[(0.88, 0.0943)]
-    base = by_params[(0.88, 0.1)]
+    same = by_params[(0.92, 0.2)]
+    faster = by_params[(0.88, 0.1886)]
+    base = by_params[(0.88, 0.2)]
     assert same["races"] and faster["races"], (same["races"], faster["races"])
     assert same["races"][-1]["outcome"] in ("tie", "undecided"), same["races"]
     assert faster["races"][-1]["outcome"] in ("win", "undecided"), faster["races"]
