@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import signal
@@ -97,6 +98,56 @@ def parse_concurrency(text: str) -> list[int]:
     if not out:
         raise InputError("no concurrency given", where="--concurrency")
     return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """The options that make a :class:`BenchConfig`, as typed (``None``: not given)."""
+
+    url: str
+    model: str
+    concurrency: str | None = None
+    rate: str | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    num_prompts: int | None = None
+    duration: float | None = None
+    warmup: int | None = None
+    seed: int = 0
+    workload: str | None = None
+    dataset: Path | None = None
+    endpoint: str = "completions"
+    tokenizer: str | None = None
+    slo: str | None = None
+    request_timeout: float | None = None
+    read_timeout: float = 600.0
+    ignore_eos: bool = True
+    api_key: str | None = None
+    repeats: int | None = None
+    target_ci: float | None = None
+    max_error_rate: float = 0.01
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SearchOptions:
+    """The options of ``--find-max`` (``None``: not given, the search's default)."""
+
+    slo_attainment: float | None = None
+    start: float | None = None
+    max_load: float | None = None
+    tolerance: float | None = None
+    max_probes: int | None = None
+    max_extensions: int | None = None
+    cliff: float | None = None
+    confidence: float | None = None
+    server_log: Path | None = None
+    engine: str | None = None
+
+    def given(self) -> list[str]:
+        """The options given, as written on the command line."""
+        return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None]
 
 
 def bench(
@@ -251,55 +302,27 @@ def bench(
 ) -> None:
     """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
     (--rate), streaming, with TTFT/TPOT/ITL/E2E percentiles, throughputs and goodput."""
+    opts = BenchOptions(
+        url=url, model=model, concurrency=concurrency, rate=rate, arrival=arrival,
+        burstiness=burstiness, max_concurrency=max_concurrency, num_prompts=num_prompts,
+        duration=duration, warmup=warmup, seed=seed, workload=workload, dataset=dataset,
+        endpoint=endpoint, tokenizer=tokenizer, slo=slo, request_timeout=request_timeout,
+        read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, repeats=repeats,
+        target_ci=target_ci, max_error_rate=max_error_rate)
+    search = SearchOptions(
+        slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
+        max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
+        confidence=confidence, server_log=server_log, engine=engine)
     if find_max is not None:
-        _find_max_command(
-            find_max, url=url, model=model, concurrency=concurrency, rate=rate,
-            arrival=arrival, burstiness=burstiness, max_concurrency=max_concurrency,
-            num_prompts=num_prompts, duration=duration, warmup=warmup, seed=seed,
-            workload=workload, dataset=dataset, endpoint=endpoint, tokenizer=tokenizer,
-            slo=slo, json_out=json_out, request_timeout=request_timeout,
-            read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, live=live,
-            repeats=repeats, target_ci=target_ci, max_error_rate=max_error_rate,
-            slo_attainment=slo_attainment, start=start, max_load=max_load,
-            tolerance=tolerance, max_probes=max_probes, max_extensions=max_extensions,
-            cliff=cliff, confidence=confidence, server_log=server_log, engine=engine)
-    given = [name for name, value in (
-        ("--slo-attainment", slo_attainment), ("--start", start), ("--max-load", max_load),
-        ("--tolerance", tolerance), ("--max-probes", max_probes),
-        ("--max-extensions", max_extensions), ("--cliff", cliff),
-        ("--confidence", confidence), ("--server-log", server_log),
-        ("--engine", engine)) if value is not None]
+        _find_max_command(find_max, opts, search, json_out=json_out, live=live)
+    given = search.given()
     if given:
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
                          hint="add --find-max concurrency (or rate) with --slo, or leave "
                          f"{given[0]} out")
     from cleanslate.bench import summary_table
 
-    config = build_config(
-        url=url,
-        model=model,
-        concurrency=concurrency,
-        rate=rate,
-        arrival=arrival,
-        burstiness=burstiness,
-        max_concurrency=max_concurrency,
-        num_prompts=num_prompts,
-        duration=duration,
-        warmup=warmup or 0,
-        seed=seed,
-        workload=workload,
-        dataset=dataset,
-        endpoint=endpoint,
-        tokenizer=tokenizer,
-        slo=slo,
-        request_timeout=request_timeout,
-        read_timeout=read_timeout,
-        ignore_eos=ignore_eos,
-        api_key=api_key,
-        repeats=repeats,
-        target_ci=target_ci,
-        max_error_rate=max_error_rate,
-    )
+    config = build_config(opts)
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
@@ -337,16 +360,8 @@ def bench(
 
 
 def _find_max_command(
-    dimension: str, *, url: str, model: str, concurrency: str | None, rate: str | None,
-    arrival: str, burstiness: float, max_concurrency: int | None, num_prompts: int | None,
-    duration: float | None, warmup: int | None, seed: int, workload: str | None,
-    dataset: Path | None, endpoint: str, tokenizer: str | None, slo: str | None,
-    json_out: str | None, request_timeout: float | None, read_timeout: float,
-    ignore_eos: bool, api_key: str | None, live: bool, repeats: int | None,
-    target_ci: float | None, max_error_rate: float, slo_attainment: float | None,
-    start: float | None, max_load: float | None, tolerance: float | None,
-    max_probes: int | None, max_extensions: int | None, cliff: float | None,
-    confidence: float | None, server_log: Path | None, engine: str | None,
+    dimension: str, opts: BenchOptions, search: SearchOptions, *, json_out: str | None,
+    live: bool,
 ) -> None:
     """``bench --find-max``: refuse what a search cannot take, run it, exit 0 with an answer,
     1 without (:mod:`cleanslate.cli._find_max`)."""
@@ -359,37 +374,35 @@ def _find_max_command(
     from cleanslate.cli import _find_max as fm
 
     for option, value, hint in (
-            ("--concurrency", concurrency, "--start and --max-load bound the concurrencies "
-             "searched"),
-            ("--rate", rate, "use --find-max rate with --start and --max-load"),
-            ("--repeats", repeats, "a probe straddling its target is measured again "
+            ("--concurrency", opts.concurrency, "--start and --max-load bound the "
+             "concurrencies searched"),
+            ("--rate", opts.rate, "use --find-max rate with --start and --max-load"),
+            ("--repeats", opts.repeats, "a probe straddling its target is measured again "
              "(--max-extensions)"),
-            ("--target-ci", target_ci, "a probe straddling its target is measured again "
+            ("--target-ci", opts.target_ci, "a probe straddling its target is measured again "
              "(--max-extensions)")):
         if value is not None:
             raise InputError(f"--find-max chooses the levels itself: {option} cannot go "
                              "with it", where=option, hint=hint)
-    if dimension == "concurrency" and max_concurrency is not None:
+    if dimension == "concurrency" and opts.max_concurrency is not None:
         raise InputError("--max-concurrency caps an open loop", where="--max-concurrency",
                          hint="use it with --find-max rate, or leave it out")
     plan = fm.build_plan(
-        dimension=dimension, slo=slo, attainment=slo_attainment, start=start,
-        max_load=max_load,
-        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
-        max_probes=DEFAULT_MAX_PROBES if max_probes is None else max_probes,
-        max_extensions=DEFAULT_MAX_EXTENSIONS if max_extensions is None else max_extensions,
-        cliff=DEFAULT_CLIFF if cliff is None else cliff,
-        confidence=0.95 if confidence is None else confidence, warmup=warmup,
-        max_concurrency=max_concurrency, server_log=server_log, engine=engine)
+        dimension=dimension, slo=opts.slo, attainment=search.slo_attainment,
+        start=search.start, max_load=search.max_load,
+        tolerance=DEFAULT_TOLERANCE if search.tolerance is None else search.tolerance,
+        max_probes=DEFAULT_MAX_PROBES if search.max_probes is None else search.max_probes,
+        max_extensions=(DEFAULT_MAX_EXTENSIONS if search.max_extensions is None
+                        else search.max_extensions),
+        cliff=DEFAULT_CLIFF if search.cliff is None else search.cliff,
+        confidence=0.95 if search.confidence is None else search.confidence,
+        warmup=opts.warmup, max_concurrency=opts.max_concurrency,
+        server_log=search.server_log, engine=search.engine)
     first = fm.number_text(plan.search.start)
-    config = build_config(
-        url=url, model=model, concurrency=first if dimension == "concurrency" else None,
-        rate=first if dimension == "rate" else None, arrival=arrival, burstiness=burstiness,
-        max_concurrency=max_concurrency, num_prompts=num_prompts, duration=duration,
-        warmup=plan.warmup, seed=seed, workload=workload, dataset=dataset, endpoint=endpoint,
-        tokenizer=tokenizer, slo=None, request_timeout=request_timeout,
-        read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key,
-        max_error_rate=max_error_rate)
+    config = build_config(dataclasses.replace(
+        opts, concurrency=first if dimension == "concurrency" else None,
+        rate=first if dimension == "rate" else None, warmup=plan.warmup, slo=None,
+        repeats=None, target_ci=None))
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
@@ -423,32 +436,7 @@ async def _run(config: BenchConfig, show_live: bool) -> BenchResult:
         return await run_benchmark(config, on_progress=view.on_progress, stop=stop)
 
 
-def build_config(
-    *,
-    url: str,
-    model: str,
-    concurrency: str | None,
-    rate: str | None,
-    arrival: str,
-    burstiness: float,
-    max_concurrency: int | None,
-    num_prompts: int | None,
-    duration: float | None,
-    warmup: int,
-    seed: int,
-    workload: str | None,
-    dataset: Path | None,
-    endpoint: str,
-    tokenizer: str | None,
-    slo: str | None,
-    request_timeout: float | None,
-    ignore_eos: bool,
-    api_key: str | None,
-    read_timeout: float = 600.0,
-    repeats: int | None = None,
-    target_ci: float | None = None,
-    max_error_rate: float = 0.01,
-) -> BenchConfig:
+def build_config(opts: BenchOptions) -> BenchConfig:
     """Turn the command-line options into a :class:`BenchConfig`; InputError on bad input.
 
     Here: what the options mean together (an open or a closed loop, a count or a duration, a
@@ -461,6 +449,9 @@ def build_config(
         parse_workload,
     )
 
+    o = opts
+    concurrency, rate, dataset, workload = o.concurrency, o.rate, o.dataset, o.workload
+    num_prompts, duration, repeats, target_ci = o.num_prompts, o.duration, o.repeats, o.target_ci
     if num_prompts is not None and duration is not None:
         raise InputError("give --num-prompts or --duration, not both", where="--num-prompts")
     if target_ci is not None and repeats is not None and repeats < TARGET_CI_MIN_REPEATS:
@@ -478,12 +469,12 @@ def build_config(
                 hint="cap an open loop with --max-concurrency",
             )
         loads = [
-            {"kind": "open", "rate": r, "arrival": arrival, "burstiness": burstiness,
-             "max_concurrency": max_concurrency}
+            {"kind": "open", "rate": r, "arrival": o.arrival, "burstiness": o.burstiness,
+             "max_concurrency": o.max_concurrency}
             for r in parse_rates(rate)
         ]
     else:
-        if max_concurrency is not None:
+        if o.max_concurrency is not None:
             raise InputError(
                 "--max-concurrency caps an open loop",
                 where="--max-concurrency",
@@ -507,24 +498,24 @@ def build_config(
         # Every bound (sizes, URL, timeouts) is the model's: docs/bench.md lists them.
         return BenchConfig.model_validate(
             {
-                "url": url,
-                "model": model,
-                "endpoint": endpoint,
+                "url": o.url,
+                "model": o.model,
+                "endpoint": o.endpoint,
                 "workload": spec,
                 "loads": loads,
                 "num_prompts": num_prompts,
                 "duration_s": duration,
-                "warmup": warmup,
-                "seed": seed,
-                "tokenizer": tokenizer,
-                "slo": parse_slo(slo),
-                "ignore_eos": ignore_eos,
-                "request_timeout_s": request_timeout,
-                "read_timeout_s": read_timeout,
-                "api_key": api_key,
+                "warmup": o.warmup or 0,
+                "seed": o.seed,
+                "tokenizer": o.tokenizer,
+                "slo": parse_slo(o.slo),
+                "ignore_eos": o.ignore_eos,
+                "request_timeout_s": o.request_timeout,
+                "read_timeout_s": o.read_timeout,
+                "api_key": o.api_key,
                 "repeats": repeats,
                 "target_ci_pct": target_ci,
-                "max_error_rate": max_error_rate,
+                "max_error_rate": o.max_error_rate,
             }
         )
     except ValidationError as exc:
@@ -563,4 +554,12 @@ _OPTIONS = {
 }
 
 
-__all__ = ["bench", "build_config", "parse_concurrency", "parse_rates", "parse_slo"]
+__all__ = [
+    "BenchOptions",
+    "SearchOptions",
+    "bench",
+    "build_config",
+    "parse_concurrency",
+    "parse_rates",
+    "parse_slo",
+]
