@@ -108,7 +108,10 @@ def _render_host(h: HostDoctor) -> None:
             f"  environment: VM {e.virtualization or 'none seen'}; container "
             f"{e.container or 'none seen'}; kernel {e.kernel or '?'}; /dev/shm {shm}; "
             f"memlock {_bytes(e.memlock)}; hugepages {_opt(e.hugepages_total)}; "
-            f"nvidia-persistenced {'running' if e.persistenced_pids else 'not running'}"))
+            f"nvidia-persistenced {'running' if e.persistenced_pids else 'not running'}"
+            + (f"; logind RemoveIPC {_yes_no(e.logind.remove_ipc)} (UID {_opt(e.logind.uid)}, "
+               f"logind {_yes_no(e.logind.logind, 'present', 'absent')})"
+               if e.logind is not None else "")))
     if h.bandwidth is not None:
         b = h.bandwidth
         if b.skipped:
@@ -130,6 +133,10 @@ def _render_host(h: HostDoctor) -> None:
         console.print(Text(f"    means: {f.consequence}"))
         for line in f.evidence:
             console.print(Text(f"    evidence: {line}", style="dim"))
+
+
+def _yes_no(value: bool | None, yes: str = "yes", no: str = "no") -> str:
+    return "unknown" if value is None else yes if value else no
 
 
 def _bytes(value: str | None) -> str:

@@ -5,7 +5,9 @@
   sent to the host's ``python3`` through the executor, locally or over SSH;
 - :mod:`~cleanslate.doctor.parse`: pure parsers of ``nvidia-smi`` text;
 - :mod:`~cleanslate.doctor.analyze`: the raw JSON to a :class:`HostDoctor` (devices, pairs,
-  environment); :mod:`~cleanslate.doctor.findings`: what each reading means, with evidence;
+  environment); :mod:`~cleanslate.doctor.logind`: systemd-logind's ``RemoveIPC=`` from its
+  files, by systemd's precedence; :mod:`~cleanslate.doctor.findings`: what each reading means,
+  with evidence;
 - :mod:`~cleanslate.doctor.run`: :func:`doctor_hosts`, and ``--bandwidth`` with torch;
 - :mod:`~cleanslate.doctor.snapshot`: the compact :class:`HostSnapshot` a study or a ``serve``
   run records of its host (:func:`snapshot_host`).

@@ -12,7 +12,9 @@ It gathers raw text and values; it judges nothing (:mod:`cleanslate.doctor.parse
 be read records why, and an NVML field that the driver does not support is the string
 ``"ERR NVMLError_NotSupported: Not Supported"`` (the form of the captured ``nvml.json``).
 
-Input: one JSON object as the first argument (``cmd_timeout_s``, ``nvml``).
+Input: one JSON object as the first argument (``cmd_timeout_s``, ``nvml``, and ``config_root``:
+the folder systemd-logind's and ``login.defs``' files are read under, ``/`` on a host, a fixture
+tree in tests).
 Output: one JSON object on stdout: ``commands``, ``nvml``, ``env``, ``elapsed_s``.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -41,6 +44,22 @@ _LIMIT = 1 << 20
 #: Bytes of ``nvidia-smi -q`` kept: 8 MiB (an 8-GPU host prints about 120 KiB; process names,
 #: up to 128 KiB each, can make it longer, and a cut log cannot be checked whole).
 SMI_Q_LIMIT = 1 << 23
+
+
+#: systemd-logind's main configuration file: the first of these that exists is used
+#: (``logind.conf(5)``, "Configuration Directories and Precedence").
+LOGIND_MAIN = ("etc/systemd/logind.conf", "run/systemd/logind.conf",
+               "usr/local/lib/systemd/logind.conf", "usr/lib/systemd/logind.conf")
+#: Its drop-in folders, highest priority first (a file in ``/etc`` hides one of the same name
+#: below it).
+LOGIND_DROPINS = ("etc/systemd/logind.conf.d", "run/systemd/logind.conf.d",
+                  "usr/local/lib/systemd/logind.conf.d", "usr/lib/systemd/logind.conf.d")
+#: Where systemd's pkg-config file, which names the system-user boundary it was built with
+#: (``system_uid_max=``), is installed.
+SYSTEMD_PC = ("usr/share/pkgconfig/systemd.pc", "usr/lib/pkgconfig/systemd.pc",
+              "usr/lib64/pkgconfig/systemd.pc")
+#: Drop-ins read per folder, at most.
+MAX_DROPINS = 256
 
 
 def _text(data: bytes, limit: int = _LIMIT) -> str:
@@ -78,6 +97,49 @@ def read_text(path: str, limit: int = _LIMIT) -> dict[str, Any]:
         return {"missing": True}
     except OSError as exc:
         return {"error": f"{type(exc).__name__}: {exc.strerror or exc}"}
+
+
+def read_logind(root: str) -> dict[str, Any]:
+    """What decides whether systemd-logind removes this user's IPC objects when its last session
+    ends: its configuration files (``files``: each candidate main file and drop-in by its path
+    on the host, read or why not; ``dirs``: each drop-in folder's ``.conf`` names), the user
+    this script (and so an engine started the same way) runs as, ``/etc/login.defs`` and
+    systemd's pkg-config file (the system-user boundary). Files are read under ``root``."""
+    def under(rel: str) -> str:
+        return os.path.join(root, rel)
+
+    out: dict[str, Any] = {"files": {}, "dirs": {}}
+    for rel in LOGIND_MAIN:
+        out["files"]["/" + rel] = read_text(under(rel), 1 << 16)
+    for rel in LOGIND_DROPINS:
+        try:
+            names = sorted(n for n in os.listdir(under(rel)) if n.endswith(".conf"))
+        except FileNotFoundError:
+            out["dirs"]["/" + rel] = {"missing": True}
+            continue
+        except OSError as exc:
+            out["dirs"]["/" + rel] = {"error": f"{type(exc).__name__}: {exc.strerror or exc}"}
+            continue
+        out["dirs"]["/" + rel] = {"names": names[:MAX_DROPINS]}
+        if len(names) > MAX_DROPINS:
+            out["dirs"]["/" + rel]["truncated"] = len(names)
+        for name in names[:MAX_DROPINS]:
+            out["files"][f"/{rel}/{name}"] = read_text(under(f"{rel}/{name}"), 1 << 16)
+    out["login_defs"] = read_text(under("etc/login.defs"), 1 << 18)
+    out["systemd_pc"] = {}
+    for rel in SYSTEMD_PC:
+        found = read_text(under(rel), 1 << 16)
+        out["systemd_pc"]["/" + rel] = found
+        if "missing" not in found:
+            break
+    uid = os.geteuid()
+    out["uid"] = uid
+    try:
+        out["user"] = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        out["user"] = None
+    out["pid1_comm"] = read_text("/proc/1/comm", 256)
+    return out
 
 
 def _nvml_error(exc: BaseException) -> str:
@@ -175,8 +237,9 @@ def read_nvml() -> dict[str, Any]:
     return out
 
 
-def read_env(timeout: float) -> dict[str, Any]:
-    """What the host runs in: virtualization, containers, kernel, and what NCCL needs."""
+def read_env(timeout: float, config_root: str = "/") -> dict[str, Any]:
+    """What the host runs in: virtualization, containers, kernel, what NCCL needs, and
+    systemd-logind's ``RemoveIPC=`` (:func:`read_logind`, its files under ``config_root``)."""
     env: dict[str, Any] = {}
     env["detect_virt"] = run_command(["systemd-detect-virt"], timeout)
     env["cpuinfo_hypervisor"] = None
@@ -225,15 +288,21 @@ def read_env(timeout: float) -> dict[str, Any]:
     env["hugepages"] = ("\n".join(line for line in meminfo["text"].splitlines()
                                   if "Huge" in line) if "text" in meminfo else meminfo)
     persistenced = []
+    logind = []
     try:
         for pid in os.listdir("/proc"):
             if pid.isdigit():
                 comm = read_text(f"/proc/{pid}/comm", 256).get("text", "").strip()
                 if comm == "nvidia-persiste" or comm.startswith("nvidia-persistenced"):
                     persistenced.append(int(pid))
+                elif comm == "systemd-logind":
+                    logind.append(int(pid))
         env["persistenced"] = sorted(persistenced)
+        env["logind_pids"] = sorted(logind)
     except OSError as exc:
         env["persistenced"] = f"{type(exc).__name__}: {exc.strerror or exc}"
+        env["logind_pids"] = env["persistenced"]
+    env["logind"] = read_logind(config_root)
     env["driver_version_file"] = read_text("/proc/driver/nvidia/version", 4096)
     return env
 
@@ -251,7 +320,7 @@ def main() -> None:
                                          SMI_Q_LIMIT if name == "smi_q" else _LIMIT)
                        for name, args in SMI_COMMANDS.items()}
         nvml = pool.submit(read_nvml) if options.get("nvml", True) else None
-        env = pool.submit(read_env, timeout)
+        env = pool.submit(read_env, timeout, str(options.get("config_root") or "/"))
         out["commands"] = ({name: f.result() for name, f in futures.items()} if smi
                            else {"nvidia_smi": {"argv": ["nvidia-smi"], "missing": True}})
         out["nvml"] = nvml.result() if nvml is not None else {"missing": "not asked for"}

@@ -3,7 +3,8 @@ function (no host, no clock), tested on real captures and edited copies of them.
 
 Devices are read from NVML first and from ``nvidia-smi -q`` for what NVML did not give; pairs
 from ``topo -m`` (the link) and NVML P2P status (``topo -p2p`` otherwise); the environment from
-the probes of :mod:`cleanslate.doctor._doctor_script`. :mod:`cleanslate.doctor.findings` judges.
+the probes of :mod:`cleanslate.doctor._doctor_script` (systemd-logind's files through
+:mod:`cleanslate.doctor.logind`). :mod:`cleanslate.doctor.findings` judges.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cleanslate.doctor.findings import CONTAINER_WORDS, judge
+from cleanslate.doctor.logind import logind_ipc
 from cleanslate.doctor.parse import (
     SmiGpu,
     SmiParseError,
@@ -425,7 +427,8 @@ def environment(env: Mapping[str, Any]) -> Environment:
         pid1_container=pid1_value, dockerenv=bool(env.get("dockerenv")),
         containerenv=bool(env.get("containerenv")), cgroup=tuple(cgroup_lines),
         iommu_cmdline=iommu, iommu_groups=groups, shm_bytes=shm_bytes, memlock=memlock_text,
-        hugepages_total=total, persistenced_pids=pids, evidence=evidence)
+        hugepages_total=total, persistenced_pids=pids,
+        logind=logind_ipc(env.get("logind"), env.get("logind_pids")), evidence=evidence)
 
 
 def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,

@@ -13,6 +13,7 @@ from cleanslate.doctor.report import (
     DoctorSeverity,
     Driver,
     Environment,
+    LogindIpc,
     Pair,
 )
 
@@ -251,6 +252,42 @@ def _env_findings(env: Environment, driver: Driver, gpus: int) -> list[DoctorFin
     return out
 
 
+def _logind_findings(ipc: LogindIpc | None) -> list[DoctorFinding]:
+    """``RemoveIPC=yes`` (or unknown) for a user whose IPC systemd-logind removes: not root, not
+    a system user, on a host where logind runs or would be started."""
+    if ipc is None or ipc.logind is False or ipc.uid is None or ipc.remove_ipc is False:
+        return []
+    if ipc.uid == 0 or ipc.uid <= ipc.system_uid_max:
+        return []
+    who = f"UID {ipc.uid}" + (f" ({ipc.user})" if ipc.user else "")
+    user = (f"the engine runs as {who}, the doctor's user, above SYSTEM_UID_MAX "
+            f"{ipc.system_uid_max}: {ipc.system_uid_max_source}")
+    consequence = (
+        f"when the last login session of {who} ends (an SSH login closed, a cron job or an "
+        "su that ended) while an engine of that user runs outside it (a detached server, a "
+        "service), systemd-logind deletes every System V IPC object and every POSIX "
+        "shared-memory file in /dev/shm the user owns, under the running engine: vLLM's "
+        "shared-memory ring buffer between its API server and its engine core, NCCL's "
+        "buffers; the engine fails or hangs mid-run (vllm#54259). Set RemoveIPC=no in a "
+        "drop-in (/etc/systemd/logind.conf.d/60-removeipc.conf: [Login] then RemoveIPC=no; "
+        "then systemctl restart systemd-logind) or run the engine as a system user "
+        f"(UID {ipc.system_uid_max} or below)")
+    if ipc.remove_ipc is None:
+        return [DoctorFinding(
+            code="remove_ipc_unknown", severity=DoctorSeverity.WARNING,
+            message=f"whether systemd-logind removes {who}'s shared memory at logout is "
+            f"unknown: {ipc.unknown}",
+            consequence="a file that decides RemoveIPC= could not be read; systemd's default "
+            "is yes, and if it is: " + consequence,
+            evidence=(ipc.setting, user, ipc.logind_evidence))]
+    return [DoctorFinding(
+        code="remove_ipc", severity=DoctorSeverity.WARNING,
+        message=f"systemd-logind removes {who}'s shared memory and IPC objects when its last "
+        "session ends (RemoveIPC=yes)",
+        consequence=consequence,
+        evidence=(ipc.setting, user, ipc.logind_evidence))]
+
+
 def judge(driver: Driver, devices: list[Device], pairs: list[Pair], env: Environment, *,
           gpus_total: int) -> list[DoctorFinding]:
     """Every finding for one host, errors first."""
@@ -287,6 +324,7 @@ def judge(driver: Driver, devices: list[Device], pairs: list[Pair], env: Environ
         out += _device_findings(d)
     out += _pair_findings(pairs, env)
     out += _env_findings(env, driver, len(devices) or gpus_total)
+    out += _logind_findings(env.logind)
     order = {DoctorSeverity.ERROR: 0, DoctorSeverity.WARNING: 1, DoctorSeverity.INFO: 2}
     return sorted(out, key=lambda f: order[f.severity])
 

@@ -90,6 +90,32 @@ class Pair(FrozenStrict):
     evidence: tuple[str, ...] = ()
 
 
+class LogindIpc(FrozenStrict):
+    """Whether systemd-logind removes the engine's user's IPC objects (SysV IPC, POSIX shared
+    memory in ``/dev/shm``) when that user's last session ends (``RemoveIPC=``,
+    ``logind.conf(5)``), as the host's configuration files give it
+    (:func:`cleanslate.doctor.logind.logind_ipc`).
+
+    ``remove_ipc`` is ``None`` when a file that decides it could not be read (``unknown`` says
+    which); ``setting`` says where the value came from (``FILE:LINE: RemoveIPC=yes``, or the
+    compiled-in default and how it was told). ``uid``/``user``: the user the doctor's script
+    ran as, the one an engine started the same way runs as. ``system_uid_max``: the highest UID
+    systemd counts as a system user, whose IPC it never removes (root's neither).
+    ``logind``: whether systemd-logind runs here or would be started (PID 1 is systemd);
+    ``None``: could not be told."""
+
+    remove_ipc: bool | None = None
+    setting: str
+    unknown: str | None = None
+    files: tuple[str, ...] = ()  # the files read, in the order systemd applies them
+    uid: int | None = None
+    user: str | None = None
+    system_uid_max: int
+    system_uid_max_source: str
+    logind: bool | None = None
+    logind_evidence: str
+
+
 class Environment(FrozenStrict):
     """What the host runs in and what NCCL needs from it."""
 
@@ -110,6 +136,7 @@ class Environment(FrozenStrict):
     memlock: str | None = None  # "unlimited" or bytes of the soft limit
     hugepages_total: int | None = None
     persistenced_pids: tuple[int, ...] | None = None
+    logind: LogindIpc | None = None  # None: the host script did not read it (an older one)
     evidence: dict[str, str] = Field(default_factory=dict)
 
 
@@ -182,6 +209,7 @@ __all__ = [
     "Driver",
     "Environment",
     "HostDoctor",
+    "LogindIpc",
     "Measurement",
     "Pair",
 ]

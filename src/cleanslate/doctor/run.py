@@ -42,10 +42,13 @@ BANDWIDTH_SCRIPT = "doctor._bandwidth"
 
 
 class ScriptOptions(TypedDict, total=False):
-    """What the host script is asked: seconds per command, and whether to read NVML."""
+    """What the host script is asked: seconds per command, whether to read NVML, and the
+    folder systemd-logind's and ``login.defs``' files are read under (``/``; a fixture tree in
+    tests)."""
 
     cmd_timeout_s: float
     nvml: bool
+    config_root: str
 
 
 def nvlink_gbs_per_link(name: str | None) -> float:
