@@ -48,6 +48,7 @@ from cleanslate.bench._capacity import (
     share_target,
     worst_check,
 )
+from cleanslate.bench._conversation import ConversationWorkload, TurnResult
 from cleanslate.bench._limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
@@ -66,8 +67,11 @@ from cleanslate.bench._models import (
     LevelResult,
     Load,
     OpenLoop,
+    ReplayLoad,
     Stats,
 )
+from cleanslate.bench._ramp import RampLoad, WindowResult, parse_ramp
+from cleanslate.bench._trace import TraceInfo, TraceWorkload
 from cleanslate.bench._workloads import (
     WORKLOADS,
     Prompt,
@@ -104,7 +108,7 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "find_max": "cleanslate.bench._find_max",
-    **dict.fromkeys(("LiveView", "summary_table"), "cleanslate.bench._live"),
+    **dict.fromkeys(("LiveView", "detail_tables", "summary_table"), "cleanslate.bench._live"),
     "printable": "cleanslate.bench._client",
     **dict.fromkeys(("fresh_session", "is_stale", "note_retry", "request_context",
                      "trace_config"), "cleanslate.bench._keepalive"),
@@ -139,6 +143,7 @@ __all__ = [
     "CapacitySLO",
     "CapacitySearch",
     "ClosedLoop",
+    "ConversationWorkload",
     "Endpoint",
     "LevelProgress",
     "LevelResult",
@@ -148,15 +153,22 @@ __all__ = [
     "Probe",
     "ProbeVerdict",
     "Prompt",
+    "RampLoad",
     "RandomWorkload",
+    "ReplayLoad",
     "ShareGPTWorkload",
     "SharedPrefixWorkload",
     "SloCheck",
     "Stats",
     "StopReason",
+    "TraceInfo",
+    "TraceWorkload",
+    "TurnResult",
+    "WindowResult",
     "Workload",
     "WorkloadSpec",
     "combine",
+    "detail_tables",
     "find_max",
     "first_repeat_slow",
     "fresh_session",
@@ -165,6 +177,7 @@ __all__ = [
     "level_key",
     "make_session",
     "note_retry",
+    "parse_ramp",
     "parse_slo_keys",
     "parse_workload",
     "printable",

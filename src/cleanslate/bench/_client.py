@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Literal
@@ -73,6 +74,10 @@ class RequestRecord:
     text: str | None = None
     #: whether the response ended with ``finish_reason: error`` (sampled requests only)
     error_finish: bool = False
+    #: the turn of a conversation this request was (from 1; 0 for a request on its own)
+    turn: int = 0
+    #: seconds the send was late against its schedule (``None``: a closed loop's request)
+    lag_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -109,7 +114,10 @@ class RequestBuilder:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
-    def body(self, prompt: Prompt) -> bytes:
+    def body(self, prompt: Prompt, history: Sequence[tuple[str, str]] | None = None) -> bytes:
+        """The request of ``prompt``; with ``history`` (``(role, text)`` messages, the last
+        one ``prompt``'s) a conversation's next turn: its ``messages`` on the chat endpoint,
+        ``prompt``'s text (the history as one text) on completions."""
         body: dict[str, Any] = {
             "model": self.model,
             "stream": True,
@@ -120,7 +128,9 @@ class RequestBuilder:
         if self.endpoint == "completions":
             body["prompt"] = prompt.text
         else:
-            body["messages"] = [{"role": "user", "content": prompt.text}]
+            body["messages"] = ([{"role": role, "content": text} for role, text in history]
+                                if history is not None
+                                else [{"role": "user", "content": prompt.text}])
             body["max_completion_tokens"] = prompt.output_len
         if self.ignore_eos:
             body["ignore_eos"] = True
@@ -170,11 +180,13 @@ async def send_request(
     tokenizer: Tokenizer | None,
     on_chunk: list[int] | None = None,
     keep_text: bool = False,
+    text_limit: int = TEXT_CHARS,
 ) -> RequestRecord:
     """Send one streaming request and measure it. Never raises (except on cancellation).
 
     ``keep_text``: keep the generated text (and whether it ended with ``finish_reason: error``)
-    in the record, for the level's output checks (:mod:`cleanslate.outputs`).
+    in the record, for the level's output checks (:mod:`cleanslate.outputs`), its first
+    ``text_limit`` characters.
 
     ``on_chunk``, when given, is a one-element list incremented per network read; the live view
     reads it (cheaper than a callback).
@@ -216,7 +228,7 @@ async def send_request(
     # parsing and the caller's next send: under a closed loop many streams end together, and
     # their last reads would otherwise wait behind each other's work (inflating ITL and E2E).
     await asyncio.sleep(0)
-    _finish(rec, times, chunks, tokenizer, keep_text)
+    _finish(rec, times, chunks, tokenizer, keep_text, text_limit)
     return rec
 
 
@@ -275,12 +287,12 @@ async def _read_response(
 
 def _finish(
     rec: RequestRecord, times: list[float], chunks: list[bytes], tokenizer: Tokenizer | None,
-    keep_text: bool = False,
+    keep_text: bool = False, text_limit: int = TEXT_CHARS,
 ) -> None:
     rec.bytes_received = sum(len(c) for c in chunks)
     parsed = parse_stream(times, chunks, keep_payloads=tokenizer is not None or keep_text)
     if keep_text:
-        rec.text = extract_text(parsed.payloads or [])[:TEXT_CHARS]
+        rec.text = extract_text(parsed.payloads or [])[:text_limit]
         rec.error_finish = has_error_finish(b"".join(chunks))
     rec.malformed = parsed.malformed
     rec.content_times = parsed.content_times

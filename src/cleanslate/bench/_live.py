@@ -98,6 +98,65 @@ def summary_table(result: BenchResult) -> Table:
     return table
 
 
+def detail_tables(result: BenchResult) -> list[Table]:
+    """What a level holds beyond its row: a trace's column mapping and selection, the schedule
+    lag of open loops and replays, a conversation's turns, a ramp's windows."""
+    out: list[Table] = []
+    trace = result.trace
+    if trace is not None:
+        table = Table(title=escape(f"trace {trace.path} ({trace.format}): {trace.rows_used:,} "
+                                   f"of {trace.rows_read:,} requests"))
+        table.add_column("column")
+        table.add_column("read as")
+        for column, meaning in trace.columns.items():
+            table.add_row(escape(column), escape(meaning))
+        share = trace.expected_cached_share
+        table.add_row("selection", escape(
+            f"start {trace.start:g} s, duration {_fmt(trace.duration, 'g')} s, sample "
+            f"{trace.sample:g}, speedup {trace.speedup:g}: {_fmt(trace.rate, '.2f')} req/s"
+            f"{'' if share is None else f', cache share predicted {share:.1%}'}"))
+        out.append(table)
+    lagged = [lv for lv in result.levels if lv.schedule_lag_ms is not None]
+    if lagged:
+        table = Table(title="send lag against the schedule (ms)")
+        for col in ("level", "p50", "p99", "max", "cached / predicted tokens"):
+            table.add_column(col, justify="right" if col != "level" else "left")
+        for lv in lagged:
+            lag = lv.schedule_lag_ms
+            assert lag is not None
+            table.add_row(escape(lv.label), _fmt(lag.median, ".2f"), _fmt(lag.p99, ".2f"),
+                          _fmt(lag.max, ".2f"),
+                          f"{_fmt(lv.cached_prompt_tokens, ',')} / "
+                          f"{_fmt(lv.expected_cached_prompt_tokens, ',')}")
+        out.append(table)
+    for lv in result.levels:
+        if lv.turns:
+            table = Table(title=escape(f"{lv.label}: per turn"))
+            for col in ("turn", "ok", "err", "input tok", "TTFT ms p50/p99", "E2E ms p50",
+                        "cached tok", "cached"):
+                table.add_column(col, justify="right")
+            for t in lv.turns:
+                table.add_row(str(t.turn), str(t.requests), str(t.failed),
+                              _fmt(t.mean_input_tokens, ",.0f"),
+                              f"{_fmt(t.median_ttft_ms)}/{_fmt(t.p99_ttft_ms)}",
+                              _fmt(t.median_e2el_ms), _fmt(t.cached_prompt_tokens, ","),
+                              "-" if t.cached_share is None else f"{t.cached_share:.0%}")
+            out.append(table)
+        if lv.windows:
+            table = Table(title=escape(f"{lv.label}: per window"))
+            for col in ("s", "target", "sent", "in flight", "req/s", "out tok/s",
+                        "TTFT ms p50/p99", "TPOT ms p50/p99"):
+                table.add_column(col, justify="right")
+            for w in lv.windows:
+                table.add_row(f"{w.start_s:g}-{w.end_s:g}", f"{w.target:.3g}", str(w.sent),
+                              f"{w.in_flight:.1f}", f"{w.request_throughput:.2f}",
+                              f"{w.output_throughput:,.0f}",
+                              f"{_fmt(w.median_ttft_ms)}/{_fmt(w.p99_ttft_ms)}",
+                              f"{_fmt(w.median_tpot_ms)}/{_fmt(w.p99_tpot_ms)}")
+            out.append(table)
+    return out
+
+
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from cleanslate.bench._conversation import ConversationWorkload, TurnResult
 from cleanslate.bench._limits import (
     MAX_BURSTINESS,
     MAX_CONCURRENCY,
@@ -38,6 +39,8 @@ from cleanslate.bench._limits import (
     MIN_BURSTINESS,
     MIN_RATE,
 )
+from cleanslate.bench._ramp import RampLoad, WindowResult
+from cleanslate.bench._trace import TraceInfo, TraceWorkload
 from cleanslate.bench._workloads import WorkloadSpec
 
 #: Percentiles reported for every latency distribution, as ``(key word, percent)``.
@@ -171,7 +174,22 @@ class OpenLoop(_Frozen):
         return f"rate={rate}/s {self.arrival}{cap}"
 
 
-Load = Annotated[ClosedLoop | OpenLoop, Field(discriminator="kind")]
+class ReplayLoad(_Frozen):
+    """A trace's requests sent at the trace's own times (:mod:`cleanslate.bench._trace`), an
+    open loop whose schedule is the workload's, optionally capped."""
+
+    kind: Literal["replay"] = "replay"
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
+
+    @property
+    def label(self) -> str:
+        cap = f",cap={self.max_concurrency}" if self.max_concurrency else ""
+        return f"replay{cap}"
+
+
+Load = Annotated[ClosedLoop | OpenLoop | ReplayLoad | RampLoad, Field(discriminator="kind")]
+#: A level's load, as the functions that run one take it.
+AnyLoad = ClosedLoop | OpenLoop | ReplayLoad | RampLoad
 
 
 class BenchConfig(_Frozen):
@@ -287,10 +305,30 @@ class BenchConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
+    def _loads_fit(self) -> BenchConfig:
+        """A replay needs a trace; a conversation's users are its level's concurrency."""
+        is_trace = isinstance(self.workload, TraceWorkload)
+        for load in self.loads:
+            if isinstance(load, ReplayLoad) and not is_trace:
+                raise ValueError("a replay level sends a trace's requests at their times: "
+                                 "give a trace workload (trace:path=FILE,format=...)")
+        spec = self.workload
+        if isinstance(spec, ConversationWorkload) and spec.users is not None:
+            for load in self.loads:
+                if not isinstance(load, ClosedLoop) or load.concurrency != spec.users:
+                    raise ValueError(f"users={spec.users} is the concurrency of every level "
+                                     f"of a conversation workload; {load.label} is not "
+                                     f"c={spec.users} (leave users out, or the levels)")
+        return self
+
+    @model_validator(mode="after")
     def _bounded(self) -> BenchConfig:
-        """The prompts of a level are built before it starts: cap their total tokens."""
+        """The prompts of a level are built before it starts: cap their total tokens (a
+        replay's are bounded as the trace is read)."""
         per_prompt = self.workload.max_input_tokens()
         for load in self.loads:
+            if isinstance(load, ReplayLoad):
+                continue
             n = self.prompts_for(load)
             if n > MAX_NUM_PROMPTS:
                 raise ValueError(
@@ -305,10 +343,18 @@ class BenchConfig(_Frozen):
                 )
         return self
 
-    def prompts_for(self, load: ClosedLoop | OpenLoop) -> int:
-        """Requests per level when ``num_prompts`` is not set: 5 per slot, at least 50."""
+    def prompts_for(self, load: AnyLoad) -> int:
+        """Requests per level when ``num_prompts`` is not set: 5 per slot, at least 50; a
+        replay's every request of the trace's selection (at most ``MAX_NUM_PROMPTS``); a rate
+        ramp's the requests it is expected to send, and a tenth more."""
+        if isinstance(load, RampLoad):
+            if load.of == "rate":
+                return min(MAX_NUM_PROMPTS, math.ceil(load.expected_requests() * 1.1) + 10)
+            return max(50, 5 * (load.max_concurrency or 1))
         if self.num_prompts is not None:
             return self.num_prompts
+        if isinstance(load, ReplayLoad):
+            return MAX_NUM_PROMPTS
         slots = load.concurrency if isinstance(load, ClosedLoop) else (load.max_concurrency or 10)
         return max(50, 5 * slots)
 
@@ -412,6 +458,18 @@ class LevelResult(_Frozen):
     steady_ok: bool | None = Field(
         default=None, description="false when the steady window is under STEADY_FLOOR of the "
         "level; None for open loops")
+    schedule_lag_ms: Stats | None = Field(
+        default=None, description="how late each request was sent against its schedule (open "
+        "loops, replays, rate ramps); None for a closed loop")
+    expected_cached_prompt_tokens: int | None = Field(
+        default=None, description="prompt tokens a prefix cache with room for everything "
+        "serves to the requests sent, predicted from a trace's block hashes; None without")
+    turns: tuple[TurnResult, ...] = Field(
+        default=(), description="per turn of a conversation workload: TTFT, input and cached "
+        "tokens (empty for other workloads)")
+    windows: tuple[WindowResult, ...] = Field(
+        default=(), description="per window of a ramp: its load, throughputs and latencies "
+        "(empty for other loads)")
     limit_counts: dict[str, tuple[int, int]] = Field(
         default_factory=dict, description="per BenchConfig.limits key: (samples that met the "
         "limit, samples)")
@@ -519,6 +577,9 @@ class BenchResult(_Frozen):
     target_ci_pct: float | None = None
     max_error_rate: float = 0.01
     limits: dict[str, float] = Field(default_factory=dict)
+    trace: TraceInfo | None = Field(
+        default=None, description="a trace workload's file, format, column mapping and "
+        "selection")
 
     @property
     def failed(self) -> bool:

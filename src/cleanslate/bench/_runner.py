@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
+import itertools
 import math
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from time import perf_counter
 from urllib.parse import urlsplit
@@ -40,22 +42,34 @@ from cleanslate.bench import _metrics as m
 from cleanslate.bench._arrivals import iter_offsets
 from cleanslate.bench._client import (
     CONNECTION_ERRORS,
+    TEXT_CHARS,
     RequestBuilder,
     RequestRecord,
     aborted_record,
     send_request,
 )
+from cleanslate.bench._conversation import (
+    ConversationWorkload,
+    History,
+    conversations,
+    history_text,
+    history_tokens,
+)
 from cleanslate.bench._limits import MAX_NUM_PROMPTS
 from cleanslate.bench._models import (
+    AnyLoad,
     BenchConfig,
     BenchResult,
     ClosedLoop,
     LevelResult,
     OpenLoop,
+    ReplayLoad,
 )
+from cleanslate.bench._ramp import RampLoad
 from cleanslate.bench._repeats import combine, target_reached
 from cleanslate.bench._summary import LevelRun, level_result
 from cleanslate.bench._tokens import HFTokenizer, Tokenizer
+from cleanslate.bench._trace import TraceWorkload, expected_cached, trace_info
 from cleanslate.bench._workloads import Prompt, generate
 from cleanslate.hosts.forward import connector_for, open_connection
 
@@ -94,6 +108,10 @@ ProgressHook = Callable[[LevelProgress], None]
 #: :data:`SAMPLE_FIRST`, then every :data:`SAMPLE_EVERY`-th, at most :data:`SAMPLE_MAX`.
 SAMPLE_FIRST, SAMPLE_EVERY, SAMPLE_MAX = 4, 16, 32
 
+#: Characters of an answer a conversation keeps to send back in its next turn (an answer of
+#: 16 Ki tokens, at about 4 characters each).
+MAX_ANSWER_CHARS = 1 << 16
+
 
 def sampled(index: int) -> bool:
     """Whether the ``index``-th request sent in a level (from 0) is one of its output samples."""
@@ -108,7 +126,7 @@ class _Level:
     def __init__(
         self,
         config: BenchConfig,
-        load: ClosedLoop | OpenLoop,
+        load: AnyLoad,
         session: aiohttp.ClientSession,
         builder: RequestBuilder,
         tokenizer: Tokenizer | None,
@@ -134,10 +152,14 @@ class _Level:
         split = urlsplit(builder.url)
         self.host = split.hostname or "127.0.0.1"
         self.port = split.port or (443 if split.scheme == "https" else 80)
-        self.bodies = [builder.body(p) for p in prompts]  # before the clock starts
-        self.deadline = (
-            perf_counter() + config.duration_s if config.duration_s is not None else math.inf
-        )
+        self.talking = isinstance(config.workload, ConversationWorkload)
+        # Built before the clock starts; a conversation's are built from its history as it runs.
+        self.bodies = [] if self.talking else [builder.body(p) for p in prompts]
+        self.sent_order: list[int] = []
+        self.uses = [0] * len(prompts)  # times each prompt was sent in this level
+        self.t0 = perf_counter()
+        self.deadline = (self.t0 + config.duration_s if config.duration_s is not None
+                         else math.inf)
 
     def prompt_iter(self) -> Iterator[int]:
         """Indices of the prompts to send: ``num_prompts`` of them, or cycling until the
@@ -156,7 +178,12 @@ class _Level:
             self.abort_reason = reason
         self.abort.set()
 
-    async def one(self, idx: int) -> None:
+    async def one(self, idx: int, *, scheduled: float | None = None,
+                  history: History | None = None) -> tuple[RequestRecord, str | None]:
+        """Send prompt ``idx`` now and record it: its record, and with ``history`` (the
+        conversation so far, ending with this prompt's message) the answer's whole text.
+        ``scheduled``: when the load meant to send it (``perf_counter`` seconds): the record's
+        lag is the difference."""
         prompt = self.prompts[idx]
         prog = self.progress
         now = perf_counter()
@@ -166,22 +193,43 @@ class _Level:
         if prog.first_send is None:
             prog.first_send = now
         prog.last_send = now
+        self.sent_order.append(idx)
+        cycle = self.uses[idx]
+        self.uses[idx] = cycle + 1
+        if history is None and cycle == 0:
+            request, body = prompt, self.bodies[idx]
+        elif history is None:  # sent before in this level: a new start, or it is a cache hit
+            request = replace(prompt, text=salted(prompt.text, cycle))
+            body = self.builder.body(request)
+        else:
+            request, body = self.turn_request(prompt, history)
         try:
             rec = await send_request(
                 self.session,
                 self.builder,
-                prompt,
-                self.bodies[idx],
+                request,
+                body,
                 tokenizer=self.tokenizer,
                 on_chunk=prog.chunks,
-                keep_text=sample,
+                keep_text=sample or history is not None,
+                text_limit=TEXT_CHARS if history is None else MAX_ANSWER_CHARS,
             )
         except asyncio.CancelledError:
-            self.records.append(aborted_record(prompt, now))
+            record = aborted_record(request, now)
+            record.turn = prompt.turn
+            self.records.append(record)
             prog.in_flight -= 1
             prog.failed += 1
             prog.errors["aborted"] += 1
             raise
+        rec.turn = prompt.turn
+        if scheduled is not None:
+            rec.lag_s = max(0.0, now - scheduled)
+        answer = rec.text
+        if not sample:  # only the sampled texts are the level's output checks
+            rec.text = None
+        elif answer is not None:
+            rec.text = answer[:TEXT_CHARS]
         prog.in_flight -= 1
         self.records.append(rec)
         if rec.error is None:
@@ -192,6 +240,17 @@ class _Level:
             prog.errors[rec.error] += 1
             if rec.error in CONNECTION_ERRORS:
                 self.check_server()
+        return rec, answer
+
+    def turn_request(self, prompt: Prompt, history: History) -> tuple[Prompt, bytes]:
+        """The request of a conversation's next turn: its whole history, counted."""
+        count = history_tokens(history, self.tokenizer)
+        if self.builder.endpoint == "completions":
+            text = history_text(history)
+            request = replace(prompt, text=text, input_tokens=count)
+            return request, self.builder.body(request)
+        request = replace(prompt, input_tokens=count)
+        return request, self.builder.body(request, history)
 
     def check_server(self) -> None:
         """Start a liveness probe unless one is running."""
@@ -231,55 +290,169 @@ class _Level:
                 last_change = now
                 self.check_server()
 
+    def due(self) -> bool:
+        """Whether the level still sends."""
+        return not self.abort.is_set() and perf_counter() < self.deadline
+
     async def closed(self, concurrency: int) -> None:
         it = self.prompt_iter()
 
         async def worker() -> None:
             for idx in it:
-                if self.abort.is_set() or perf_counter() >= self.deadline:
+                if not self.due():
                     return
                 await self.one(idx)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
-    async def open(self, load: OpenLoop) -> None:
-        offsets = iter_offsets(load, seed=self.config.seed)  # endless; prompts bound it
-        sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+    async def wait_until(self, when: float) -> None:
+        """Sleep until ``when`` (``perf_counter`` seconds) or the level's end."""
+        delay = when - perf_counter()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.abort.wait(), delay)
+
+    async def scheduled(self, times: Iterator[tuple[float, Callable[[float], Awaitable[object]]]],
+                        cap: int | None) -> None:
+        """Start each ``(offset, send)`` at ``t0 + offset`` (an open loop), at most ``cap`` in
+        flight (a due send waits for a free slot; its lag counts the wait)."""
+        sem = asyncio.Semaphore(cap) if cap else None
         running: set[asyncio.Task[None]] = set()
-        it = self.prompt_iter()
         t0 = perf_counter()
 
-        async def guarded(idx: int) -> None:
+        async def guarded(send: Callable[[float], Awaitable[object]], when: float) -> None:
             try:
-                await self.one(idx)
+                await send(when)
             finally:
                 if sem is not None:
                     sem.release()
 
-        for offset, idx in zip(offsets, it, strict=False):
-            delay = t0 + offset - perf_counter()
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.abort.wait(), delay)
-            if self.abort.is_set() or perf_counter() >= self.deadline:
+        for offset, send in times:
+            when = t0 + offset
+            await self.wait_until(when)
+            if not self.due():
                 break
             if sem is not None:
                 await sem.acquire()
-                if self.abort.is_set() or perf_counter() >= self.deadline:
+                if not self.due():
                     sem.release()
                     break
-            task = asyncio.get_running_loop().create_task(guarded(idx))
+            task = asyncio.get_running_loop().create_task(guarded(send, when))
             running.add(task)
             task.add_done_callback(running.discard)
         if running:
             await asyncio.gather(*running)
 
+    def sends(self, offsets: Iterator[float], indices: Iterator[int] | None = None
+              ) -> Iterator[tuple[float, Callable[[float], Awaitable[object]]]]:
+        """``(offset, send)`` of the level's prompts (``indices``, by default
+        :meth:`prompt_iter`'s) at ``offsets``."""
+        for offset, idx in zip(offsets, indices or self.prompt_iter(), strict=False):
+            yield offset, functools.partial(self._send_at, idx)
+
+    async def _send_at(self, idx: int, when: float) -> None:
+        await self.one(idx, scheduled=when)
+
+    async def open(self, load: OpenLoop) -> None:
+        offsets = iter_offsets(load, seed=self.config.seed)  # endless; prompts bound it
+        await self.scheduled(self.sends(offsets), load.max_concurrency)
+
+    async def replay(self, load: ReplayLoad) -> None:
+        """The trace's requests at their own times; the replay ends with the scheduled ones."""
+        timed = itertools.takewhile(lambda p: p.at_s is not None, self.prompts)
+        offsets = (p.at_s or 0.0 for p in timed)
+        await self.scheduled(self.sends(offsets), load.max_concurrency)
+
+    async def ramp(self, load: RampLoad) -> None:
+        """A concurrency ramp's users, each sending only in its span; or a rate ramp's
+        arrivals (:mod:`cleanslate.bench._ramp`)."""
+        if load.of == "rate":
+            offsets = iter(load.offsets(self.config.seed, MAX_NUM_PROMPTS))
+            await self.scheduled(self.sends(offsets, self.cycled()), None)
+            return
+        it = self.cycled()
+
+        async def user(span: tuple[float, float]) -> None:
+            await self.wait_until(self.t0 + span[0])
+            for idx in it:
+                if not self.due() or perf_counter() >= self.t0 + span[1]:
+                    return
+                await self.one(idx)
+
+        spans = [span for i in range(load.max_concurrency or 1)
+                 if (span := load.user_span(i)) is not None]
+        await asyncio.gather(*(user(span) for span in spans))
+
+    def cycled(self) -> Iterator[int]:
+        """The prompts' indices over and over (a level bounded by time), at most
+        ``MAX_NUM_PROMPTS`` of them."""
+        n = len(self.prompts)
+        for i in range(MAX_NUM_PROMPTS):
+            yield i % n
+        self.capped = True
+
+    async def converse(self, load: ClosedLoop | OpenLoop) -> None:
+        """Conversations instead of requests: a closed loop's users each run one after the
+        other; an open loop starts one at each arrival (:mod:`cleanslate.bench._conversation`)."""
+        talks = conversations(self.prompts)
+        order: Iterator[list[int]] = (
+            (talks[i % len(talks)] for i in range(MAX_NUM_PROMPTS))
+            if self.config.duration_s is not None else iter(talks))
+        if isinstance(load, ClosedLoop):
+            async def user() -> None:
+                for talk in order:
+                    if not self.due():
+                        return
+                    await self.talk(talk)
+
+            await asyncio.gather(*(user() for _ in range(load.concurrency)))
+            return
+        offsets = iter_offsets(load, seed=self.config.seed)
+        starts = ((offset, functools.partial(self._talk_at, talk))
+                  for offset, talk in zip(offsets, order, strict=False))
+        await self.scheduled(starts, load.max_concurrency)
+
+    async def _talk_at(self, talk: list[int], when: float) -> None:
+        await self.talk(talk, scheduled=when)
+
+    async def talk(self, talk: list[int], *, scheduled: float | None = None) -> None:
+        """One conversation: each turn carries the history and the answers so far; a failed
+        turn ends it."""
+        spec = self.config.workload
+        think = spec.think_time_s if isinstance(spec, ConversationWorkload) else 0.0
+        history: History = []
+        cycle = self.uses[talk[0]]
+        for n, idx in enumerate(talk):
+            if not self.due():
+                return
+            text = self.prompts[idx].text
+            history.append(("user", salted(text, cycle) if n == 0 and cycle else text))
+            rec, answer = await self.one(idx, scheduled=scheduled if n == 0 else None,
+                                         history=history)
+            if rec.error is not None:
+                return
+            history.append(("assistant", answer or ""))
+            if think > 0 and n + 1 < len(talk):
+                await self.wait_until(perf_counter() + think)
+
+    def body(self) -> Coroutine[object, object, None]:
+        """What this level runs, by its load and workload."""
+        load = self.load
+        if self.talking and isinstance(load, ClosedLoop | OpenLoop):
+            return self.converse(load)
+        if isinstance(load, ReplayLoad):
+            return self.replay(load)
+        if isinstance(load, RampLoad):
+            return self.ramp(load)
+        if isinstance(load, ClosedLoop):
+            return self.closed(load.concurrency)
+        return self.open(load)
+
     async def run(self) -> None:
-        body = (
-            self.closed(self.load.concurrency)
-            if isinstance(self.load, ClosedLoop)
-            else self.open(self.load)
-        )
+        self.t0 = perf_counter()
+        if isinstance(self.load, RampLoad):
+            self.deadline = self.t0 + self.load.duration_s
+        body = self.body()
         main = asyncio.get_running_loop().create_task(body)
         dog = asyncio.get_running_loop().create_task(self.watchdog())
         aborted = asyncio.get_running_loop().create_task(self.abort.wait())
@@ -289,6 +462,13 @@ class _Level:
             for task in (main, dog, aborted, *self.tasks):
                 task.cancel()
             await asyncio.gather(main, dog, aborted, *self.tasks, return_exceptions=True)
+
+
+def salted(text: str, cycle: int) -> str:
+    """A prompt sent again in one level (a level bounded by time that went through its
+    prompts, a ramp), with the round's number first: a different first token, so a server's
+    prefix cache (which matches from the first token) cannot serve it from the last round."""
+    return f"{cycle}: {text}"
 
 
 def make_session(config: BenchConfig) -> aiohttp.ClientSession:
@@ -335,7 +515,7 @@ def collector_held() -> Iterator[None]:
 
 async def run_level(
     config: BenchConfig,
-    load: ClosedLoop | OpenLoop,
+    load: AnyLoad,
     *,
     session: aiohttp.ClientSession | None = None,
     tokenizer: Tokenizer | None = None,
@@ -383,7 +563,7 @@ async def run_level(
 
 async def _measure(
     config: BenchConfig,
-    load: ClosedLoop | OpenLoop,
+    load: AnyLoad,
     session: aiohttp.ClientSession,
     tokenizer: Tokenizer | None,
     prompts: list[Prompt],
@@ -423,16 +603,21 @@ async def _measure(
         cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
     progress.finished = True
     latency = m.samples_ms(level.records)
+    expected = (expected_cached([prompts[i] for i in level.sent_order])
+                if isinstance(config.workload, TraceWorkload) else None)
     run = LevelRun(config=config, records=level.records, capped=level.capped,
                    tokenized=level.tokenizer is not None, reference=level.reference,
-                   abort_reason=level.abort_reason)
-    return level_result(run, load, cpu_s, wall_s,
-                        len(prompts) if config.duration_s is None else 0, latency), latency
+                   abort_reason=level.abort_reason, t0=level.t0, expected_cached=expected)
+    if isinstance(load, ReplayLoad | RampLoad):  # their schedule decides: what was sent
+        count = len(level.sent_order)
+    else:
+        count = len(prompts) if config.duration_s is None else 0
+    return level_result(run, load, cpu_s, wall_s, count, latency), latency
 
 
 async def run_repeats(
     config: BenchConfig,
-    load: ClosedLoop | OpenLoop,
+    load: AnyLoad,
     *,
     session: aiohttp.ClientSession | None = None,
     tokenizer: Tokenizer | None = None,
@@ -496,7 +681,7 @@ async def _warmup(
     builder: RequestBuilder,
     prompts: list[Prompt],
     n: int,
-    load: ClosedLoop | OpenLoop,
+    load: AnyLoad,
     tokenizer: Tokenizer | None,
     config: BenchConfig,
 ) -> None:
@@ -550,7 +735,9 @@ async def run_benchmark(
                 if skipped:
                     warnings.append(f"{skipped} level(s) not run after a partial level")
                 break
+    spec = config.workload
     return BenchResult(
+        trace=trace_info(spec) if isinstance(spec, TraceWorkload) else None,
         version=__version__,
         started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
         finished_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),

@@ -13,9 +13,20 @@ import numpy as np
 
 from cleanslate.bench import _metrics as m
 from cleanslate.bench._client import DETAIL_CHARS, RequestRecord, printable
+from cleanslate.bench._conversation import turn_results
 from cleanslate.bench._limits import MAX_NUM_PROMPTS
-from cleanslate.bench._models import BenchConfig, ClosedLoop, LevelResult, OpenLoop
+from cleanslate.bench._models import (
+    AnyLoad,
+    BenchConfig,
+    ClosedLoop,
+    LevelResult,
+    OpenLoop,
+    ReplayLoad,
+    Stats,
+)
+from cleanslate.bench._ramp import RampLoad, WindowResult
 from cleanslate.bench._repeats import steady_verdict, validity
+from cleanslate.bench._trace import TraceWorkload
 from cleanslate.bench._workloads import RandomWorkload
 from cleanslate.outputs import has_nan_marker, judge_text, level_verdict
 
@@ -27,6 +38,14 @@ CPU_SATURATION = 0.9
 #: may serve it from its prefix cache: a random workload warns about cached prompt tokens
 #: there only above this share of its input tokens (on completions, above none).
 CHAT_CACHED_SHARE = 0.10
+
+#: Lateness of a scheduled send (open loops, replays, rate ramps), p99 in ms, above which a
+#: level warns that the client did not keep the schedule.
+MAX_SCHEDULE_LAG_MS = 10.0
+
+#: How far (share of the input tokens) the cached prompt tokens a server reports may be from a
+#: trace's prediction before a level warns.
+CACHE_SHARE_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,8 @@ class LevelRun:
     tokenized: bool = False
     reference: LevelResult | None = None
     abort_reason: str | None = None
+    t0: float = 0.0  # when the level started (perf_counter seconds): a ramp's time zero
+    expected_cached: int | None = None  # a trace's prediction for the requests sent
 
 
 def output_checks(records: list[RequestRecord], ignore_eos: bool
@@ -95,6 +116,8 @@ class Facts:
     evidence: list[str]
     bad: str | None  # the output issue that makes the level's output bad
     steady_warning: str | None
+    load: AnyLoad
+    lag: Stats | None  # how late the sends were against their schedule
 
 
 def rejected_ignore_eos(f: Facts) -> str | None:
@@ -173,6 +196,45 @@ def prefix_cached(f: Facts) -> str | None:
             "so prefill was not measured in full")
 
 
+def behind_schedule(f: Facts) -> str | None:
+    """The client sent later than the load's schedule: the arrivals were not the ones asked
+    for (a trace compressed, a rate not reached)."""
+    lag = f.lag
+    if lag is None or lag.p99 is None or lag.p99 <= MAX_SCHEDULE_LAG_MS:
+        return None
+    what = "the trace's" if isinstance(f.load, ReplayLoad) else "the arrival"
+    return (f"the client fell behind {what} schedule: sends were {lag.median or 0:.1f} ms late "
+            f"at the median, {lag.p99:.1f} ms at p99 and {lag.max or 0:.1f} ms at worst "
+            f"(bound {MAX_SCHEDULE_LAG_MS:g} ms): the load measured is not the one asked for; "
+            "a cap on requests in flight, a busy client or a slow server connection delays "
+            "sends")
+
+
+def trace_times_unused(f: Facts) -> str | None:
+    """A trace sent by a closed loop or a ramp: its prompts, not its times."""
+    if not isinstance(f.run.config.workload, TraceWorkload) or isinstance(f.load, ReplayLoad):
+        return None
+    return (f"{f.load.label} sends the trace's prompts in order as it has room: the trace's "
+            "timestamps are not used (a replay level sends them at their times)")
+
+
+def cache_differs(f: Facts) -> str | None:
+    """The prefix cache served a share of the prompt tokens far from what the trace's block
+    hashes predict."""
+    expected = f.run.expected_cached
+    if expected is None or f.cached is None or not f.total_in:
+        return None
+    got, want = f.cached / f.total_in, expected / f.total_in
+    if abs(got - want) <= CACHE_SHARE_TOLERANCE:
+        return None
+    why = ("the server's cache holds less than the trace reuses, evicts it, or caches in "
+           "larger blocks" if got < want else
+           "prompts were cached before this level (another client, or the same seed)")
+    return (f"the server served {got:.1%} of the prompt tokens from its prefix cache; the "
+            f"trace's block hashes predict {want:.1%} for a cache with room for everything: "
+            f"{why}")
+
+
 def ended_early(f: Facts) -> str | None:
     reason = f.run.abort_reason
     return f"level ended early: {reason}" if reason is not None else None
@@ -185,12 +247,13 @@ def unsteady(f: Facts) -> str | None:
 #: The warning rules, in the order a level lists their sentences.
 WARNING_RULES: tuple[Callable[[Facts], str | None], ...] = (
     rejected_ignore_eos, capped, short_outputs, no_usage, malformed, bad_output, retried,
-    cpu_bound, prefix_cached, ended_early, unsteady,
+    cpu_bound, prefix_cached, behind_schedule, trace_times_unused, cache_differs, ended_early,
+    unsteady,
 )
 
 
 def level_result(
-    run: LevelRun, load: ClosedLoop | OpenLoop, cpu_s: float, wall_s: float, num_prompts: int,
+    run: LevelRun, load: AnyLoad, cpu_s: float, wall_s: float, num_prompts: int,
     latency: dict[str, np.ndarray] | None = None,
 ) -> LevelResult:
     """The level's result from its records; ``latency``: their samples
@@ -233,7 +296,6 @@ def level_result(
     sends = sorted(r.t_send for r in records)
     achieved = ((len(sends) - 1) / (sends[-1] - sends[0])
                 if len(sends) > 1 and sends[-1] > sends[0] else 0.0)
-    is_open = isinstance(load, OpenLoop)
     error_rate, valid, invalid_reason = validity(
         len(ok), len(records) - len(ok), config.max_error_rate, run.abort_reason)
     window = (m.steady(records, load.concurrency, duration)
@@ -242,11 +304,13 @@ def level_result(
     if isinstance(load, ClosedLoop):
         steady_share = window.share if window is not None else 0.0
     steady_ok, steady_warning = steady_verdict(steady_share)
+    lags = [r.lag_s for r in records if r.lag_s is not None]
+    lag = m.stats_ms(lags) if lags else None
     facts = Facts(run=run, ok=ok, details=details, short=short, out_sources=out_sources,
                   malformed=sum(r.malformed for r in records),
                   retried=sum(r.retried for r in records), cpu_util=cpu_util, cached=cached,
                   total_in=total_in, samples=samples, issues=issues, evidence=evidence, bad=bad,
-                  steady_warning=steady_warning)
+                  steady_warning=steady_warning, load=load, lag=lag)
     warnings = tuple(text for rule in WARNING_RULES if (text := rule(facts)) is not None)
     steady_ttft = m.stats_ms(window.ttft_s) if window is not None else None
     steady_tpot = m.stats_ms(window.tpot_s) if window is not None else None
@@ -268,7 +332,8 @@ def level_result(
         good_requests=good,
         max_concurrency=load.concurrency if isinstance(load, ClosedLoop) else load.max_concurrency,
         max_concurrent_requests=m.max_in_flight(records) if records else 0,
-        request_rate=(None if not is_open or math.isinf(load.rate) else load.rate),  # type: ignore[union-attr]
+        request_rate=(load.rate if isinstance(load, OpenLoop) and not math.isinf(load.rate)
+                      else None),
         burstiness=load.burstiness if isinstance(load, OpenLoop) else None,
         achieved_request_rate=achieved,
         ttft_ms=m.stats_ms([m.ttft_s(r) for r in ok]),
@@ -309,8 +374,48 @@ def level_result(
         steady_p99_tpot_ms=steady_tpot.p99 if steady_tpot is not None else None,
         steady_ok=steady_ok,
         limit_counts=m.limit_counts(latency, config.limits),
+        schedule_lag_ms=lag,
+        expected_cached_prompt_tokens=run.expected_cached,
+        turns=turn_results([(r.turn, r.ok, r.input_tokens, _ms(m.ttft_s(r)) if r.ok else None,
+                             _ms(m.e2e_s(r)) if r.ok else None, r.cached_tokens)
+                            for r in records if r.turn]),
+        windows=(ramp_windows(load, records, run.t0) if isinstance(load, RampLoad) else ()),
     )
 
 
-__all__ = ["CHAT_CACHED_SHARE", "CPU_SATURATION", "WARNING_RULES", "Facts", "LevelRun",
-           "level_result", "output_checks"]
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def ramp_windows(load: RampLoad, records: list[RequestRecord], t0: float
+                 ) -> tuple[WindowResult, ...]:
+    """A ramp's records cut into its windows (:class:`~cleanslate.bench._ramp.WindowResult`):
+    requests by when they were sent, output tokens by when they arrived."""
+    out = []
+    for start, end in load.windows():
+        lo, hi = t0 + start, t0 + end
+        span = max(hi - lo, 1e-9)
+        sent = [r for r in records if lo <= r.t_send < hi]
+        ok = [r for r in sent if r.ok]
+        ended = sum(1 for r in records if r.ok and lo <= r.t_end < hi)
+        tokens = 0.0
+        busy = 0.0
+        for r in records:
+            busy += max(0.0, min(r.t_end, hi) - max(r.t_send, lo))
+            if r.ok and r.content_times:
+                per_event = r.output_tokens / len(r.content_times)
+                tokens += per_event * sum(1 for t in r.content_times if lo <= t < hi)
+        ttft = m.stats_ms([m.ttft_s(r) for r in ok])
+        tpot = m.stats_ms([t for t in (m.tpot_s(r) for r in ok) if t is not None])
+        out.append(WindowResult(
+            start_s=start, end_s=end, target=load.target((start + end) / 2), sent=len(sent),
+            completed=len(ok), failed=len(sent) - len(ok), in_flight=busy / span,
+            request_throughput=ended / span, output_throughput=tokens / span,
+            median_ttft_ms=ttft.median, p99_ttft_ms=ttft.p99, median_tpot_ms=tpot.median,
+            p99_tpot_ms=tpot.p99))
+    return tuple(out)
+
+
+__all__ = ["CACHE_SHARE_TOLERANCE", "CHAT_CACHED_SHARE", "CPU_SATURATION",
+           "MAX_SCHEDULE_LAG_MS", "WARNING_RULES", "Facts", "LevelRun", "level_result",
+           "output_checks", "ramp_windows"]

@@ -1,8 +1,9 @@
 """Workloads: what the prompts look like. A small registry keyed by the name users write.
 
 A workload is a frozen pydantic model, a subclass of :class:`Workload` with a ``kind`` field
-(``random``, ``sharegpt``, ``shared-prefix``), plus a generator registered under that kind that
-turns it into :class:`Prompt` objects. On the command line a workload is written
+(``random``, ``sharegpt``, ``shared-prefix`` here; ``trace`` in :mod:`cleanslate.bench._trace`,
+``conversation`` in :mod:`cleanslate.bench._conversation`), plus a generator registered under
+that kind that turns it into :class:`Prompt` objects. On the command line a workload is written
 ``KIND:key=value,...`` (``random:input_len=1024,output_len=256,range_ratio=0.1``); in YAML as a
 mapping with ``kind``.
 
@@ -32,12 +33,22 @@ from cleanslate.models import FrozenStrict
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """One request's input: the text, its token count and where that count came from, and the
-    number of output tokens to ask for."""
+    number of output tokens to ask for.
+
+    ``at_s``: when a replayed trace sends it, in seconds from the level's start (``None``: the
+    load decides). ``blocks``: the trace's prefix blocks that start the text, ``(hash, tokens)``
+    each (:mod:`cleanslate.bench._trace`). ``conversation`` and ``turn`` (from 1): the
+    conversation this is the next user message of (:mod:`cleanslate.bench._conversation`);
+    ``None`` for a request on its own."""
 
     text: str
     input_tokens: int
     input_source: Literal["tokenizer", "approx"]
     output_len: int
+    at_s: float | None = None
+    blocks: tuple[tuple[int, int], ...] = ()
+    conversation: int | None = None
+    turn: int = 0
 
 
 class Workload(FrozenStrict):

@@ -127,6 +127,7 @@ class BenchOptions:
     repeats: int | None = None
     target_ci: float | None = None
     max_error_rate: float = 0.01
+    ramp: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,6 +161,12 @@ def bench(
     rate: Annotated[
         str | None, typer.Option(help="open loop: requests/s per level, e.g. 2,4,8 or inf")
     ] = None,
+    ramp: Annotated[
+        str | None,
+        typer.Option(help="one level whose load moves: linear:start=1,end=64,duration=60 "
+                     "(concurrency; of=rate for a rate; steps:...,steps=8 in steps; "
+                     "window=S per-window metrics)", show_default=False),
+    ] = None,
     arrival: Annotated[str, typer.Option(help="open loop arrivals: poisson|constant|gamma")] = (
         "poisson"
     ),
@@ -184,7 +191,8 @@ def bench(
         typer.Option(
             help="random:input_len=1024,output_len=128,range_ratio=0.1 | "
             "shared-prefix:num_prefixes=8,prefix_len=1024,suffix_len=128,output_len=128 | "
-            "sharegpt:path=FILE"
+            "sharegpt:path=FILE | trace:path=FILE,format=jsonl|mooncake|azure,speedup=1 | "
+            "conversation:turns=4,input_len=128,output_len=128,think_time_s=0"
         ),
     ] = None,
     dataset: Annotated[
@@ -308,7 +316,7 @@ def bench(
         duration=duration, warmup=warmup, seed=seed, workload=workload, dataset=dataset,
         endpoint=endpoint, tokenizer=tokenizer, slo=slo, request_timeout=request_timeout,
         read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, repeats=repeats,
-        target_ci=target_ci, max_error_rate=max_error_rate)
+        target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp)
     search = SearchOptions(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
@@ -320,7 +328,7 @@ def bench(
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
                          hint="add --find-max concurrency (or rate) with --slo, or leave "
                          f"{given[0]} out")
-    from cleanslate.bench import summary_table
+    from cleanslate.bench import detail_tables, summary_table
 
     config = build_config(opts)
     to_stdout = json_out == "-"
@@ -336,6 +344,8 @@ def bench(
             raise InputError(f"cannot write {json_out}: {exc.strerror}", where="--json") from None
     human = console_err if to_stdout else console
     human.print(summary_table(result))
+    for table in detail_tables(result):
+        human.print(table)
     for warning in (*result.warnings, *(w for lv in result.levels for w in lv.warnings)):
         console_err.print(f"[yellow]warning:[/] {escape(warning)}")
     for lv in result.levels:
@@ -445,12 +455,13 @@ def build_config(opts: BenchOptions) -> BenchConfig:
     from cleanslate.bench import (
         TARGET_CI_MIN_REPEATS,
         BenchConfig,
-        ShareGPTWorkload,
-        parse_workload,
+        ConversationWorkload,
+        TraceWorkload,
+        parse_ramp,
     )
 
     o = opts
-    concurrency, rate, dataset, workload = o.concurrency, o.rate, o.dataset, o.workload
+    concurrency, rate = o.concurrency, o.rate
     num_prompts, duration, repeats, target_ci = o.num_prompts, o.duration, o.repeats, o.target_ci
     if num_prompts is not None and duration is not None:
         raise InputError("give --num-prompts or --duration, not both", where="--num-prompts")
@@ -460,8 +471,18 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             f"--repeats {repeats} is fewer", where="--repeats",
             hint=f"give --repeats {TARGET_CI_MIN_REPEATS} or more (the most repeats), or leave "
             "it out (at most 10)")
-    loads: list[dict[str, Any]]
-    if rate is not None:
+    spec = _workload_spec(o)
+    loads: list[Any]
+    if o.ramp is not None:
+        for option, value in (("--concurrency", concurrency), ("--rate", rate)):
+            if value is not None:
+                raise InputError("--ramp is the level's load: it moves the concurrency (or, "
+                                 "with of=rate, the rate) itself", where=option,
+                                 hint="leave it out, or use it without --ramp")
+        loads = [parse_ramp(o.ramp)]
+    elif isinstance(spec, TraceWorkload) and concurrency is None and rate is None:
+        loads = [{"kind": "replay", "max_concurrency": o.max_concurrency}]
+    elif rate is not None:
         if concurrency is not None:
             raise InputError(
                 "--concurrency is the closed loop, --rate the open loop",
@@ -480,20 +501,11 @@ def build_config(opts: BenchOptions) -> BenchConfig:
                 where="--max-concurrency",
                 hint="use it with --rate, or use --concurrency alone",
             )
+        users = spec.users if isinstance(spec, ConversationWorkload) else None
+        default = str(users) if users is not None else "1"
         loads = [
-            {"kind": "closed", "concurrency": c} for c in parse_concurrency(concurrency or "1")
+            {"kind": "closed", "concurrency": c} for c in parse_concurrency(concurrency or default)
         ]
-    spec: WorkloadSpec
-    if dataset is not None:
-        if workload is not None:
-            raise InputError("give --workload or --dataset, not both", where="--dataset")
-        if not dataset.is_file():
-            raise InputError(f"{dataset} is not a file", where="--dataset")
-        spec = ShareGPTWorkload(path=str(dataset))
-    elif workload is not None:
-        spec = parse_workload(workload)
-    else:
-        spec = parse_workload("random")
     try:
         # Every bound (sizes, URL, timeouts) is the model's: docs/bench.md lists them.
         return BenchConfig.model_validate(
@@ -519,7 +531,8 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             }
         )
     except ValidationError as exc:
-        loop = "--rate" if rate is not None else "--concurrency"
+        loop = ("--ramp" if o.ramp is not None else "--rate" if rate is not None
+                else "--concurrency")
         raise InputError.from_validation(
             exc, options=_OPTIONS,
             # a level's own bound, else the model-level bound on a level's prompts
@@ -527,6 +540,19 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             else "--num-prompts/--workload",
             hint="docs/bench.md lists the bounds of every option",
         ) from None
+
+
+def _workload_spec(o: BenchOptions) -> WorkloadSpec:
+    """The workload of ``--workload`` or ``--dataset`` (random by default)."""
+    from cleanslate.bench import ShareGPTWorkload, parse_workload
+
+    if o.dataset is not None:
+        if o.workload is not None:
+            raise InputError("give --workload or --dataset, not both", where="--dataset")
+        if not o.dataset.is_file():
+            raise InputError(f"{o.dataset} is not a file", where="--dataset")
+        return ShareGPTWorkload(path=str(o.dataset))
+    return parse_workload(o.workload if o.workload is not None else "random")
 
 
 #: The option of each BenchConfig (and load) field.

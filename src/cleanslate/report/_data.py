@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from cleanslate.bench import CAPACITY_OBJECTIVES, CapacityResult, ClosedLoop, LevelResult
+from cleanslate.bench import (
+    CAPACITY_OBJECTIVES,
+    CapacityResult,
+    ClosedLoop,
+    LevelResult,
+    OpenLoop,
+)
 from cleanslate.engines import engine_class, engine_names
 from cleanslate.errors import InputError
 from cleanslate.report._documents import SharedConfigDocument, SlotDocument
@@ -75,10 +81,13 @@ def params_text(params: Mapping[str, Scalar]) -> str:
 
 def level_concurrency(level: LevelResult) -> float | None:
     """The x of a level in throughput-against-load plots: the closed loop's concurrency, an
-    open loop's rate (requests/s; ``None`` for an infinite one)."""
+    open loop's rate (requests/s; ``None`` for an infinite one, a replay or a ramp)."""
     load = level.load
-    value = float(load.concurrency if isinstance(load, ClosedLoop) else load.rate)
-    return value if math.isfinite(value) else None
+    if isinstance(load, ClosedLoop):
+        return float(load.concurrency)
+    if isinstance(load, OpenLoop) and math.isfinite(load.rate):
+        return float(load.rate)
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,452 @@
+"""Trace replay: production request logs as a workload, sent at their own timestamps.
+
+A trace is a file of requests, one per row: when it arrived, how long its prompt was (or the
+prompt itself), how many tokens it asked for, and optionally the hashes of its prompt's prefix
+blocks (two requests with the same block hash share that block's tokens, and everything before
+it). Three formats are read, each with its columns mapped explicitly (:data:`COLUMNS`; a result
+records the mapping it used, so a column is never read as something it is not):
+
+``jsonl``
+    cleanslate's own: one JSON object per line with ``timestamp`` (milliseconds from the trace's
+    start, or an ISO 8601 time), ``input_length`` (tokens) or ``text`` (the prompt),
+    ``output_length`` (tokens to ask for) and optionally ``hash_ids`` (a list of block hashes).
+``mooncake``
+    Mooncake's trace format (JSON Lines of ``timestamp`` in ms, ``input_length``,
+    ``output_length`` and ``hash_ids`` of 512-token blocks).
+``azure``
+    Azure's public LLM inference trace (CSV with ``TIMESTAMP`` as an absolute time,
+    ``ContextTokens`` and ``GeneratedTokens``); it has no block hashes.
+
+Selection, in this order: ``start``/``duration`` (a window of the trace, seconds from its first
+row), ``sample`` (a share of the rows, kept at random with a fixed seed; the time axis shrinks by
+the same share so the request *rate* is the trace's: a rate-preserving sample), ``speedup`` (the
+time axis divided by it). Requests are sent at the resulting offsets (an open loop); the level
+reports how late each send was against its schedule (``schedule_lag_ms``) and warns when the
+client fell behind.
+
+Prompts are synthesized to the trace's lengths: each block hash becomes a block of random
+tokens (with the tokenizer when given, else words counted one token each, as the random
+workload's), the same hash the same block within a measurement, so a server's prefix cache
+meets the trace's reuse. Each measurement (level, repeat) draws its blocks from its own seed:
+the reuse is the trace's, never a cache warmed by the level before. :func:`expected_cached`
+predicts the prompt tokens a prefix cache serves from the hashes, to compare with what the
+server reports.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import math
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from cleanslate.bench._limits import MAX_LEN, MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS
+from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
+from cleanslate.bench._workloads import Prompt, Workload, register_workload
+from cleanslate.errors import InputError
+from cleanslate.models import FrozenStrict
+
+TraceFormat = Literal["jsonl", "mooncake", "azure"]
+
+#: What each format's columns become, in the words a result records
+#: (:attr:`TraceInfo.columns`).
+COLUMNS: dict[str, dict[str, str]] = {
+    "jsonl": {
+        "timestamp": "send time: milliseconds from the trace's start, or an ISO 8601 time",
+        "input_length": "prompt tokens (a prompt of random tokens of that length)",
+        "text": "the prompt itself (instead of input_length)",
+        "output_length": "output tokens asked for (max_tokens; exact with ignore_eos)",
+        "hash_ids": "prefix blocks of block_size tokens: the same hash, the same tokens",
+    },
+    "mooncake": {
+        "timestamp": "send time: milliseconds from the trace's start",
+        "input_length": "prompt tokens",
+        "output_length": "output tokens asked for (max_tokens; exact with ignore_eos)",
+        "hash_ids": "prefix blocks of block_size tokens: the same hash, the same tokens",
+    },
+    "azure": {
+        "TIMESTAMP": "send time: an absolute time, offset from the first row",
+        "ContextTokens": "prompt tokens",
+        "GeneratedTokens": "output tokens asked for (max_tokens; exact with ignore_eos)",
+    },
+}
+
+#: The seed of a trace's ``sample``: the same rows in every level, trial and run.
+SAMPLE_SEED = "cleanslate-trace-sample"
+
+
+class TraceWorkload(Workload):
+    """Requests of a trace file, replayed at their timestamps (see the module docstring)."""
+
+    kind: Literal["trace"] = "trace"
+    path: str
+    format: TraceFormat = "jsonl"
+    speedup: float = Field(default=1.0, gt=0, le=1e6)
+    start: float = Field(default=0.0, ge=0, description="seconds from the trace's first row")
+    duration: float | None = Field(default=None, gt=0, description="seconds of the trace")
+    sample: float = Field(default=1.0, gt=0, le=1, description="share of the rows kept, at "
+                          "the trace's rate")
+    block_size: int = Field(default=512, ge=1, le=MAX_LEN, description="tokens per hash block")
+    max_input_len: int = Field(default=131_072, ge=1, le=MAX_LEN)
+    max_output_len: int = Field(default=16_384, ge=1, le=MAX_LEN)
+
+    def max_input_tokens(self) -> int:
+        return self.max_input_len
+
+    def max_output_tokens(self) -> int:
+        return self.max_output_len
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One request of a trace: seconds from the first row, lengths, block hashes or text."""
+
+    t_s: float
+    input_len: int
+    output_len: int
+    hash_ids: tuple[int, ...] = ()
+    text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A trace file as read: its rows in time order, and what was adjusted on the way."""
+
+    rows: tuple[TraceRow, ...]
+    zero_output_rows: int  # rows that asked for 0 output tokens: sent asking for 1
+    clipped_rows: int  # rows over max_input_len / max_output_len: dropped
+
+
+class TraceInfo(FrozenStrict):
+    """What a run replayed: the file, its format, how each column was read, the selection."""
+
+    path: str
+    format: TraceFormat
+    columns: dict[str, str]
+    rows_read: int
+    rows_used: int
+    span_s: float = Field(description="first to last selected request, in trace seconds")
+    rate: float | None = Field(description="selected requests per second as sent (after "
+                               "sample and speedup); None for one request")
+    speedup: float
+    start: float
+    duration: float | None
+    sample: float
+    block_size: int
+    zero_output_rows: int
+    clipped_rows: int
+    hashed_rows: int = Field(description="rows with prefix block hashes")
+    expected_cached_share: float | None = Field(
+        description="share of the selected prompts' tokens a prefix cache with room for "
+        "everything serves, predicted from the hashes; None without hashes")
+
+
+def _where(path: Path, line: int | None = None) -> str:
+    return f"{path}:{line}" if line is not None else str(path)
+
+
+def _int_field(value: object, key: str, path: Path, line: int, *, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InputError(f"{key} is {value!r}, not a number of tokens", where=_where(path, line))
+    if value != int(value) or value < low:
+        raise InputError(f"{key} is {value!r}: a whole number, at least {low}",
+                         where=_where(path, line))
+    return int(value)
+
+
+def _parse_time(text: str, key: str, path: Path, line: int) -> float:
+    """An absolute time (ISO 8601; more than 6 digits of a second are cut to microseconds, as
+    Azure's trace writes 7) as POSIX seconds."""
+    value = text.strip()
+    head, dot, frac = value.partition(".")
+    if dot:
+        digits = "".join(ch for ch in frac if ch.isdigit())
+        tail = frac[len(digits):]
+        value = f"{head}.{digits[:6]}{tail}"
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        raise InputError(f"{key} {text!r} is not a time (ISO 8601, e.g. 2023-11-16 18:15:46.68)",
+                         where=_where(path, line)) from None
+    if stamp.tzinfo is None:
+        return (stamp - datetime(1970, 1, 1)).total_seconds()
+    return stamp.timestamp()
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the trace: {exc.strerror}", where=str(path)) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})",
+                         where=_where(path, line)) from None
+
+
+def _json_rows(path: Path, text: str, fmt: TraceFormat) -> list[tuple[float, TraceRow, int]]:
+    """``(time, row, line)`` of a JSON Lines trace; the row's ``t_s`` is filled in later."""
+    out: list[tuple[float, TraceRow, int]] = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not usable JSON"
+            raise InputError(f"not JSON: {reason}", where=_where(path, line_no),
+                             hint=f"one JSON object per line ({fmt} trace)") from None
+        if not isinstance(item, dict):
+            raise InputError("not a JSON object", where=_where(path, line_no))
+        if "timestamp" not in item:
+            raise InputError("no timestamp", where=_where(path, line_no),
+                             hint="timestamp: milliseconds from the trace's start")
+        stamp = item["timestamp"]
+        if isinstance(stamp, str) and fmt == "jsonl":
+            t = _parse_time(stamp, "timestamp", path, line_no)
+        elif isinstance(stamp, int | float) and not isinstance(stamp, bool) \
+                and math.isfinite(stamp):
+            t = float(stamp) / 1000.0
+        else:
+            raise InputError(f"timestamp is {stamp!r}, not milliseconds",
+                             where=_where(path, line_no))
+        prompt = item.get("text") if fmt == "jsonl" else None
+        if prompt is not None and not isinstance(prompt, str):
+            raise InputError("text is not a string", where=_where(path, line_no))
+        if prompt is None and "input_length" not in item:
+            raise InputError("no input_length" + (" or text" if fmt == "jsonl" else ""),
+                             where=_where(path, line_no))
+        input_len = (0 if prompt is not None
+                     else _int_field(item["input_length"], "input_length", path, line_no, low=1))
+        if "output_length" not in item:
+            raise InputError("no output_length", where=_where(path, line_no),
+                             hint="output_length: the output tokens the request asked for")
+        output_len = _int_field(item["output_length"], "output_length", path, line_no)
+        hashes = item.get("hash_ids", [])
+        if not isinstance(hashes, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+            raise InputError("hash_ids is not a list of integers", where=_where(path, line_no))
+        out.append((t, TraceRow(0.0, input_len, output_len, tuple(hashes), prompt), line_no))
+    return out
+
+
+def _azure_rows(path: Path, text: str) -> list[tuple[float, TraceRow, int]]:
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        raise InputError("empty file: no header", where=_where(path, 1))
+    names = [h.strip() for h in header]
+    need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    missing = [n for n in need if n not in names]
+    if missing:
+        raise InputError(f"no column {', '.join(missing)} in the header ({', '.join(names)})",
+                         where=_where(path, 1),
+                         hint="Azure's LLM inference trace: TIMESTAMP,ContextTokens,"
+                         "GeneratedTokens")
+    at = {n: names.index(n) for n in need}
+    out: list[tuple[float, TraceRow, int]] = []
+    for line_no, row in enumerate(reader, 2):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) < len(names):
+            raise InputError(f"{len(row)} fields, the header has {len(names)}",
+                             where=_where(path, line_no))
+        t = _parse_time(row[at["TIMESTAMP"]], "TIMESTAMP", path, line_no)
+        counts = []
+        for key in ("ContextTokens", "GeneratedTokens"):
+            try:
+                value = float(row[at[key]])
+            except ValueError:
+                raise InputError(f"{key} {row[at[key]]!r} is not a number",
+                                 where=_where(path, line_no)) from None
+            counts.append(_int_field(value, key, path, line_no,
+                                     low=1 if key == "ContextTokens" else 0))
+        out.append((t, TraceRow(0.0, counts[0], counts[1]), line_no))
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, fmt: TraceFormat, max_input: int, max_output: int, _stamp: tuple[int, int]
+          ) -> Trace:
+    file = Path(path)
+    text = _read_text(file)
+    rows = _azure_rows(file, text) if fmt == "azure" else _json_rows(file, text, fmt)
+    if not rows:
+        raise InputError("no request in the trace", where=str(file))
+    if len(rows) > MAX_NUM_PROMPTS:
+        raise InputError(f"{len(rows):,} requests: at most {MAX_NUM_PROMPTS:,}", where=str(file),
+                         hint="cut a window of it (start=, duration=) or sample it (sample=)")
+    rows.sort(key=lambda r: r[0])  # stable: rows of one time keep the file's order
+    t0 = rows[0][0]
+    kept: list[TraceRow] = []
+    zero = clipped = 0
+    for t, row, _line in rows:
+        if row.input_len > max_input or row.output_len > max_output:
+            clipped += 1
+            continue
+        output = row.output_len
+        if output == 0:  # asked for nothing: still a request, of one token
+            zero += 1
+            output = 1
+        kept.append(TraceRow(t - t0, row.input_len, output, row.hash_ids, row.text))
+    if not kept:
+        raise InputError(f"every request is longer than max_input_len {max_input} or "
+                         f"max_output_len {max_output}", where=str(file))
+    return Trace(tuple(kept), zero, clipped)
+
+
+def read_trace(spec: TraceWorkload) -> Trace:
+    """The trace file of ``spec``, read once per file version (InputError on bad input, with
+    the file and line)."""
+    file = Path(spec.path)
+    try:
+        st = file.stat()
+    except OSError as exc:
+        raise InputError(f"cannot read the trace: {exc.strerror}", where=spec.path) from None
+    return _read(str(file), spec.format, spec.max_input_len, spec.max_output_len,
+                 (st.st_mtime_ns, st.st_size))
+
+
+def select(spec: TraceWorkload, trace: Trace) -> list[TraceRow]:
+    """The rows of ``spec``'s window and sample, with ``t_s`` as they are sent (seconds from
+    the level's start, after ``sample`` and ``speedup``)."""
+    end = spec.start + spec.duration if spec.duration is not None else math.inf
+    window = [r for r in trace.rows if spec.start <= r.t_s < end]
+    if spec.sample < 1.0:
+        rng = random.Random(SAMPLE_SEED)
+        window = [r for r in window if rng.random() < spec.sample]
+    scale = spec.sample / spec.speedup
+    return [TraceRow((r.t_s - spec.start) * scale, r.input_len, r.output_len, r.hash_ids,
+                     r.text) for r in window]
+
+
+def _block(seed: int, cycle: int, h: int, size: int, tok: Tokenizer | None
+           ) -> list[str] | list[int]:
+    """The tokens of block ``h`` in one measurement: words, or vocabulary ids with a
+    tokenizer (the same for the same seed, cycle and hash)."""
+    rng = random.Random(f"{seed}:{cycle}:block:{h}")
+    if tok is None:
+        from cleanslate.bench._tokens import WORDS
+
+        return rng.choices(WORDS, k=size)
+    return rng.choices(tok.vocab_ids, k=size)
+
+
+def synthesize(row: TraceRow, index: int, cycle: int, spec: TraceWorkload, seed: int,
+               tok: Tokenizer | None) -> Prompt:
+    """The prompt of one trace row: its blocks' tokens, then unique random tokens up to its
+    input length (or the row's own text)."""
+    source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
+    at = row.t_s
+    if row.text is not None:
+        count = tok.count(row.text) if tok is not None else approx_count(row.text)
+        return Prompt(row.text, count, source, row.output_len, at_s=at)
+    size = spec.block_size
+    blocks: list[tuple[int, int]] = []
+    parts: list[list[str] | list[int]] = []
+    left = row.input_len
+    for h in row.hash_ids:
+        if left <= 0:
+            break
+        n = min(size, left)
+        parts.append(_block(seed, cycle, h, size, tok)[:n])
+        blocks.append((h, n))
+        left -= n
+    rng = random.Random(f"{seed}:{cycle}:row:{index}")
+    if tok is None:
+        words = [w for part in parts for w in part]
+        text = " ".join(str(w) for w in words)
+        if left > 0:
+            tail, _ = random_text(rng, left, None)
+            text = f"{text} {tail}" if text else tail
+        return Prompt(text, row.input_len, source, row.output_len, at_s=at,
+                      blocks=tuple(blocks))
+    ids = [int(i) for part in parts for i in part]
+    if left > 0:
+        ids += rng.choices(tok.vocab_ids, k=left)
+    text = tok.decode(ids)
+    return Prompt(text, tok.count(text), source, row.output_len, at_s=at, blocks=tuple(blocks))
+
+
+def expected_cached(prompts: list[Prompt]) -> int:
+    """Prompt tokens a prefix cache with room for everything serves to ``prompts`` sent in
+    this order: per prompt, its leading blocks already seen (a block of the same hash at least
+    as long), at most all its tokens but one (one token is always computed)."""
+    seen: dict[int, int] = {}
+    total = 0
+    for p in prompts:
+        cached = 0
+        for h, n in p.blocks:
+            if seen.get(h, 0) < n:
+                break
+            cached += n
+        total += min(cached, max(0, p.input_tokens - 1))
+        for h, n in p.blocks:
+            if seen.get(h, 0) < n:
+                seen[h] = n
+    return total
+
+
+@register_workload(TraceWorkload)
+def _trace(spec: TraceWorkload, n: int, rng: random.Random, tok: Tokenizer | None
+           ) -> list[Prompt]:
+    """The first ``n`` selected rows (all of them when there are fewer), in time order; a
+    closed loop asking for more than the trace holds gets it again, with new block tokens."""
+    rows = select(spec, read_trace(spec))
+    if not rows:
+        raise InputError(f"no request in the window start={spec.start:g} s, duration="
+                         f"{spec.duration:g} s" if spec.duration else
+                         f"no request at or after start={spec.start:g} s", where=spec.path)
+    seed = rng.randrange(1 << 62)
+    count = min(n, len(rows)) if n >= MAX_NUM_PROMPTS else n
+    out: list[Prompt] = []
+    total = 0
+    for i in range(count):
+        cycle, index = divmod(i, len(rows))
+        prompt = synthesize(rows[index], index, cycle, spec, seed, tok)
+        if cycle:  # a second pass has no schedule of its own
+            prompt = Prompt(prompt.text, prompt.input_tokens, prompt.input_source,
+                            prompt.output_len, blocks=prompt.blocks)
+        total += prompt.input_tokens
+        if total > MAX_PROMPT_TOKENS:
+            raise InputError(f"the first {i + 1:,} requests hold more than "
+                             f"{MAX_PROMPT_TOKENS:,} prompt tokens", where=spec.path,
+                             hint="replay a window of the trace (duration=) or a sample")
+        out.append(prompt)
+    return out
+
+
+def trace_info(spec: TraceWorkload, *, tokenizer: Tokenizer | None = None) -> TraceInfo:
+    """What :class:`TraceInfo` records of ``spec``'s trace and selection."""
+    trace = read_trace(spec)
+    rows = select(spec, trace)
+    span = rows[-1].t_s - rows[0].t_s if rows else 0.0
+    hashed = [r for r in rows if r.hash_ids]
+    share: float | None = None
+    if hashed:
+        prompts = [synthesize(r, i, 0, spec, 0, None) for i, r in enumerate(rows)]
+        total = sum(p.input_tokens for p in prompts)
+        share = expected_cached(prompts) / total if total else 0.0
+    trace_span = span * spec.speedup / spec.sample
+    return TraceInfo(
+        path=spec.path, format=spec.format, columns=COLUMNS[spec.format],
+        rows_read=len(trace.rows) + trace.clipped_rows, rows_used=len(rows),
+        span_s=trace_span, rate=(len(rows) - 1) / span if len(rows) > 1 and span > 0 else None,
+        speedup=spec.speedup, start=spec.start, duration=spec.duration, sample=spec.sample,
+        block_size=spec.block_size, zero_output_rows=trace.zero_output_rows,
+        clipped_rows=trace.clipped_rows, hashed_rows=len(hashed),
+        expected_cached_share=share)
+
+
+__all__ = ["COLUMNS", "Trace", "TraceInfo", "TraceRow", "TraceWorkload", "expected_cached",
+           "read_trace", "select", "synthesize", "trace_info"]
