@@ -254,7 +254,8 @@ class TunePlan(Document):
             strategy=spec.strategy, trials=trial_budget(spec), configurations=plan,
             distributions=None if plan is not None else {
                 name: repr(d) for name, d in distributions(spec).items()},
-            fixed=spec.fixed, levels=[f"c={c}" for c in spec.concurrency],
+            fixed=spec.fixed,
+            levels=["replay"] if spec.replay else [f"c={c}" for c in spec.concurrency],
             requests_per_level=spec.requests_per_level,
             duration_s_per_level=spec.duration_s_per_level,
             workload=workload,

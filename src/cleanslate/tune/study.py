@@ -71,6 +71,7 @@ from cleanslate.bench import (
     CapacitySLO,
     ClosedLoop,
     LevelResult,
+    ReplayLoad,
     workload_from_dict,
 )
 from cleanslate.config import line_of, read_yaml, validation_error
@@ -342,6 +343,9 @@ class StudySpec(ServerFields):
         default_factory=list, max_length=MAX_LEVELS,
         description="the levels of every trial (required but with a capacity objective, "
         "which searches the load itself)")
+    replay: bool = Field(
+        default=False, description="the level of every trial is a replay of the trace "
+        "workload at its own times (instead of concurrency: levels)")
     requests_per_level: int | None = Field(default=None, ge=1, le=MAX_NUM_PROMPTS)
     duration_s_per_level: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     warmup: int | None = Field(
@@ -427,8 +431,11 @@ class StudySpec(ServerFields):
 
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
-        mismatch = capacity_problem(self.objective.metric, self.slo, self.concurrency,
-                                    self.capacity.attainment)
+        if self.replay and self.concurrency:
+            raise ValueError("replay: true is the level of every trial: leave concurrency: out "
+                             "(or replay:)")
+        mismatch = capacity_problem(self.objective.metric, self.slo,
+                                    self.concurrency or self.replay, self.capacity.attainment)
         if mismatch is not None:
             raise ValueError(f"{mismatch[0]}: {mismatch[1]}")
         if self.objective.capacity:
@@ -507,7 +514,8 @@ class StudySpec(ServerFields):
         return BenchConfig(
             url=url, model=self.model, endpoint=self.endpoint,
             workload=workload_from_dict(self.workload, where="workload"),
-            loads=tuple(ClosedLoop(concurrency=c) for c in self.concurrency) or (
+            loads=(ReplayLoad(),) if self.replay else tuple(
+                ClosedLoop(concurrency=c) for c in self.concurrency) or (
                 ClosedLoop(concurrency=self.capacity.start),),
             num_prompts=self.requests_per_level, duration_s=self.duration_s_per_level,
             seed=self.seed, slo=slo, ignore_eos=ignore_eos,
@@ -583,9 +591,9 @@ def capacity_problem(metric: object, slo: object, concurrency: object,
                         "request, and ITL has none: use ttft_*, tpot_* or e2e_* keys")
         return None
     if not concurrency:
-        return ("concurrency", "give the levels of every trial (e.g. concurrency: [64, 256]); "
-                "only a capacity objective (max_concurrency_under_slo, max_goodput) goes "
-                "without")
+        return ("concurrency", "give the levels of every trial (e.g. concurrency: [64, 256], "
+                "or replay: true with a trace workload); only a capacity objective "
+                "(max_concurrency_under_slo, max_goodput) goes without")
     return None
 
 
@@ -602,7 +610,8 @@ def _check_capacity_keys(data: object, root: yaml.Node | None, path: Path) -> No
     attainment = capacity.get("attainment") if isinstance(capacity, dict) else None
     if not isinstance(metric, str) or "minimize" in (objective or {}):
         return  # a bad or minimized objective is the model's error, at its line
-    problem = capacity_problem(metric, data.get("slo"), data.get("concurrency"), attainment)
+    problem = capacity_problem(metric, data.get("slo"),
+                               data.get("concurrency") or data.get("replay"), attainment)
     if problem is not None:
         key, message = problem
         loc: tuple[int | str, ...] = (key,) if key in data else ("objective",)
