@@ -101,23 +101,23 @@ class RampLoad(BaseModel):
 
     def user_span(self, user: int) -> tuple[float, float] | None:
         """When user ``user`` (from 0) of a concurrency ramp sends: ``(on, off)`` seconds, or
-        ``None`` if never. The target is monotonic, so each user's span is one interval."""
-        def active(t: float) -> bool:
-            return self.target(t) >= user + 1
-
-        ends = (active(0.0), active(self.duration_s))
+        ``None`` if never (the target is monotonic, so each user's span is one interval,
+        found in closed form: a ramp of 100,000 users starts at once)."""
+        need = user + 1
+        ends = (self.target(0.0) >= need, self.target(self.duration_s) >= need)
         if not ends[0] and not ends[1]:
             return None
         if ends[0] and ends[1]:
             return 0.0, self.duration_s
-        lo, hi = 0.0, self.duration_s  # the switch lies in (lo, hi]
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if active(mid) == ends[0]:
-                lo = mid
-            else:
-                hi = mid
-        return (hi, self.duration_s) if ends[1] else (0.0, hi)
+        x0 = (need - self.start) / (self.end - self.start)  # where the line reaches `need`
+        d, k = self.duration_s, self.n_steps
+        if ends[1]:  # rising: on from the first moment the target reaches the user
+            if self.shape == "linear":
+                return x0 * d, d
+            return math.ceil(x0 * (k - 1) - 1e-9) * d / k, d
+        if self.shape == "linear":  # falling: off once the target is below the user
+            return 0.0, x0 * d
+        return 0.0, (math.floor(x0 * (k - 1) + 1e-9) + 1) * d / k
 
     def offsets(self, seed: int, limit: int) -> list[float]:
         """Send times of a rate ramp, seconds from its start (at most ``limit``)."""
