@@ -153,3 +153,27 @@ def test_a_replay_needs_a_trace_and_a_closed_loop_may_cycle_it() -> None:
     prompts = generate(config.workload, config.prompts_for(config.loads[0]), seed=1)
     assert len(prompts) == 640  # more than the trace holds: a second pass, unscheduled
     assert prompts[0].at_s == 0.0 and prompts[600].at_s is None
+
+
+def test_a_repeated_replay_sums_its_predictions() -> None:
+    import asyncio
+
+    from cleanslate.bench import run_repeats
+    from tests.bench.conftest import fake_server
+
+    spec = MOONCAKE.model_copy(update={"duration": 4.0, "speedup": 20.0})
+    rows = len(select(spec, read_trace(spec)))
+
+    async def go() -> object:
+        async with fake_server() as (url, _stats):
+            config = BenchConfig(url=url, model="m", workload=spec, loads=(ReplayLoad(),),
+                                 repeats=2)
+            return await run_repeats(config, ReplayLoad())
+
+    level = asyncio.run(go())
+    repeats = level.repeats  # type: ignore[attr-defined]
+    assert [r.num_prompts for r in repeats] == [rows, rows]
+    each = [r.expected_cached_prompt_tokens for r in repeats]
+    assert each[0] == each[1] and each[0] > 0  # the same reuse, new tokens each repeat
+    assert level.expected_cached_prompt_tokens == sum(each)  # type: ignore[attr-defined]
+    assert level.schedule_lag_ms is not None  # type: ignore[attr-defined]

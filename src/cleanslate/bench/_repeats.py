@@ -220,6 +220,13 @@ def combine(repeats: Sequence[LevelResult], samples: Sequence[Mapping[str, np.nd
     out["good_requests"] = None if any(g is None for g in goods) else sum(g or 0 for g in goods)
     cached = [r.cached_prompt_tokens for r in repeats if r.cached_prompt_tokens is not None]
     out["cached_prompt_tokens"] = sum(cached) if cached else None
+    expected = [r.expected_cached_prompt_tokens for r in repeats]
+    out["expected_cached_prompt_tokens"] = (None if any(e is None for e in expected)
+                                            else sum(e or 0 for e in expected))
+    lags = [r.schedule_lag_ms for r in repeats if r.schedule_lag_ms is not None]
+    # the repeat that kept its schedule worst (its turns and windows are each repeat's own,
+    # under repeats; the combined level shows the first's)
+    out["schedule_lag_ms"] = max(lags, key=lambda s: s.p99 or 0.0) if lags else None
     steady_req = [r.steady_requests for r in repeats]
     out["steady_requests"] = None if any(v is None for v in steady_req) else sum(
         v or 0 for v in steady_req)
