@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cleanslate.bench._limits import MAX_CONCURRENCY, MAX_DURATION_S, MIN_RATE
+from cleanslate.bench._workloads import key_values
 from cleanslate.errors import InputError
 
 #: Steps of a ``steps`` ramp unless ``steps=`` says otherwise; windows of a linear ramp.
@@ -153,18 +154,11 @@ def parse_ramp(text: str, *, where: str = "--ramp") -> RampLoad:
     if shape not in ("linear", "steps"):
         raise InputError(f"unknown ramp {shape!r}: linear or steps", where=where, hint=example)
     fields: dict[str, object] = {"shape": shape}
-    for part in rest.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq:
-            raise InputError(f"{part!r} is not key=value", where=where, hint=example)
+    for key, value in key_values(rest, where=where, hint=example):
         if key not in _RAMP_KEYS:
             raise InputError(f"unknown key {key!r}", where=where,
                              hint=f"one of {', '.join(_RAMP_KEYS)}")
-        fields[_RAMP_KEYS[key]] = value.strip()
+        fields[_RAMP_KEYS[key]] = value
     missing = [k for k in ("start", "end", "duration") if _RAMP_KEYS[k] not in fields]
     if missing:
         raise InputError(f"the ramp needs {', '.join(missing)}", where=where, hint=example)

@@ -189,15 +189,24 @@ def parse_workload(text: str, *, where: str = "--workload") -> Workload:
             "e.g. random:input_len=1024,output_len=128",
         )
     fields: dict[str, Any] = {"kind": kind}
-    for part in rest.split(","):
+    for key, value in key_values(rest, where=where):
+        fields[key.replace("-", "_")] = value
+    return workload_from_dict(fields, where=where)
+
+
+def key_values(text: str, *, where: str, hint: str | None = None) -> list[tuple[str, str]]:
+    """``key=value,key=value`` as stripped pairs (empty parts skipped); a part without ``=``
+    is an :class:`InputError` at ``where``."""
+    out = []
+    for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         key, eq, value = part.partition("=")
         if not eq:
-            raise InputError(f"{part!r} is not key=value", where=where)
-        fields[key.strip().replace("-", "_")] = value.strip()
-    return workload_from_dict(fields, where=where)
+            raise InputError(f"{part!r} is not key=value", where=where, hint=hint)
+        out.append((key.strip(), value.strip()))
+    return out
 
 
 def workload_from_dict(data: dict[str, Any], *, where: str = "workload") -> Workload:

@@ -36,20 +36,13 @@ if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the comm
 
 def parse_slo(text: str | None) -> SLO:
     """``ttft_ms=500,tpot_ms=50,e2e_ms=10000`` -> :class:`SLO` (InputError on bad input)."""
-    from cleanslate.bench import SLO
+    from cleanslate.bench import SLO, key_values
 
     if text is None or not text.strip():
         return SLO()
     values: dict[str, float] = {}
     allowed = ("ttft_ms", "tpot_ms", "e2e_ms")
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq:
-            raise InputError(f"{part!r} is not key=value", where="--slo", hint="e.g. ttft_ms=500")
+    for key, value in key_values(text, where="--slo", hint="e.g. ttft_ms=500"):
         if key not in allowed:
             from cleanslate.bench import level_key
 
