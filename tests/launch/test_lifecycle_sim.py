@@ -6,6 +6,7 @@ finalizer stops (by the recorded PIDs, through ``cleanslate stop``) any run a fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -188,13 +189,14 @@ def test_port_taken_refuses_before_launch_naming_the_owner(
     assert lab.runs() == []  # nothing was launched
 
 
-def _foreground(lab: Lab, procs: Processes, port: int) -> tuple[Any, dict[str, Any]]:
+def _foreground(lab: Lab, procs: Processes, port: int, *engine_flags: str
+                ) -> tuple[Any, dict[str, Any]]:
     """A foreground ``serve --json`` of the sim, and what its READY line on stderr says."""
     import subprocess
 
     proc = procs.start([sys.executable, "-m", "cleanslate", "serve", "--engine", "sim",
                         "--model", "sim", "--port", str(port), "--store", lab.store, "--json",
-                        "--", "--tp-size", "1"], stdout=subprocess.PIPE,
+                        "--", "--tp-size", "1", *engine_flags], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, env={**os.environ, **lab.env})
     assert proc.stderr is not None
     for raw in proc.stderr:
@@ -228,3 +230,25 @@ def test_foreground_serve_records_a_sigkilled_server_killed(lab: Lab, procs: Pro
     assert doc["teardown"]["verify"]["verdict"] == "clean"
     record = next(r for r in lab.runs() if r["id"] == ready["run_id"])
     assert (record["status"], record["cause"]) == ("crashed", "killed")
+
+
+def test_foreground_serve_records_a_server_that_exits_0_by_itself_crashed(
+        lab: Lab, procs: Processes) -> None:
+    """vLLM's API server exits 0 after its engine core died (vllm PR #52178): exit 0 is not a
+    stop that anyone asked for. The smoke test sends 8 requests; the 9th ends the server."""
+    import urllib.request
+
+    proc, ready = _foreground(lab, procs, free_port(), "--fault", "exit-after=8")
+    body = json.dumps({"model": "sim", "prompt": "x", "max_tokens": 4}).encode()
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(urllib.request.Request(
+            ready["url"] + "/v1/completions", body, {"Content-Type": "application/json"}),
+            timeout=10).read()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    doc = json.loads(out)
+    assert (doc["status"], doc["cause"]) == ("crashed", "exited"), doc
+    assert doc["detail"] == "while serving: the server exited with status 0"
+    assert doc["teardown"]["verify"]["verdict"] == "clean"
+    record = next(r for r in lab.runs() if r["id"] == ready["run_id"])
+    assert (record["status"], record["cause"]) == ("crashed", "exited")

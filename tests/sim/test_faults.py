@@ -92,6 +92,42 @@ def test_hang_after_n_requests_while_health_is_ok(sims: SimServers) -> None:
     assert server.proc.poll() is None
 
 
+def test_exit_after_n_requests_exits_0_by_itself(sims: SimServers) -> None:
+    """vLLM's API server exits 0 after its engine core died (vllm PR #52178): a server that
+    ends by itself, with the status of one that was asked to stop."""
+    server = sims.start("--time-scale", "0.1", "--fault", "exit-after=2")
+
+    async def go() -> RequestRecord:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):
+                assert (await one_request(session, server.url, "x", 4, timeout_s=10)).ok
+            return await one_request(session, server.url, "x", 64, timeout_s=10)
+
+    cut = asyncio.run(go())
+    assert not cut.ok
+    assert server.proc.wait(10) == 0
+    assert "simulated fault exit-after" in server.log()
+    assert wait_for(lambda: not any(used_mib(server.ledger).values()), 2.0)
+
+
+def test_degenerate_after_n_requests_while_health_and_models_are_ok(sims: SimServers) -> None:
+    import urllib.request
+
+    server = sims.start("--time-scale", "0.1", "--fault", "degenerate-after=1")
+
+    async def go() -> tuple[str, str]:
+        async with aiohttp.ClientSession() as session:
+            first = await streamed_text(session, server.url, "hi", 6)
+            return first, await streamed_text(session, server.url, "hi", 16)
+
+    first, later = asyncio.run(go())
+    assert "!" not in first and len(first.split()) == 6
+    assert later == "!" * 16
+    assert server.healthy()
+    with urllib.request.urlopen(server.url + "/v1/models", timeout=10) as resp:
+        assert resp.status == 200
+
+
 def test_health_generate_goes_through_the_scheduler(sims: SimServers) -> None:
     import urllib.request
 

@@ -450,8 +450,11 @@ async def stop_server(
     A record from another boot of the host names no live process: nothing is signalled, the
     host is verified, and the record is closed (``host_rebooted``). A record from another
     machine (a shared store, the same host name) is refused with exit code 2 and left as it is:
-    the run may be alive there. The teardown always runs to its end before the store is
-    written; a store error is raised after it. ``exclusions``: see :func:`verify_options`.
+    the run may be alive there. A run asked to stop (``status`` ``stopped``) whose server had
+    ended by itself (the supervisor recorded its exit status, 0 included) is recorded
+    ``crashed`` with the exit's cause, the reason for the stop kept in its detail: a run is
+    ``stopped`` only when cleanslate ended it. The teardown always runs to its end before the
+    store is written; a store error is raised after it. ``exclusions``: see :func:`verify_options`.
     ``verify_settle_s``: the verification's settle window (``None``: the default,
     :data:`~cleanslate.verdict.check.DEFAULT_SETTLE_S`).
     """
@@ -476,10 +479,16 @@ async def stop_server(
                                      **settle)
         status, cause, detail = "stopped", cause or "host_rebooted", detail or reason
     else:
-        if status == "stopped" and cause is None and run.status in ("starting", "ready"):
-            # Asked to stop a run that was serving: did its server die before we came?
-            status, cause, detail = await ended_before_stop(executor, run, detail,
-                                                            artifacts=artifacts)
+        if status == "stopped" and run.status in ("starting", "ready"):
+            # Asked to stop a run that was serving: did its server end before we came? Then it
+            # crashed, whatever its exit status (0 too) and whatever the stop was for.
+            how, ended, why = await ended_before_stop(executor, run, None, artifacts=artifacts)
+            if how == "crashed":
+                if cause is None:
+                    detail = detail or why
+                else:
+                    detail = f"{why}; stopped for {cause}" + (f": {detail}" if detail else "")
+                status, cause = "crashed", ended
         cgroup = valid_cgroup(run.cgroup, run.id)
         if run.cgroup and cgroup is None:
             say(f"ignoring the recorded cgroup {run.cgroup!r}: not this run's")

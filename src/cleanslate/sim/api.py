@@ -41,13 +41,21 @@ from typing import IO, Any, TypedDict
 from aiohttp import web
 
 from cleanslate import wire
-from cleanslate.sim.engine import NAN_TOKEN_ID, Engine, SimRequest
+from cleanslate.sim.engine import DEGENERATE_TOKEN_ID, NAN_TOKEN_ID, Engine, SimRequest
 from cleanslate.sim.model import SimModel
-from cleanslate.sim.text import NAN_BYTES, VOCAB_BYTES, count_words, text_seed
+from cleanslate.sim.text import (
+    DEGENERATE_BYTES,
+    NAN_BYTES,
+    VOCAB_BYTES,
+    count_words,
+    text_seed,
+)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 OWNED_BY = "cleanslate-sim (simulation, not a real model)"
 SERVER_HEADER = "cleanslate-sim (simulation)"
+#: The text of the token ids that are not vocabulary indices (faults).
+SPECIAL_BYTES = {NAN_TOKEN_ID: NAN_BYTES, DEGENERATE_TOKEN_ID: DEGENERATE_BYTES}
 
 
 class GroundTruth(TypedDict):
@@ -291,7 +299,7 @@ class Api:
         while True:
             toks, done = await req.next_tokens()
             if toks:
-                text = b"".join(NAN_BYTES if t == NAN_TOKEN_ID else vocab[t] for t in toks)
+                text = b"".join(vocab[t] if t >= 0 else SPECIAL_BYTES[t] for t in toks)
                 now = time.time()
                 if first:
                     record["first_token"] = now
@@ -325,7 +333,7 @@ class Api:
             tokens.extend(toks)
             if done:
                 break
-        text = b"".join(NAN_BYTES if t == NAN_TOKEN_ID else VOCAB_BYTES[t] for t in tokens)
+        text = b"".join(VOCAB_BYTES[t] if t >= 0 else SPECIAL_BYTES[t] for t in tokens)
         body = wire.whole_response(
             req.rid,
             self.model_name,

@@ -50,6 +50,8 @@ from cleanslate.sim.model import (
 from cleanslate.sim.text import natural_length, next_state, token_of
 
 NAN_TOKEN_ID = -1
+#: The token of a degenerate request (``degenerate-after``): ``!``.
+DEGENERATE_TOKEN_ID = -2
 
 #: Words per block of the prefix cache (SGLang's radix cache matches at page granularity).
 PREFIX_BLOCK_WORDS = 16
@@ -91,10 +93,12 @@ class PrefixCache:
 
 
 class SimRequest:
-    """One request inside the scheduler. Token ids are vocabulary indices; ``-1`` is NaN."""
+    """One request inside the scheduler. Token ids are vocabulary indices; ``-1`` is NaN, ``-2``
+    the ``!`` of a degenerate request."""
 
     __slots__ = (
         "cached",
+        "degenerate",
         "finish_reason",
         "finished",
         "generated",
@@ -141,6 +145,7 @@ class SimRequest:
         self.waiter: asyncio.Future[None] | None = None
         self.finished = False
         self.interval = max(1, interval)
+        self.degenerate = False
 
     def _wake(self) -> None:
         w = self.waiter
@@ -157,7 +162,8 @@ class SimRequest:
 
 
 class Engine:
-    """The scheduler loop. ``on_crash(batch_size)`` is called once when the server must die."""
+    """The scheduler loop. ``on_crash(batch_size)`` is called once when the server must die;
+    ``on_exit()`` once when it must shut down by itself with status 0 (``exit-after``)."""
 
     def __init__(
         self,
@@ -166,6 +172,7 @@ class Engine:
         on_crash: Callable[[int], None],
         log: Callable[[str], None] | None = None,
         log_interval_steps: int = 40,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
         self.log = log
@@ -175,6 +182,8 @@ class Engine:
         self._log_t0 = 0.0
         self.faults = faults
         self.on_crash = on_crash
+        self.on_exit = on_exit
+        self.exiting = False
         plan = model.memory_plan()
         self.kv_capacity = plan.kv_capacity_tokens
         self.kv_free = plan.kv_capacity_tokens
@@ -211,6 +220,13 @@ class Engine:
         limit = self.faults.crash_at_concurrency
         if limit is not None and self.inflight > limit:
             self._crash(self.inflight)
+        degenerate = self.faults.degenerate_after
+        req.degenerate = degenerate is not None and self.admitted > degenerate
+        exit_after = self.faults.exit_after
+        if exit_after is not None and self.admitted > exit_after and not self.exiting:
+            self.exiting = True
+            if self.on_exit is not None:
+                self.on_exit()
         self.waiting.append(req)
         self._wake.set()
 
@@ -356,7 +372,8 @@ class Engine:
 
     def _emit(self, req: SimRequest, nan: bool) -> None:
         req.state = state = next_state(req.state)
-        req.pending.append(NAN_TOKEN_ID if nan else token_of(state))
+        req.pending.append(NAN_TOKEN_ID if nan else DEGENERATE_TOKEN_ID if req.degenerate
+                           else token_of(state))
         req.generated += 1
         if req.generated >= req.stop_at:
             req.finished = True

@@ -22,7 +22,15 @@
                             it holds the server's inherited listening socket
 ``shm-leftover``            files ``/dev/shm/cleanslate-sim-<pid>-*`` are created and left behind
 ``slow-start=S``            loading takes S more seconds before the port opens
+``exit-after=N``            when request N+1 is admitted, the server shuts down by itself and
+                            exits with status 0 (as vLLM's API server does after its engine
+                            core died: vllm PR #52178), its in-flight requests cut off
+``degenerate-after=N``      requests admitted after the first N write only ``!`` tokens, while
+                            ``/health`` and ``/v1/models`` still answer 200 (vllm#53480)
 ==========================  ============================================================
+
+Requests count from the server's start, the smoke test's included; ``/health_generate`` probes
+do not count.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ FAULT_NAMES = (
     "leave-port",
     "shm-leftover",
     "slow-start",
+    "exit-after",
+    "degenerate-after",
 )
 
 
@@ -59,6 +69,8 @@ class Faults:
     leave_port: int | None = None
     shm_leftover: bool = False
     slow_start: float | None = None
+    exit_after: int | None = None
+    degenerate_after: int | None = None
 
     def active(self) -> list[str]:
         """The faults that are on, spelled as on the command line."""
@@ -81,6 +93,8 @@ _ARG_KIND: dict[str, type] = {
     "slow-release": float,
     "leave-port": int,
     "slow-start": float,
+    "exit-after": int,
+    "degenerate-after": int,
 }
 _OPTIONAL_ARG = {"orphan-grandchild": 2048, "nan": 0}
 

@@ -11,6 +11,7 @@ Lifecycle, as with real engines:
 - SIGKILL of the launcher: the workers stay alive (orphans holding memory); they use no
   parent-death signal.
 - A worker that dies (a crash, a signal) makes the launcher stop the others and exit 1.
+- The ``exit-after`` fault makes it stop by itself and exit 0, as a signal would.
 - Startup failures (OOM, not enough memory for the KV cache, the port taken) exit 1.
 
 The HTTP API it serves (and the ground-truth file it writes) is :mod:`cleanslate.sim.api`.
@@ -160,7 +161,8 @@ class Launcher:
             log(f"Simulated server stopped during start-up (exit {code})")
             return code
         plan = self.model.memory_plan()
-        self.engine = Engine(self.model, opts.faults, self._on_crash, log, opts.log_interval_steps)
+        self.engine = Engine(self.model, opts.faults, self._on_crash, log,
+                             opts.log_interval_steps, on_exit=self._on_exit_fault)
         try:
             self.sock = self._bind()
         except OSError as exc:
@@ -362,6 +364,12 @@ class Launcher:
             self.shutting_down = True
             self.exit_code = code
         self.done.set()
+
+    def _on_exit_fault(self) -> None:
+        # exit-after: the API server going away by itself with status 0, in-flight requests cut.
+        log(f"Engine core gone after {self.opts.faults.exit_after} requests (simulated fault "
+            "exit-after); the API server shuts down")
+        self._shutdown(0)
 
     def _on_crash(self, batch: int) -> None:
         # The scheduler of rank 0 writes the traceback and dies; _watch then stops the rest.

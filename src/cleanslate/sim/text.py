@@ -41,6 +41,8 @@ VOCAB: tuple[str, ...] = _build_vocab()
 #: Each token's text (with its leading space) as UTF-8 bytes, ready to splice into JSON.
 VOCAB_BYTES: tuple[bytes, ...] = tuple((" " + w).encode() for w in VOCAB)
 NAN_BYTES = (" " + NAN_TOKEN).encode()
+#: The one token a degenerate server writes (``degenerate-after``).
+DEGENERATE_BYTES = b"!"
 
 
 def text_seed(server_seed: int, prompt_key: str, request_seed: int | None) -> int:

@@ -34,6 +34,7 @@ from cleanslate.bench import (
     share_target,
     worst_check,
 )
+from cleanslate.engines import EngineAdapter
 from cleanslate.errors import CleanslateError
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.config import ServeConfig
@@ -41,6 +42,7 @@ from cleanslate.launch.lifecycle import (
     Exclusions,
     StartOutcome,
     adapter_for,
+    describe_exit,
     run_exit_code,
     start_server,
     stop_server,
@@ -556,12 +558,11 @@ async def _climb(
             if stop is not None and stop.is_set() and code is None:
                 verdicts[level.label] = LevelVerdict.INTERRUPTED
                 break
-            found = await classify_run_log(executor, adapter, run, returncode=code)
-            cause, detail = found or ("crashed", level.partial_reason or
-                                      f"the server exited with status {code}")
+            cause, detail = await _server_crash(executor, adapter, run, level, code)
+            detail = f"{load.label}: {detail}"
             crashed = True
             verdicts[level.label] = LevelVerdict.CRASHED
-            say(f"{load.label}: the server crashed ({cause}): {detail}")
+            say(f"the server crashed ({cause}): {detail}")
             break
         if level.failed:
             verdicts[level.label] = LevelVerdict.ERRORS
@@ -616,6 +617,35 @@ async def _climb(
         say(f"{load.label}: {level.output_throughput:.0f} output tok/s, "
             f"p99 TTFT {level.ttft_ms.p99 or 0:.0f} ms, p99 TPOT {level.tpot_ms.p99 or 0:.1f} ms")
     return levels, verdicts, cause, detail, crashed
+
+
+#: Seconds a level that ended early waits for its server's exit status (its supervisor records
+#: it once the engine is gone), so that the record says how the server ended.
+EXIT_STATUS_WAIT_S = 2.0
+
+
+async def _server_crash(executor: Executor, adapter: EngineAdapter, run: RunRecord,
+                       level: LevelResult, code: int | None) -> tuple[str, str]:
+    """(cause, detail) of a server that ended by itself during or after ``level`` (``code``:
+    its exit status as read, ``None`` when none was recorded yet): a crash whatever the status,
+    0 included (vLLM's API server exits 0 after its engine core died), since only a stop
+    cleanslate asked for is ``stopped``. The cause is the engine log's, else ``exited`` or
+    ``killed`` from the status, else ``crashed`` (the level ended early and no status came
+    within :data:`EXIT_STATUS_WAIT_S`)."""
+    deadline = time.monotonic() + EXIT_STATUS_WAIT_S
+    while code is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        code = await run_exit_code(executor, run)
+    found = await classify_run_log(executor, adapter, run, returncode=code)
+    if found is not None:
+        cause, detail = found
+    elif code is not None:
+        cause, detail = describe_exit(code)
+        if level.partial_reason:
+            detail += f" ({level.partial_reason})"
+    else:
+        cause, detail = "crashed", level.partial_reason or "the level ended early"
+    return cause, detail
 
 
 #: How each probe verdict of a capacity search reads as a trial's level verdict.
@@ -693,9 +723,7 @@ async def _capacity_levels(
                 return None
             if stop is not None and stop.is_set() and code is None:
                 return None  # interrupted, not crashed
-            found = await classify_run_log(executor, adapter, run, returncode=code)
-            return found or ("crashed", level.partial_reason or
-                             f"the server exited with status {code}")
+            return await _server_crash(executor, adapter, run, level, code)
 
         mark = [time.monotonic()]
 
@@ -715,7 +743,7 @@ async def _capacity_levels(
     crashed_at = next((p for p in result.probes if p.verdict == ProbeVerdict.CRASHED), None)
     cause = detail = None
     if crashed_at is not None:
-        cause, detail = crashed_at.cause, crashed_at.detail
-        say(f"{crashed_at.label}: the server crashed ({cause}): {detail}")
+        cause, detail = crashed_at.cause, f"{crashed_at.label}: {crashed_at.detail}"
+        say(f"the server crashed ({cause}): {detail}")
     say(result.summary())
     return levels, verdicts, cause, detail, crashed_at is not None, result
