@@ -91,3 +91,11 @@ def test_users_are_the_concurrency() -> None:
                     loads=(ClosedLoop(concurrency=4),))
     BenchConfig(url="http://127.0.0.1:1", model="m", workload=spec,
                 loads=(ClosedLoop(concurrency=3),))
+
+
+def test_a_conversation_is_not_ramped() -> None:
+    from cleanslate.bench import parse_ramp
+
+    with pytest.raises(ValueError, match="not on a ramp"):
+        BenchConfig(url="http://127.0.0.1:1", model="m", workload=ConversationWorkload(),
+                    loads=(parse_ramp("linear:start=1,end=4,duration=2"),))

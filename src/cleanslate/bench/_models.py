@@ -313,6 +313,11 @@ class BenchConfig(_Frozen):
                 raise ValueError("a replay level sends a trace's requests at their times: "
                                  "give a trace workload (trace:path=FILE,format=...)")
         spec = self.workload
+        if isinstance(spec, ConversationWorkload):
+            for load in self.loads:
+                if isinstance(load, RampLoad):
+                    raise ValueError("a conversation workload runs on closed or open loops "
+                                     "(users or a rate of new conversations), not on a ramp")
         if isinstance(spec, ConversationWorkload) and spec.users is not None:
             for load in self.loads:
                 if not isinstance(load, ClosedLoop) or load.concurrency != spec.users:
