@@ -177,3 +177,13 @@ def test_a_repeated_replay_sums_its_predictions() -> None:
     assert each[0] == each[1] and each[0] > 0  # the same reuse, new tokens each repeat
     assert level.expected_cached_prompt_tokens == sum(each)  # type: ignore[attr-defined]
     assert level.schedule_lag_ms is not None  # type: ignore[attr-defined]
+
+
+def test_the_prompt_bound_is_the_traces_longest_prompt() -> None:
+    longest = max(r.input_len for r in read_trace(MOONCAKE).rows)
+    assert MOONCAKE.max_input_tokens() == longest
+    # c=4096 on a trace of about 7,000-token prompts fits the per-level token cap
+    BenchConfig(url="http://127.0.0.1:1", model="m", workload=MOONCAKE,
+                loads=(ClosedLoop(concurrency=4096),))
+    missing = TraceWorkload(path="/nonexistent/trace.jsonl")
+    assert missing.max_input_tokens() == missing.max_input_len

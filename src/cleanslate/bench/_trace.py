@@ -99,7 +99,13 @@ class TraceWorkload(Workload):
     max_output_len: int = Field(default=16_384, ge=1, le=MAX_LEN)
 
     def max_input_tokens(self) -> int:
-        return self.max_input_len
+        """The trace's longest prompt (``max_input_len`` while the file cannot be read: the
+        error comes when the prompts are built)."""
+        try:
+            rows = read_trace(self).rows
+        except InputError:
+            return self.max_input_len
+        return max(r.input_len if r.text is None else approx_count(r.text) for r in rows)
 
     def max_output_tokens(self) -> int:
         return self.max_output_len
