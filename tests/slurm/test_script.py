@@ -33,8 +33,8 @@ def test_the_script_asks_for_an_array_gpus_and_runs_one_worker_per_task(tmp_path
                           f"--output={tmp_path}/logs/worker-%A_%a.log", "--export=ALL",
                           "--gres=gpu:2", "--partition=h200", "--time=4:00:00",
                           "--account=serving", "--qos", "high"]
-    assert ("exec /opt/py/bin/python -m cleanslate worker --study glm5 --gpu-backend auto "
-            '--gpus "$gpus" --port "$port"') in text
+    assert ("exec /opt/py/bin/python -m cleanslate worker --study glm5 --host local "
+            '--gpu-backend auto --gpus "$gpus" --port "$port"') in text
     assert "port=$(( 30000 + SLURM_ARRAY_TASK_ID ))" in text
     assert "gpus=${CUDA_VISIBLE_DEVICES:-${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}}" in text
 
@@ -88,7 +88,7 @@ def test_every_line_of_the_script_is_one_we_wrote(tmp_path: Path) -> None:
     assert f"#SBATCH --output={tmp_path}/100%%/worker-%A_%a.log" in text.splitlines()
     assert "#SBATCH --job-name=cleanslate-glm5-nvfp4_v1.2" in text.splitlines()
     assert ("exec '/opt/my py/bin/python' -m cleanslate worker --study glm5-nvfp4_v1.2 "
-            "--gpu-backend auto") in text
+            "--host local --gpu-backend auto") in text
     assert text.count("\n") == len(script(tmp_path, workers=2, gpus_per_worker=1).splitlines())
 
 

@@ -152,7 +152,9 @@ def render_script(study: str, options: SlurmOptions, *, log_dir: Path, port: int
     directives = [_directive(d, where="the artifacts folder" if d.startswith("--output=")
                              else "the script") for d in directives]
     directives += [_directive(arg, where="sbatch arguments after --") for arg in options.extra]
-    argv = [*(command or worker_command()), "worker", "--study", study,
+    # --host local: a task drives the node Slurm gave it, whatever host the study names (a
+    # study's host: would send every task's servers to that one machine over SSH)
+    argv = [*(command or worker_command()), "worker", "--study", study, "--host", "local",
             "--gpu-backend", options.gpu_backend]
     lines = [
         "#!/bin/bash",
