@@ -187,3 +187,49 @@ def test_the_prompt_bound_is_the_traces_longest_prompt() -> None:
                 loads=(ClosedLoop(concurrency=4096),))
     missing = TraceWorkload(path="/nonexistent/trace.jsonl")
     assert missing.max_input_tokens() == missing.max_input_len
+
+
+def test_replay_levels_at_rising_time_scales() -> None:
+    import asyncio
+
+    from cleanslate.bench import run_level
+    from tests.bench.conftest import fake_server
+
+    spec = MOONCAKE.model_copy(update={"duration": 4.0, "speedup": 4.0})  # 1 s at 1x
+    rows = len(select(spec, read_trace(spec)))
+    loads = (ReplayLoad(), ReplayLoad(speedup=4))
+    assert [load.label for load in loads] == ["replay", "replay=4x"]
+    assert ReplayLoad(speedup=2.5, max_concurrency=8).label == "replay=2.5x,cap=8"
+
+    async def go() -> list[object]:
+        async with fake_server() as (url, _stats):
+            config = BenchConfig(url=url, model="m", workload=spec, loads=loads)
+            return [await run_level(config, load) for load in loads]
+
+    at_1x, at_4x = asyncio.run(go())
+    for level in (at_1x, at_4x):
+        assert level.completed == rows and level.failed == 0  # type: ignore[attr-defined]
+    # the same requests, sent four times as fast: the level lasts a quarter as long
+    ratio = at_4x.achieved_request_rate / at_1x.achieved_request_rate  # type: ignore[attr-defined]
+    assert ratio == pytest.approx(4.0, rel=0.25), ratio
+    assert at_1x.duration == pytest.approx(1.0, abs=0.25)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (("--replay", "1,x"), "--replay: 'x' is not a time scale"),
+    (("--replay", "0"), "--replay"),
+    (("--replay", "1,2", "--concurrency", "4"), "--concurrency: --replay's levels"),
+    (("--replay", "1", "--workload", "random"), "--replay: --replay replays a trace's"),
+])
+def test_bad_replay_options_exit_2(extra: tuple[str, ...], words: str,
+                                   capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.cli.inproc import run_main
+
+    workload = () if "--workload" in extra else (
+        "--workload", f"trace:path={MOONCAKE.path},format=mooncake")
+    res = run_main(capsys, monkeypatch, "bench", "--url", "http://127.0.0.1:9", "--model", "m",
+                   *workload, *extra, "--no-live")
+    assert res.code == 2, (res.out, res.err)
+    assert words in res.err, res.err
+    assert "Traceback" not in res.err

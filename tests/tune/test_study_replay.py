@@ -30,6 +30,37 @@ def test_a_replay_study_benchmarks_the_trace_at_its_times(tmp_path: Path) -> Non
     assert bench.workload.kind == "trace"
 
 
+def test_replay_time_scales_are_levels_in_rising_order(tmp_path: Path) -> None:
+    spec, _ = load_study(study(tmp_path, workload=WORKLOAD, concurrency=OMIT,
+                               replay=[4, 1, 2, 2], requests_per_level=OMIT,
+                               objective={"minimize": "p99_ttft_ms"}))
+    bench = spec.bench_config("http://127.0.0.1:1", ignore_eos=True)
+    assert bench.loads == (ReplayLoad(), ReplayLoad(speedup=2), ReplayLoad(speedup=4))
+    assert [load.label for load in bench.loads] == ["replay", "replay=2x", "replay=4x"]
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ([], "[] names no level"),
+    ([0], "0 is not a time scale"),
+    ([1, True], "True is not a time scale"),
+    (2, "2 is not true, false or a list"),
+    ([1e9], "at most 1e+06"),
+])
+def test_bad_replay_levels_name_their_line(tmp_path: Path, value: object, words: str) -> None:
+    with pytest.raises(InputError) as err:
+        load_study(study(tmp_path, workload=WORKLOAD, concurrency=OMIT, replay=value,
+                         requests_per_level=OMIT, objective={"minimize": "p99_ttft_ms"}))
+    assert words in str(err.value)
+    assert err.value.where is not None and err.value.where.endswith(
+        f"study.yaml:{line_of_key(tmp_path / 'study.yaml', 'replay')}")
+
+
+def line_of_key(path: Path, key: str) -> int:
+    """The 1-based line of the top-level ``key:`` in ``path``."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.startswith(f"{key}:"))
+
+
 @pytest.mark.parametrize(("overrides", "words"), [
     ({"replay": True, "concurrency": OMIT}, "replay level sends a trace"),
     ({"replay": True, "workload": WORKLOAD}, "leave concurrency: out"),

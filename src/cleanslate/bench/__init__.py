@@ -54,6 +54,7 @@ from cleanslate.bench._limits import (
     MAX_DURATION_S,
     MAX_LEVELS,
     MAX_NUM_PROMPTS,
+    MAX_REPLAY_SPEEDUP,
     MIN_RATE,
 )
 from cleanslate.bench._models import (
@@ -132,6 +133,7 @@ __all__ = [
     "MAX_DURATION_S",
     "MAX_LEVELS",
     "MAX_NUM_PROMPTS",
+    "MAX_REPLAY_SPEEDUP",
     "MIN_RATE",
     "PER_REQUEST_KEYS",
     "SLO",

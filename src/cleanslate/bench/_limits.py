@@ -48,6 +48,9 @@ MAX_BURSTINESS = 1e3
 #: The longest timeout or deadline accepted, in seconds (about 11.6 days).
 MAX_TIMEOUT_S = 1e6
 
+#: The largest time scale of a trace replay (a workload's ``speedup=``, a replay level's).
+MAX_REPLAY_SPEEDUP = 1e6
+
 #: Per-request deadline when none is given: this floor plus :data:`DEADLINE_PER_TOKEN_S` per
 #: output token asked for (a 128-token request may take 728 s from send to its last byte).
 DEADLINE_FLOOR_S = 600.0

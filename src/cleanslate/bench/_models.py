@@ -35,6 +35,7 @@ from cleanslate.bench._limits import (
     MAX_NUM_PROMPTS,
     MAX_PROMPT_TOKENS,
     MAX_REPEATS,
+    MAX_REPLAY_SPEEDUP,
     MAX_TIMEOUT_S,
     MIN_BURSTINESS,
     MIN_RATE,
@@ -176,15 +177,20 @@ class OpenLoop(_Frozen):
 
 class ReplayLoad(_Frozen):
     """A trace's requests sent at the trace's own times (:mod:`cleanslate.bench._trace`), an
-    open loop whose schedule is the workload's, optionally capped."""
+    open loop whose schedule is the workload's, optionally capped. ``speedup`` is this level's
+    on top of the workload's ``speedup=`` (levels at 1, 2 and 4 replay the same requests at
+    rising rates)."""
 
     kind: Literal["replay"] = "replay"
+    speedup: float = Field(default=1.0, gt=0, le=MAX_REPLAY_SPEEDUP)
     max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
 
     @property
     def label(self) -> str:
+        """``replay`` at the workload's times, ``replay=2x`` at twice their rate."""
         cap = f",cap={self.max_concurrency}" if self.max_concurrency else ""
-        return f"replay{cap}"
+        scale = "" if self.speedup == 1 else f"={self.speedup:g}x"
+        return f"replay{scale}{cap}"
 
 
 Load = Annotated[ClosedLoop | OpenLoop | ReplayLoad | RampLoad, Field(discriminator="kind")]

@@ -360,9 +360,10 @@ class _Level:
         await self.scheduled(self.sends(offsets), load.max_concurrency)
 
     async def replay(self, load: ReplayLoad) -> None:
-        """The trace's requests at their own times; the replay ends with the scheduled ones."""
+        """The trace's requests at their own times (divided by the level's ``speedup``); the
+        replay ends with the scheduled ones."""
         timed = itertools.takewhile(lambda p: p.at_s is not None, self.prompts)
-        offsets = (p.at_s or 0.0 for p in timed)
+        offsets = ((p.at_s or 0.0) / load.speedup for p in timed)
         await self.scheduled(self.sends(offsets), load.max_concurrency)
 
     async def ramp(self, load: RampLoad) -> None:

@@ -48,7 +48,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from cleanslate.bench._limits import MAX_LEN, MAX_NUM_PROMPTS, MAX_PROMPT_TOKENS
+from cleanslate.bench._limits import (
+    MAX_LEN,
+    MAX_NUM_PROMPTS,
+    MAX_PROMPT_TOKENS,
+    MAX_REPLAY_SPEEDUP,
+)
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
 from cleanslate.bench._workloads import Prompt, Workload, register_workload
 from cleanslate.errors import InputError
@@ -89,7 +94,7 @@ class TraceWorkload(Workload):
     kind: Literal["trace"] = "trace"
     path: str
     format: TraceFormat = "jsonl"
-    speedup: float = Field(default=1.0, gt=0, le=1e6)
+    speedup: float = Field(default=1.0, gt=0, le=MAX_REPLAY_SPEEDUP)
     start: float = Field(default=0.0, ge=0, description="seconds from the trace's first row")
     duration: float | None = Field(default=None, gt=0, description="seconds of the trace")
     sample: float = Field(default=1.0, gt=0, le=1, description="share of the rows kept, at "

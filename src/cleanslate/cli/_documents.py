@@ -255,7 +255,8 @@ class TunePlan(Document):
             distributions=None if plan is not None else {
                 name: repr(d) for name, d in distributions(spec).items()},
             fixed=spec.fixed,
-            levels=["replay"] if spec.replay else [f"c={c}" for c in spec.concurrency],
+            levels=[load.label for load in spec.replay_loads()] or [
+                f"c={c}" for c in spec.concurrency],
             requests_per_level=spec.requests_per_level,
             duration_s_per_level=spec.duration_s_per_level,
             workload=workload,

@@ -69,6 +69,16 @@ def parse_slo(text: str | None) -> SLO:
 
 def parse_rates(text: str) -> list[float]:
     """``"1,2.5,inf"`` -> request rates per second (their bounds are :class:`OpenLoop`'s)."""
+    return _float_list(text, option="--rate", what="rate", example="4 or inf")
+
+
+def parse_speedups(text: str) -> list[float]:
+    """``"1,2,4"`` -> the time scales of replay levels (their bounds are
+    :class:`ReplayLoad`'s)."""
+    return _float_list(text, option="--replay", what="time scale", example="1,2,4")
+
+
+def _float_list(text: str, *, option: str, what: str, example: str) -> list[float]:
     out: list[float] = []
     for part in text.split(","):
         part = part.strip()
@@ -77,11 +87,10 @@ def parse_rates(text: str) -> list[float]:
         try:
             out.append(float(part))
         except ValueError:
-            raise InputError(
-                f"{part!r} is not a rate", where="--rate", hint="e.g. 4 or inf"
-            ) from None
+            raise InputError(f"{part!r} is not a {what}", where=option,
+                             hint=f"e.g. {example}") from None
     if not out:
-        raise InputError("no rate given", where="--rate")
+        raise InputError(f"no {what} given", where=option)
     return out
 
 
@@ -121,6 +130,7 @@ class BenchOptions:
     target_ci: float | None = None
     max_error_rate: float = 0.01
     ramp: str | None = None
+    replay: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,6 +169,12 @@ def bench(
         typer.Option(help="one level whose load moves: linear:start=1,end=64,duration=60 "
                      "(concurrency; of=rate for a rate; steps:...,steps=8 in steps; "
                      "window=S per-window metrics)", show_default=False),
+    ] = None,
+    replay: Annotated[
+        str | None,
+        typer.Option(help="a trace workload's levels: its requests at their times, faster by "
+                     "each factor, e.g. 1,2,4 (on top of the trace's speedup=) [default: 1 "
+                     "with a trace and neither --concurrency nor --rate]", show_default=False),
     ] = None,
     arrival: Annotated[str, typer.Option(help="open loop arrivals: poisson|constant|gamma")] = (
         "poisson"
@@ -309,7 +325,8 @@ def bench(
         duration=duration, warmup=warmup, seed=seed, workload=workload, dataset=dataset,
         endpoint=endpoint, tokenizer=tokenizer, slo=slo, request_timeout=request_timeout,
         read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, repeats=repeats,
-        target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp)
+        target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp,
+        replay=replay)
     search = SearchOptions(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
@@ -380,6 +397,8 @@ def _find_max_command(
             ("--concurrency", opts.concurrency, "--start and --max-load bound the "
              "concurrencies searched"),
             ("--rate", opts.rate, "use --find-max rate with --start and --max-load"),
+            ("--replay", opts.replay, "the search sends the trace's prompts by concurrency or "
+             "rate; its times are not used"),
             ("--repeats", opts.repeats, "a probe straddling its target is measured again "
              "(--max-extensions)"),
             ("--target-ci", opts.target_ci, "a probe straddling its target is measured again "
@@ -466,7 +485,19 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             "it out (at most 10)")
     spec = _workload_spec(o)
     loads: list[Any]
-    if o.ramp is not None:
+    if o.replay is not None:
+        for option, value in (("--concurrency", concurrency), ("--rate", rate),
+                              ("--ramp", o.ramp)):
+            if value is not None:
+                raise InputError("--replay's levels send the trace's requests at their times",
+                                 where=option, hint="leave it out, or use it without --replay")
+        if not isinstance(spec, TraceWorkload):
+            raise InputError(f"--replay replays a trace's timestamps; the workload is "
+                             f"{spec.kind}", where="--replay",
+                             hint="give --workload trace:path=FILE,format=jsonl|mooncake|azure")
+        loads = [{"kind": "replay", "speedup": x, "max_concurrency": o.max_concurrency}
+                 for x in parse_speedups(o.replay)]
+    elif o.ramp is not None:
         for option, value in (("--concurrency", concurrency), ("--rate", rate)):
             if value is not None:
                 raise InputError("--ramp is the level's load: it moves the concurrency (or, "
@@ -524,8 +555,8 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             }
         )
     except ValidationError as exc:
-        loop = ("--ramp" if o.ramp is not None else "--rate" if rate is not None
-                else "--concurrency")
+        loop = ("--replay" if o.replay is not None else "--ramp" if o.ramp is not None
+                else "--rate" if rate is not None else "--concurrency")
         raise InputError.from_validation(
             exc, options=_OPTIONS,
             # a level's own bound, else the model-level bound on a level's prompts

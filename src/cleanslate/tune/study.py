@@ -65,6 +65,7 @@ from cleanslate.bench import (
     MAX_DURATION_S,
     MAX_LEVELS,
     MAX_NUM_PROMPTS,
+    MAX_REPLAY_SPEEDUP,
     SLO,
     BenchConfig,
     CapacitySearch,
@@ -343,9 +344,11 @@ class StudySpec(ServerFields):
         default_factory=list, max_length=MAX_LEVELS,
         description="the levels of every trial (required but with a capacity objective, "
         "which searches the load itself)")
-    replay: bool = Field(
-        default=False, description="the level of every trial is a replay of the trace "
-        "workload at its own times (instead of concurrency: levels)")
+    replay: bool | list[float] = Field(
+        default=False,
+        description="the levels of every trial replay the trace workload at its own times "
+        "(instead of concurrency: levels): true for one level, or the time scales of rising "
+        "levels, e.g. [1, 2, 4] (on top of the workload's speedup)")
     requests_per_level: int | None = Field(default=None, ge=1, le=MAX_NUM_PROMPTS)
     duration_s_per_level: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     warmup: int | None = Field(
@@ -409,6 +412,26 @@ class StudySpec(ServerFields):
             raise ValueError(f"concurrency levels are 1 to {MAX_CONCURRENCY:,}")
         return sorted(set(value))
 
+    @field_validator("replay", mode="before")
+    @classmethod
+    def _replay_levels(cls, value: object) -> object:
+        """``true``/``false``, or time scales, in rising order as concurrency levels are."""
+        if isinstance(value, bool):
+            return value
+        shape = "write replay: true, or the time scales of its levels, e.g. [1, 2, 4]"
+        if not isinstance(value, list):
+            raise ValueError(f"{value!r} is not true, false or a list: {shape}")
+        if not value:
+            raise ValueError(f"[] names no level: {shape}")
+        if len(value) > MAX_LEVELS:
+            raise ValueError(f"{len(value)} levels, at most {MAX_LEVELS}")
+        for x in value:
+            if isinstance(x, bool) or not isinstance(x, int | float) or not (
+                    0 < x <= MAX_REPLAY_SPEEDUP):
+                raise ValueError(f"{x!r} is not a time scale: a number above 0 and at most "
+                                 f"{MAX_REPLAY_SPEEDUP:g} ({shape})")
+        return sorted({float(x) for x in value})
+
     @field_validator("workload")
     @classmethod
     def _workload(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -432,7 +455,7 @@ class StudySpec(ServerFields):
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
         if self.replay and self.concurrency:
-            raise ValueError("replay: true is the level of every trial: leave concurrency: out "
+            raise ValueError("replay: sets the levels of every trial: leave concurrency: out "
                              "(or replay:)")
         mismatch = capacity_problem(self.objective.metric, self.slo,
                                     self.concurrency or self.replay, self.capacity.attainment)
@@ -514,12 +537,20 @@ class StudySpec(ServerFields):
         return BenchConfig(
             url=url, model=self.model, endpoint=self.endpoint,
             workload=workload_from_dict(self.workload, where="workload"),
-            loads=(ReplayLoad(),) if self.replay else tuple(
+            loads=self.replay_loads() or tuple(
                 ClosedLoop(concurrency=c) for c in self.concurrency) or (
                 ClosedLoop(concurrency=self.capacity.start),),
             num_prompts=self.requests_per_level, duration_s=self.duration_s_per_level,
             seed=self.seed, slo=slo, ignore_eos=ignore_eos,
         )
+
+    def replay_loads(self) -> tuple[ReplayLoad, ...]:
+        """The replay levels of ``replay:`` (none without it)."""
+        if self.replay is True:
+            return (ReplayLoad(),)
+        if not self.replay:
+            return ()
+        return tuple(ReplayLoad(speedup=x) for x in self.replay)
 
     def warmup_requests(self) -> int:
         """Requests each server gets, unmeasured, before its first level: ``warmup``, or by
