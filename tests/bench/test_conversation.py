@@ -99,3 +99,36 @@ def test_a_conversation_is_not_ramped() -> None:
     with pytest.raises(ValueError, match="not on a ramp"):
         BenchConfig(url="http://127.0.0.1:1", model="m", workload=ConversationWorkload(),
                     loads=(parse_ramp("linear:start=1,end=4,duration=2"),))
+
+
+def test_every_conversation_of_a_measurement_starts_with_one_system_message() -> None:
+    spec = parse_workload("conversation:turns=2,input_len=10,output_len=4,system_len=50")
+    assert isinstance(spec, ConversationWorkload) and spec.system_len == 50
+    prompts = generate(spec, 6, seed=0)
+    systems = {p.system for p in prompts}
+    assert len(systems) == 1 and None not in systems
+    (system,) = systems
+    assert system is not None and len(system.split()) == 50
+    other = {p.system for p in generate(spec, 6, seed=1)}
+    assert other != systems  # another measurement, another system message: a cold cache
+    assert all(p.system is None for p in generate(
+        ConversationWorkload(turns=2, input_len=10, output_len=4), 4, seed=0))
+    assert history_text([("system", "be brief"), ("user", "hi")]) == \
+        "System: be brief\n\nUser: hi\n\nAssistant:"
+
+
+def test_the_system_message_leads_every_turns_prompt() -> None:
+    spec = ConversationWorkload(turns=2, input_len=20, output_len=5, system_len=30)
+
+    async def go() -> object:
+        async with fake_server() as (url, _stats):
+            config = BenchConfig(url=url, model="m", workload=spec, num_prompts=8,
+                                 loads=(ClosedLoop(concurrency=2),))
+            return await run_level(config, ClosedLoop(concurrency=2))
+
+    level = asyncio.run(go())
+    turns = level.turns  # type: ignore[attr-defined]
+    # the fake server counts words: the 30-word system message and its label come first
+    assert turns[0].mean_input_tokens == pytest.approx(30 + 1 + 20 + 2, abs=1)
+    assert turns[1].mean_input_tokens - turns[0].mean_input_tokens == pytest.approx(
+        20 + 5 + 2, abs=2)

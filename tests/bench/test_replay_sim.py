@@ -86,3 +86,19 @@ def test_a_conversation_carries_its_history(sim: SimServer) -> None:
     assert all(s is not None for s in shares)
     assert shares[1] > 0.3 and shares[1] < shares[2] < shares[3]  # type: ignore[operator]
     assert level.completed == 24
+
+
+def test_a_shared_system_message_is_served_from_the_cache_from_the_second_conversation(
+        sim: SimServer) -> None:
+    spec = ConversationWorkload(turns=2, input_len=50, output_len=10, system_len=400)
+    config = BenchConfig(url=sim.url, model="sim", endpoint="chat", workload=spec,
+                         loads=(ClosedLoop(concurrency=1),), num_prompts=8)
+    level = asyncio.run(run_level(config, ClosedLoop(concurrency=1)))
+    first = level.turns[0]
+    print(f"turn 1: {first.requests} requests, {first.mean_input_tokens} input tokens, "
+          f"cached {first.cached_prompt_tokens} ({first.cached_share})")
+    assert first.requests == 4 and first.failed == 0
+    assert first.cached_prompt_tokens is not None and first.cached_share is not None
+    # one conversation after another: the 2nd, 3rd and 4th find the 400-token system message
+    assert first.cached_prompt_tokens >= 3 * 400 * 0.9
+    assert first.cached_share > 0.6

@@ -16,7 +16,10 @@ cache, which grow turn by turn on a server with prefix caching.
 
 User messages are random tokens of ``input_len`` (``path`` unset), or the human turns of a
 ShareGPT-format file's conversations, in order (``path`` set; conversations with fewer human
-turns than ``turns`` end sooner).
+turns than ``turns`` end sooner). ``system_len`` tokens of a system message start every
+conversation of a measurement, the same tokens in each (a chat service's system prompt, the
+prefix every conversation shares); each measurement (level, repeat) draws its own, so a level
+never meets the last one's in the server's cache.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ from cleanslate.models import FrozenStrict
 MAX_TURNS = 1000
 
 #: The roles of a history's messages, as the chat endpoint names them.
-Role = Literal["user", "assistant"]
+Role = Literal["system", "user", "assistant"]
 History = list[tuple[Role, str]]
 
 #: How a completions prompt writes each role.
-_LABELS: dict[Role, str] = {"user": "User", "assistant": "Assistant"}
+_LABELS: dict[Role, str] = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
 class ConversationWorkload(Workload):
@@ -54,6 +57,8 @@ class ConversationWorkload(Workload):
                            "user message (random messages)")
     output_len: int = Field(default=128, ge=1, le=MAX_LEN)
     think_time_s: float = Field(default=0.0, ge=0, le=3600.0)
+    system_len: int = Field(default=0, ge=0, le=MAX_LEN, description="tokens of the system "
+                            "message every conversation starts with (0: none)")
     users: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY, description="users "
                               "talking at once: a closed loop of this concurrency")
     path: str | None = Field(default=None, description="a ShareGPT-format file: its human "
@@ -62,7 +67,8 @@ class ConversationWorkload(Workload):
     def max_input_tokens(self) -> int:
         """The longest user message a prompt holds (a request's history is built while the
         level runs, from the messages and the answers)."""
-        return self.input_len + 1 if self.path is None else MAX_LEN
+        longest = self.input_len + 1 if self.path is None else MAX_LEN
+        return max(longest, self.system_len + 1)
 
     def max_output_tokens(self) -> int:
         return self.output_len
@@ -111,6 +117,7 @@ def _conversations(spec: ConversationWorkload, n: int, rng: random.Random,
                    tok: Tokenizer | None) -> list[Prompt]:
     """``n`` user messages: conversation 0's turns 1..turns, then conversation 1's, ..."""
     source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
+    system = random_text(rng, spec.system_len, tok)[0] if spec.system_len else None
     out: list[Prompt] = []
     if spec.path is None:
         conv = 0
@@ -118,7 +125,7 @@ def _conversations(spec: ConversationWorkload, n: int, rng: random.Random,
             for turn in range(1, spec.turns + 1):
                 text, count = random_text(rng, spec.input_len, tok)
                 out.append(Prompt(text, count, source, spec.output_len, conversation=conv,
-                                  turn=turn))
+                                  turn=turn, system=system))
             conv += 1
         return out
     dialogs = _dataset_messages(spec.path, tok)
@@ -128,7 +135,7 @@ def _conversations(spec: ConversationWorkload, n: int, rng: random.Random,
     while len(out) < n:
         for turn, text in enumerate(dialogs[conv % len(dialogs)][:spec.turns], 1):
             out.append(Prompt(text, count_of(text), source, spec.output_len,
-                              conversation=conv, turn=turn))
+                              conversation=conv, turn=turn, system=system))
         conv += 1
     return out
 

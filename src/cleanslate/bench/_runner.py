@@ -423,7 +423,8 @@ class _Level:
         turn ends it."""
         spec = self.config.workload
         think = spec.think_time_s if isinstance(spec, ConversationWorkload) else 0.0
-        history: History = []
+        system = self.prompts[talk[0]].system
+        history: History = [("system", system)] if system is not None else []
         cycle = self.uses[talk[0]]
         for n, idx in enumerate(talk):
             if not self.due():

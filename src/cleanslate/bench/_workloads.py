@@ -39,7 +39,8 @@ class Prompt:
     load decides). ``blocks``: the trace's prefix blocks that start the text, ``(hash, tokens)``
     each (:mod:`cleanslate.bench._trace`). ``conversation`` and ``turn`` (from 1): the
     conversation this is the next user message of (:mod:`cleanslate.bench._conversation`);
-    ``None`` for a request on its own."""
+    ``None`` for a request on its own. ``system``: the system message that conversation starts
+    with (``None``: none)."""
 
     text: str
     input_tokens: int
@@ -49,6 +50,7 @@ class Prompt:
     blocks: tuple[tuple[int, int], ...] = ()
     conversation: int | None = None
     turn: int = 0
+    system: str | None = None
 
 
 class Workload(FrozenStrict):
