@@ -20,15 +20,15 @@ from cleanslate.probe.snapshot import (
     Snapshot,
 )
 from cleanslate.teardown import Protected, ScopeSpec
+from cleanslate.teardown._tree import RecordedTree
 from cleanslate.teardown.scope import (
     CGROUP,
     DESCENDANT,
     ENGINE,
-    GROUP,
     MARKER,
     NAMED,
+    RECORDED,
     ROOT,
-    SESSION,
     SUPERVISOR,
     protected_pids,
     resolve_scope,
@@ -119,26 +119,90 @@ def left_alone(snapshot: Snapshot, spec: ScopeSpec, **kwargs: Any) -> dict[int, 
             for t in scope_and_protected(snapshot, spec, now=NOW, **kwargs)[1]}
 
 
-def test_renamed_workers_found_only_by_group_need_a_holding() -> None:
-    """The case the group path exists for: supervisor and API server SIGKILLed, the renamed
-    workers (environ wiped by setproctitle: no marker) re-parented to PID 1. The one holding
-    the run's GPU is selected; the one that holds nothing is reported, not signalled (its
-    signature alone does not say it is this run's: issue 23)."""
+BOOT_ID = "6f1c2a9e-0d4b-4c55-9a57-1d2e3f405162"
+BOOT_TIME = T0 - 10_000.0
+
+
+def booted(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with the boot that :func:`tree` entries are written on."""
+    return snapshot.model_copy(update={"boot_id": BOOT_ID, "boot_time": BOOT_TIME})
+
+
+def tree(*entries: tuple[int, float], boot_id: str = BOOT_ID) -> RecordedTree:
+    """A recorded tree naming ``(pid, create_time)`` entries (as seconds after the boot)."""
+    return RecordedTree(boot_id=boot_id,
+                        entries=tuple((pid, at - BOOT_TIME) for pid, at in entries))
+
+
+def orphaned_workers() -> Snapshot:
+    """Supervisor and API server SIGKILLed; the renamed workers (environ wiped by
+    setproctitle: no marker) re-parented to PID 1, one holding the run's GPU."""
     core = proc(1002, 1, ROOTPID, SUP, "VLLM::EngineCor", ("VLLM::EngineCore",), at=T0 + 20)
     worker = proc(1003, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 25)
     snapshot = host(core, worker, gpu=on_gpu(1002))
     without_parents = tuple(p for p in snapshot.processes if p.pid not in (SUP, ROOTPID))
-    snapshot = snapshot.model_copy(update={"processes": without_parents})
-    assert whys(snapshot, run_spec()) == {1002: GROUP}
+    return booted(snapshot.model_copy(update={"processes": without_parents}))
+
+
+def test_workers_found_only_by_their_group_are_reported_not_selected() -> None:
+    """Issue 35: a number is no evidence, with or without a holding (a reused number of the
+    same user in the run's window can hold its GPU): both workers are reported, with why."""
+    snapshot = orphaned_workers()
+    assert whys(snapshot, run_spec()) == {}
     reported = left_alone(snapshot, run_spec())
-    assert set(reported) == {1003} and "environment cannot be read" in reported[1003]
-    assert "not verified" in reported[1003]
+    assert set(reported) == {1002, 1003}
+    assert "holding the run's GPU or port" in reported[1002]
+    assert "environment cannot be read" in reported[1003]
+    assert all("not among the processes the run's supervisor recorded" in why
+               for why in reported.values())
 
 
-def test_session_member_holding_the_port_is_selected() -> None:
+def test_the_recorded_tree_selects_the_workers_and_their_children() -> None:
+    """The same workers, recorded by the supervisor with their start times: selected, with
+    the children they started since (found before the first signal)."""
+    child = proc(1009, 1003, 1009, 1009, "python", ("python", "-c", "x"), at=T0 + 200)
+    snapshot = booted(orphaned_workers().model_copy(update={"processes": (
+        *orphaned_workers().processes, child)}))
+    recorded = tree((1002, T0 + 20), (1003, T0 + 25), (SUP, T0 + 0.3))
+    assert whys(snapshot, run_spec(), recorded=recorded) == {
+        1002: RECORDED, 1003: RECORDED, 1009: DESCENDANT}
+    assert left_alone(snapshot, run_spec(), recorded=recorded) == {}
+
+
+def test_a_recorded_pid_that_names_another_process_now_selects_nothing() -> None:
+    """A recorded PID selects only the process with the recorded start time, on the boot the
+    tree was written on, started after the run (less the slack): never a reused PID, a
+    process of another boot, or one older than the run (a planted entry)."""
+    snapshot = orphaned_workers()
+    assert whys(snapshot, run_spec(), recorded=tree((1002, T0 + 20.03))) == {}
+    assert whys(snapshot, run_spec(), recorded=tree((1002, T0 + 20.01))) == {1002: RECORDED}
+    other_boot = tree((1002, T0 + 20), boot_id="00000000-0000-4000-8000-000000000000")
+    assert whys(snapshot, run_spec(), recorded=other_boot) == {}
+    assert whys(snapshot, run_spec(not_before=T0 + 30), recorded=tree((1002, T0 + 20))) == {}
+    unbooted = snapshot.model_copy(update={"boot_time": None})  # start times not comparable
+    assert whys(unbooted, run_spec(), recorded=tree((1002, T0 + 20))) == {}
+
+
+def test_a_known_cgroup_turns_the_tree_off_and_protection_holds() -> None:
+    snapshot = orphaned_workers()
+    spec = run_spec(cgroup="/sys/fs/cgroup/cleanslate-" + RUN)
+    assert whys(snapshot, spec, cgroup_members=frozenset(),
+                recorded=tree((1002, T0 + 20))) == {}
+    # Our own shell and PID 1, recorded with their start times: never selected.
+    recorded = tree((400, T0 - 100), (1, T0 - 9000))
+    targets, refused = scope_and_protected(snapshot, run_spec(not_before=T0 - 20_000),
+                                           recorded=recorded, now=NOW)
+    assert targets == []
+    assert {(t.pid, t.why, t.protected) for t in refused if t.pid in (1, 400)} == {
+        (1, RECORDED, Protected.INIT), (400, RECORDED, Protected.ANCESTOR)}
+
+
+def test_session_member_holding_the_port_is_reported() -> None:
     worker = proc(1004, 1, 1004, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 25)
     sockets = (ListeningSocket(port=8000, address="0.0.0.0", inode=9, pids=(1004,)),)
-    assert whys(host(worker, sockets=sockets), run_spec())[1004] == SESSION
+    assert 1004 not in whys(host(worker, sockets=sockets), run_spec())
+    assert "holding the run's GPU or port" in left_alone(host(worker, sockets=sockets),
+                                                         run_spec())[1004]
     assert 1004 not in whys(host(worker), run_spec())  # the signature alone: reported
     assert 1004 in left_alone(host(worker), run_spec())
 
@@ -180,9 +244,10 @@ def test_a_reused_group_or_session_number_selects_nothing() -> None:
     assert all("was reused" in why for why in reported.values())
     # Only the group number recorded: its leader (the root) tells the same.
     assert whys(snapshot, run_spec(sid=None)) == {}
-    # Numbers whose leader was not recorded are judged by the evidence alone.
+    # Numbers whose leader was not recorded: reported all the same.
     unknown = run_spec(root=None, supervisor=None)
-    assert whys(snapshot, unknown) == {SUP: SESSION, ROOTPID: GROUP, 1080: GROUP}
+    assert whys(snapshot, unknown) == {}
+    assert set(left_alone(snapshot, unknown)) == {SUP, ROOTPID, 1080}
 
 
 def test_a_number_carried_by_a_process_older_than_the_run_was_reused() -> None:
@@ -195,8 +260,9 @@ def test_a_number_carried_by_a_process_older_than_the_run_was_reused() -> None:
     snapshot = host(old, job, gpu=on_gpu(1091))
     assert whys(snapshot, spec) == {}
     assert "before the run" in left_alone(snapshot, spec)[1091]
-    alone = host(job, gpu=on_gpu(1091))  # without the older member: the evidence admits it
-    assert whys(alone, spec) == {1091: GROUP}
+    alone = host(job, gpu=on_gpu(1091))  # without the older member: still only reported
+    assert whys(alone, spec) == {}
+    assert "not among" in left_alone(alone, spec)[1091]
 
 
 def test_another_users_process_found_by_number_is_not_selected() -> None:
@@ -208,40 +274,49 @@ def test_another_users_process_found_by_number_is_not_selected() -> None:
     snapshot = snapshot.model_copy(update={"processes": without_leaders})
     assert whys(snapshot, run_spec(uid=0)) == {}
     assert "owned by uid 65534" in left_alone(snapshot, run_spec(uid=0))[1095]
-    assert whys(snapshot, run_spec(uid=65534)) == {1095: GROUP}
-    assert whys(snapshot, run_spec()) == {1095: GROUP}  # an old record: no uid kept
+    assert whys(snapshot, run_spec(uid=65534)) == {}
+    assert whys(snapshot, run_spec()) == {}  # an old record: no uid kept
+    assert "not among" in left_alone(snapshot, run_spec())[1095]
 
 
 def test_group_member_outside_the_run_window_is_not_selected() -> None:
     after = proc(1011, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 + 400.0)
     stopped = run_spec(not_after=T0 + 300.0)
-    assert 1011 in whys(host(after, gpu=on_gpu(1011)), run_spec())  # no recorded end: now
-    assert 1011 not in whys(host(after, gpu=on_gpu(1011)), stopped)
+    # Reported (never selected) only inside the run's window.
+    assert 1011 in left_alone(host(after, gpu=on_gpu(1011)), run_spec())  # no end: now
+    assert 1011 not in left_alone(host(after, gpu=on_gpu(1011)), stopped)
     within_slack = proc(1012, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 - 0.9)
-    assert whys(host(within_slack, gpu=on_gpu(1012)), run_spec())[1012] == GROUP
+    assert 1012 in left_alone(host(within_slack, gpu=on_gpu(1012)), run_spec())
     before = proc(1010, 1, ROOTPID, SUP, "VLLM::Worker", ("VLLM::Worker",), at=T0 - 10.0)
-    assert 1010 not in whys(host(before, gpu=on_gpu(1010)), run_spec())
+    assert 1010 not in left_alone(host(before, gpu=on_gpu(1010)), run_spec())
+    for snapshot in (host(after, gpu=on_gpu(1011)), host(within_slack, gpu=on_gpu(1012))):
+        assert whys(snapshot, run_spec()) == {SUP: SUPERVISOR, ROOTPID: ROOT}
 
 
-def test_port_holding_admits_a_group_member_without_signature() -> None:
+HOLDS = "holding the run's GPU or port"
+
+
+def test_port_holding_is_reported_for_a_group_member_without_signature() -> None:
     server = proc(1020, 1, ROOTPID, SUP, "my-server", ("my-server", "--port", "8000"),
                   at=T0 + 3)
     sockets = (ListeningSocket(port=8000, address="0.0.0.0", inode=99, pids=(1020,)),)
     spec = run_spec(signature="command")
-    assert whys(host(server, sockets=sockets), spec)[1020] == GROUP
+    assert 1020 not in whys(host(server, sockets=sockets), spec)
+    assert HOLDS in left_alone(host(server, sockets=sockets), spec)[1020]
     elsewhere = (ListeningSocket(port=9000, address="0.0.0.0", inode=99, pids=(1020,)),)
-    assert 1020 not in whys(host(server, sockets=elsewhere), spec)
+    assert HOLDS not in left_alone(host(server, sockets=elsewhere), spec)[1020]
 
 
-def test_gpu_holding_admits_a_group_member_without_signature() -> None:
+def test_gpu_holding_is_reported_for_a_group_member_without_signature() -> None:
     holder = proc(1030, 1, ROOTPID, SUP, "python", ("python", "train.py"), at=T0 + 3)
     spec = run_spec(signature="command")
-    assert whys(host(holder, gpu=on_gpu(1030)), spec)[1030] == GROUP
-    assert 1030 not in whys(host(holder, gpu=on_gpu(1030, index=1)), spec)
+    assert 1030 not in whys(host(holder, gpu=on_gpu(1030)), spec)
+    assert HOLDS in left_alone(host(holder, gpu=on_gpu(1030)), spec)[1030]
+    assert HOLDS not in left_alone(host(holder, gpu=on_gpu(1030, index=1)), spec)[1030]
     devices = (DeviceHolder(pid=1030, devices=("/dev/nvidia0", "/dev/nvidiactl")),)
-    assert whys(host(holder, device_holders=devices), spec)[1030] == GROUP
+    assert HOLDS in left_alone(host(holder, device_holders=devices), spec)[1030]
     ctl_only = (DeviceHolder(pid=1030, devices=("/dev/nvidiactl", "/dev/nvidia-uvm")),)
-    assert 1030 not in whys(host(holder, device_holders=ctl_only), spec)
+    assert HOLDS not in left_alone(host(holder, device_holders=ctl_only), spec)[1030]
 
 
 def test_cgroup_members_are_selected_whatever_they_did() -> None:
@@ -259,7 +334,8 @@ def test_a_known_cgroup_turns_the_number_paths_off() -> None:
     busy = host(worker, gpu=on_gpu(1050))
     assert 1050 not in whys(busy, spec, cgroup_members={ROOTPID})
     assert 1050 not in whys(busy, spec, cgroup_members=frozenset())  # cgroup gone
-    assert whys(host(worker, gpu=on_gpu(1050)), spec, cgroup_members=None)[1050] == GROUP
+    assert 1050 not in left_alone(busy, spec, cgroup_members={ROOTPID})
+    assert 1050 in left_alone(busy, spec, cgroup_members=None)  # no cgroup: reported
 
 
 def test_cgroup_member_that_started_before_the_run_is_not_selected() -> None:

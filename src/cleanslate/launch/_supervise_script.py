@@ -33,6 +33,15 @@ supervisor's uid (the cgroup's owner) are recorded, so that teardown acts on thi
 directory and no other of the same name (``cleanslate.teardown._cgroup_script``). Where that is not
 possible (no cgroup v2, read-only, not permitted) the run goes on without one and
 ``cgroup_error`` says why.
+
+The tree (only without a cgroup): every :data:`TREE_INTERVAL_S` seconds a thread reads
+``/proc/*/stat`` and appends each descendant of the supervisor not yet recorded (its PID and
+its start time in clock ticks since boot, field 22) to ``tree.txt`` beside the state file, so
+that teardown can still find a process that left the run's group and session after the
+supervisor is gone (``cleanslate.teardown._tree``). The file is made 0600 with ``O_EXCL`` and
+``O_NOFOLLOW``; its first line is ``cleanslate-tree 1 <boot id> <clock ticks per second>``, each
+other line ``<pid> <start ticks>``, written whole with one ``write`` of ``O_APPEND``; recording
+stops at :data:`TREE_MAX_ENTRIES` lines.
 """
 
 from __future__ import annotations
@@ -43,11 +52,18 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NAME = 15
+#: Seconds between two readings of the supervisor's tree (``docs/teardown.md`` has their cost).
+TREE_INTERVAL_S = 0.5
+#: Lines of ``tree.txt`` after which recording stops (about 1 MiB).
+TREE_MAX_ENTRIES = 65536
+TREE_FILE = "tree.txt"
+TREE_MAGIC = "cleanslate-tree"
 
 
 def _write_state(path: str, state: dict[str, Any]) -> None:
@@ -157,6 +173,72 @@ def make_cgroup(name: str) -> tuple[str | None, int | None, str | None]:
     return path, ino, None
 
 
+def descendants(me: int) -> dict[int, int]:
+    """``{pid: start in clock ticks since boot}`` of every live descendant of ``me``, from one
+    pass over ``/proc/*/stat`` (a process that exits meanwhile is skipped)."""
+    parent: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                raw = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            fields = raw[raw.rfind(b")") + 2 :].split()
+            parent[int(name)] = (int(fields[1]), int(fields[19]))
+        except (OSError, ValueError, IndexError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _start) in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, int] = {}
+    stack = [me]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in out and child != me:
+                out[child] = parent[child][1]
+                stack.append(child)
+    return out
+
+
+class TreeRecorder:
+    """Appends the supervisor's descendants to the tree file (see the module docstring)."""
+
+    def __init__(self, path: str, boot_id: str | None) -> None:
+        self.me = os.getpid()
+        self.seen: set[tuple[int, int]] = set()
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+                          | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.write(self.fd, f"{TREE_MAGIC} 1 {boot_id or '-'} "
+                          f"{os.sysconf('SC_CLK_TCK')}\n".encode())
+
+    def scan(self) -> None:
+        room = TREE_MAX_ENTRIES - len(self.seen)
+        new = sorted(set(descendants(self.me).items()) - self.seen)[:max(room, 0)]
+        if new:
+            os.write(self.fd, "".join(f"{pid} {start}\n" for pid, start in new).encode())
+            self.seen.update(new)
+
+    def loop(self) -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                self.scan()
+            time.sleep(TREE_INTERVAL_S)
+
+
+def record_tree(state_path: str, boot_id: str | None) -> None:
+    """Start recording the tree (a daemon thread; the first reading at once). Without it the
+    run still has its marker and recorded PIDs: a failure here stops nothing."""
+    try:
+        recorder = TreeRecorder(os.path.join(os.path.dirname(state_path), TREE_FILE), boot_id)
+        recorder.scan()
+    except OSError:
+        return
+    threading.Thread(target=recorder.loop, name="tree", daemon=True).start()
+
+
 def main() -> int:
     spec_path = sys.argv[1]
     with open(spec_path) as fh:
@@ -252,6 +334,8 @@ def main() -> int:
                 os.rmdir(cgroup)
     state["pid"] = pid
     state["pgid"] = pid
+    if state["cgroup"] is None:
+        record_tree(state_path, state["boot_id"])
     _write_state(state_path, state)
 
     def forward(signum: int, _frame: Any) -> None:

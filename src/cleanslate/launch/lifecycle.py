@@ -47,12 +47,13 @@ from cleanslate.launch.launcher import (
     register_secrets,
     scrubber_for,
 )
-from cleanslate.launch.ready import classify_run_log, log_tail, run_state, wait_ready
+from cleanslate.launch.ready import classify_run_log, log_tail, run_file, run_state, wait_ready
 from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
 from cleanslate.store import HostRecord, RunRecord, Store, local_machine
 from cleanslate.teardown import (
+    TREE_FILE,
     ScopeSpec,
     TeardownReport,
     skip_teardown,
@@ -506,6 +507,7 @@ async def stop_server(
             cgroup=cgroup, cgroup_id=run.cgroup_id, uid=run.uid,
             not_before=run.started_at, not_after=run.stopped_at,
             exclude_roots=frozenset({os.getpid()}),
+            tree=run_file(executor, run, TREE_FILE, artifacts),
         )
         report = await teardown(
             executor, spec, grace_s=grace_s, verify=verify,

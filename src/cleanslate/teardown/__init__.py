@@ -29,10 +29,12 @@ if TYPE_CHECKING:
         TeardownReport,
     )
     from cleanslate.teardown._run import scan_scope, skip_teardown, teardown
+    from cleanslate.teardown._tree import TREE_FILE
     from cleanslate.teardown.scope import resolve_scope, valid_cgroup
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "Protected": "cleanslate.teardown._records",
+    "TREE_FILE": "cleanslate.teardown._tree",
     "ScopeSpec": "cleanslate.teardown._records",
     "Selected": "cleanslate.teardown._records",
     "SignalRound": "cleanslate.teardown._records",
@@ -48,6 +50,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 })
 
 __all__ = [
+    "TREE_FILE",
     "Protected",
     "ScopeSpec",
     "Selected",

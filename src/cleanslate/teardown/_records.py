@@ -31,6 +31,7 @@ class Selected(StrEnum):
     NAMED = "named"
     ENGINE = "engine"
     CGROUP = "cgroup"
+    RECORDED = "recorded"
 
 
 class Protected(StrEnum):
@@ -98,13 +99,13 @@ class TargetRecord(Frozen):
 class ScopeSpec:
     """What to tear down. Any combination; the scope is the union plus descendants.
 
-    ``pgid`` / ``sid`` select a process only with the evidence described in
-    :mod:`cleanslate.teardown.scope`: the number not reused (its leader is ``root`` or
-    ``supervisor``, whichever has that PID), a start time in ``[not_before - START_SLACK_S,
-    (not_after or now) + END_SLACK_S]``, the owner ``uid`` (the run's user; ``None``: not known)
-    and a holding of ``gpus`` (``None``: any GPU) or of ``port``; without a holding, a process
-    whose environment is unreadable or that matches ``signature`` (an engine name) is reported,
-    not selected.
+    ``pgid`` / ``sid`` select nothing: a process carrying them that looks like the run's (it
+    holds ``gpus`` (``None``: any GPU) or ``port``, its environment is unreadable, or it matches
+    ``signature``, an engine name) is reported, with why it is not verified as the run's (the
+    number reused, another owner than ``uid``, not recorded). ``tree`` is ``(path, root)`` of
+    the run's recorded process tree (:mod:`cleanslate.teardown._tree`), read while the run has
+    no cgroup: its processes with their recorded start times (started after ``not_before`` less
+    ``START_SLACK_S``) are selected as ``recorded``.
     ``cgroup`` is the run's cgroup directory (``cgroup_id`` its inode number as created, and
     ``uid`` its owner, checked on the host); while it is known, group and session numbers
     select nothing. ``engine`` selects every process with that engine's signature (``clean
@@ -128,6 +129,7 @@ class ScopeSpec:
     not_before: float | None = None
     not_after: float | None = None
     exclude_roots: frozenset[int] = frozenset()
+    tree: tuple[str, str] | None = None
 
 
 class SignalRound(Frozen):

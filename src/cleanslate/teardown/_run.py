@@ -3,7 +3,8 @@ decided on a fresh snapshot before the first signal, and every signal goes throu
 :mod:`cleanslate.teardown._signal_script`, which checks PID and start time, so a reused PID is
 never hit.
 
-1. **scan**: the scope now (a recorded cgroup that is not the run's own is ignored);
+1. **scan**: the scope now (a recorded cgroup that is not the run's own is ignored; without
+   a cgroup, the tree the run's supervisor recorded is read beside the probe);
 2. **roots**: SIGTERM the run's root and wait up to ``grace_s`` (engines free and unpin memory
    here);
 3. **the rest**: SIGTERM what is left, the supervisor last, and wait ``term_wait_s``;
@@ -47,6 +48,7 @@ from cleanslate.teardown._records import (
     Target,
     TeardownReport,
 )
+from cleanslate.teardown._tree import read_tree
 from cleanslate.teardown.scope import same_process, scope_and_protected
 from cleanslate.verdict.check import (
     DEFAULT_SETTLE_S,
@@ -68,6 +70,7 @@ class _Scan:
     snapshot: Snapshot
     reading: CheckReport | None = None  # the verification's reading of the same snapshot
     cgroup_refused: str | None = None  # why the recorded cgroup is not the run's
+    tree_refused: str | None = None  # why the run's recorded tree file is not used
 
     def living(self, targets: Iterable[Target]) -> list[Target]:
         """The targets that this scan saw alive (same start time, not a zombie)."""
@@ -90,18 +93,23 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
     # The cgroup is read beside the probe: unchecked, that is a command on the host.
     cgroup = asyncio.ensure_future(cgroup_members(executor, spec, checked=cgroup_checked)) \
         if spec.cgroup else None
+    # Without a (checked) cgroup, the tree the supervisor recorded says who the run's are.
+    tree = asyncio.ensure_future(read_tree(executor, spec.tree, spec.uid)) \
+        if spec.tree is not None and not cgroup_checked else None
     try:
         if verify is not None and set(ports) <= set(verify.ports):
             verified, taken = await check_one(executor, verify)
         snapshot = taken if taken is not None else \
             await probe_host(executor, NoGpuBackend(), ports=ports, timeout=15.0)
     except BaseException:
-        if cgroup is not None:
-            cgroup.cancel()  # the executor ends the command it was running
-            with contextlib.suppress(BaseException):
-                await cgroup
+        for pending in (cgroup, tree):
+            if pending is not None:
+                pending.cancel()  # the executor ends the command it was running
+                with contextlib.suppress(BaseException):
+                    await pending
         raise
     members, refused = await cgroup if cgroup is not None else (None, None)
+    recorded, tree_refused = await tree if tree is not None else (None, None)
     if not snapshot.sources or not all(s.ok for s in snapshot.sources if s.name == "processes"):
         raise OSError(f"could not list processes on {executor.name}: "
                       + "; ".join(str(s.error) for s in snapshot.sources if not s.ok))
@@ -114,14 +122,16 @@ async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None =
             reading = await asyncio.wait_for(gpu.read(executor, 15.0), 17.0)
             if reading.ok:
                 snapshot = snapshot.model_copy(update={"gpu": reading})
-    targets, protected = scope_and_protected(snapshot, spec, cgroup_members=members)
+    targets, protected = scope_and_protected(snapshot, spec, cgroup_members=members,
+                                             recorded=recorded)
     if users is not None:
         await user_names(executor, [t.uid for t in (*targets, *protected)], users)
         targets = [replace(t, user=users.get(t.uid) if t.uid is not None else None)
                    for t in targets]
         protected = [replace(t, user=users.get(t.uid) if t.uid is not None else None)
                      for t in protected]
-    return _Scan(targets, protected, members, snapshot, verified if taken else None, refused)
+    return _Scan(targets, protected, members, snapshot, verified if taken else None, refused,
+                 tree_refused if members is None else None)
 
 
 async def scan_scope(executor: Executor, spec: ScopeSpec) -> tuple[list[Target], list[Target]]:
@@ -175,6 +185,8 @@ class _Teardown:
             # Not the run's cgroup: the scan read no members, so the number paths were on.
             self.say(f"ignoring the recorded cgroup {self.spec.cgroup}: {first.cgroup_refused}")
             self.spec = replace(self.spec, cgroup=None)
+        if first.tree_refused is not None:
+            self.say(first.tree_refused)
         self.saw(first)
         self.say(f"{len(first.targets)} processes in scope"
                  + (f" (cgroup {self.spec.cgroup}: {len(first.members)} members)"

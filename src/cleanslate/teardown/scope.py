@@ -7,20 +7,18 @@ A process is in scope when one of these selects it:
 - ``cgroup``: a member of the run's own cgroup (v2), which no descendant leaves by forking,
   renaming or re-executing itself;
 - ``marker``: ``CLEANSLATE_RUN=<run id>`` in its environment;
-- ``process group`` / ``session`` (only while the run has no cgroup): its group or session
-  number equals the run's, *and* that number is still the run's (the number names its leader,
-  the recorded root or supervisor with its start time: when a process with that PID is alive
-  with another start time, or a process carrying the number started before the run, the
-  number was reused and selects nothing), *and* it started between the run's start (less
-  :data:`START_SLACK_S`) and its end (``stopped_at``, else now), *and* it is not another user's
-  (``uid``), *and* it holds the run's GPUs or port. A process that passes all but the last,
-  whose environment cannot be read or that carries the engine's signature (vLLM's and SGLang's
-  workers rename themselves with ``setproctitle``, which can leave their marker unreadable), is
-  *reported* (``left_alone``, with the reason), not signalled: nothing read says it is the
-  run's. A bare number match never selects anything (PID reuse, a store shared between
-  machines). When the run has a cgroup these two paths are off: the cgroup says who is the
-  run's. A recorded cgroup is used only when, on the host, it is a directory of a cgroup v2
-  file system (``statfs``), owned by the run's user, the very one its supervisor created
+- ``recorded`` (only while the run has no cgroup): its PID *and* start time are in the tree its
+  supervisor recorded (:mod:`cleanslate.teardown._tree`), on this boot, and it started after
+  the run (less :data:`START_SLACK_S`);
+- ``process group`` / ``session`` numbers select **nothing**: a number can be reused (PID
+  reuse, a store shared between machines) by a process of the same user, in the run's time
+  window, holding the run's GPU. A process carrying the run's number that looks like the run's
+  (it holds the run's GPUs or port, its environment cannot be read, or it carries the engine's
+  signature) is *reported* (``left_alone``, with why it is not verified as the run's: the
+  number was reused, it is another user's, or the supervisor did not record it), never
+  signalled. When the run has a cgroup the number and tree paths are off: the cgroup says who
+  is the run's. A recorded cgroup is used only when, on the host, it is a directory of a cgroup
+  v2 file system (``statfs``), owned by the run's user, the very one its supervisor created
   (:mod:`cleanslate.teardown._cgroup_script`); else it is ignored (``cgroup_refused``);
 - ``named`` / ``engine``: what ``clean --pid`` / ``clean --engine`` ask for;
 - ``descendant``: a child, at any depth, of a selected process, found *before the first signal*.
@@ -40,12 +38,13 @@ from datetime import UTC, datetime
 from cleanslate.engines import find_signature, match_engine
 from cleanslate.probe.snapshot import ProcessInfo, Snapshot, is_kernel_thread
 from cleanslate.teardown._records import Protected, ScopeSpec, Selected, Target
+from cleanslate.teardown._tree import RecordedTree
 from cleanslate.verdict.rules import excluded_pids
 
 #: The selection paths by name (:class:`Selected`).
-ROOT, SUPERVISOR, GROUP, SESSION, MARKER, DESCENDANT, NAMED, ENGINE, CGROUP = (
+ROOT, SUPERVISOR, GROUP, SESSION, MARKER, DESCENDANT, NAMED, ENGINE, CGROUP, RECORDED = (
     Selected.ROOT, Selected.SUPERVISOR, Selected.GROUP, Selected.SESSION, Selected.MARKER,
-    Selected.DESCENDANT, Selected.NAMED, Selected.ENGINE, Selected.CGROUP)
+    Selected.DESCENDANT, Selected.NAMED, Selected.ENGINE, Selected.CGROUP, Selected.RECORDED)
 
 #: Seconds before the run's recorded start that a process found by its group, session or cgroup
 #: may have started: ``/proc/stat``'s boot time is whole seconds, so a start time read from
@@ -112,18 +111,41 @@ def _port_owners(snapshot: Snapshot, port: int | None) -> set[int]:
 
 def resolve_scope(snapshot: Snapshot, spec: ScopeSpec, *,
                   cgroup_members: Collection[int] | None = None,
+                  recorded: RecordedTree | None = None,
                   now: float | None = None) -> list[Target]:
     """The processes of the snapshot that ``spec`` owns, with their descendants (see the module
     docstring). ``cgroup_members`` are the PIDs read from the run's ``cgroup.procs`` (``None``:
-    the run has no cgroup, or it could not be read). Pure: reads nothing but its arguments."""
-    return scope_and_protected(snapshot, spec, cgroup_members=cgroup_members, now=now)[0]
+    the run has no cgroup, or it could not be read); ``recorded`` the run's recorded tree
+    (used only without ``cgroup_members``). Pure: reads nothing but its arguments."""
+    return scope_and_protected(snapshot, spec, cgroup_members=cgroup_members,
+                               recorded=recorded, now=now)[0]
+
+
+def recorded_pids(snapshot: Snapshot, recorded: RecordedTree | None,
+                  start: float | None) -> set[int]:
+    """The live processes of ``snapshot`` that ``recorded`` names: the same boot, the same PID
+    and the same start time (:data:`SAME_START_S`), started at ``start`` or later."""
+    boot = snapshot.boot_time
+    if recorded is None or boot is None or snapshot.boot_id is None \
+            or recorded.boot_id != snapshot.boot_id:
+        return set()
+    out: set[int] = set()
+    for pid, since_boot in recorded.entries:
+        proc = snapshot.process(pid)
+        if proc is None or abs(proc.create_time - boot - since_boot) > SAME_START_S:
+            continue
+        if start is None or boot + since_boot >= start:
+            out.add(pid)
+    return out
 
 
 def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
                         cgroup_members: Collection[int] | None = None,
+                        recorded: RecordedTree | None = None,
                         now: float | None = None) -> tuple[list[Target], list[Target]]:
     """:func:`resolve_scope`, plus the processes a selection path matched but that are
-    protected (each with ``protected`` saying why)."""
+    protected, or that carry the run's group or session number and look like the run's, but
+    nothing verifies as the run's (each with ``protected`` saying why)."""
     protected = protected_pids(snapshot, spec.exclude_roots)
     by_pid = snapshot.by_pid
     members = frozenset(cgroup_members) if cgroup_members is not None else None
@@ -134,6 +156,7 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     holders = _gpu_holders(snapshot, spec.gpus) | _port_owners(snapshot, spec.port)
     # None for an engine without a signature (``command``): only holdings are evidence then.
     signature = find_signature(spec.signature) if spec.signature is not None else None
+    own = recorded_pids(snapshot, recorded, start) if by_number else set()
 
     def in_window(proc: ProcessInfo) -> bool:
         return (start is None or proc.create_time >= start) and proc.create_time <= end
@@ -144,16 +167,19 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
         if number is not None and by_number}
     unverified: dict[int, tuple[str, str]] = {}
 
-    def by_numbers(proc: ProcessInfo) -> str | None:
-        """The number path (no cgroup): ``GROUP`` / ``SESSION`` with the evidence that the
-        process is the run's; a candidate without it lands in ``unverified`` with why."""
+    def by_numbers(proc: ProcessInfo) -> None:
+        """The number path (no cgroup) selects nothing: a process carrying the run's group or
+        session number that looks like the run's lands in ``unverified`` with why it is not
+        verified as the run's."""
         kinds = [kind for kind, number in ((GROUP, spec.pgid), (SESSION, spec.sid))
                  if number is not None and (proc.pgid if kind == GROUP else proc.sid) == number]
         if not kinds or not in_window(proc):
-            return None
+            return
         held = proc.pid in holders
         looks = held or not proc.environ_readable or (
             signature is not None and signature.matches(proc.comm, proc.cmdline))
+        if not looks:
+            return
         why = kinds[0]
         numbered = f"found only by its {why} number"
         stale = next(((kind, reused[kind]) for kind in kinds if reused.get(kind)), None)
@@ -162,17 +188,14 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
         elif spec.uid is not None and proc.uid is not None and proc.uid != spec.uid:
             reason = (f"{numbered}, and owned by uid {proc.uid}, not the run's user (uid "
                       f"{spec.uid})")
-        elif held:
-            return why
         else:
             reason = (f"{numbered}, "
-                      + ("its environment cannot be read" if not proc.environ_readable
+                      + ("holding the run's GPU or port" if held else
+                         "its environment cannot be read" if not proc.environ_readable
                          else "without the run's marker")
-                      + ", and holding none of the run's GPUs or its port: not verified as the "
-                      "run's")
-        if looks:
-            unverified[proc.pid] = (why, reason)
-        return None
+                      + ", not among the processes the run's supervisor recorded: not verified "
+                      "as the run's (a reused number can carry all of that)")
+        unverified[proc.pid] = (why, reason)
 
     def select(proc: ProcessInfo) -> str | None:
         if spec.root and proc.pid == spec.root[0] and same_process(proc, spec.root[1]):
@@ -185,8 +208,10 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
             return CGROUP
         if spec.marker is not None and proc.run_marker == spec.marker:
             return MARKER
-        if by_number and (found := by_numbers(proc)) is not None:
-            return found
+        if proc.pid in own:
+            return RECORDED
+        if by_number:
+            by_numbers(proc)
         if proc.pid in spec.pids:
             return NAMED
         if spec.engine is not None and match_engine(proc.comm, proc.cmdline, [spec.engine]):
@@ -229,10 +254,15 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     )
 
 
+#: Seconds two readings of one process's start time may differ: start times are read in clock
+#: ticks (10 ms at 100 Hz) and kept to 0.01 s.
+SAME_START_S = 0.02
+
+
 def same_process(proc: ProcessInfo, create_time: float) -> bool:
-    """Whether ``proc`` is the process that started at ``create_time`` (20 ms apart at most:
-    start times are read in clock ticks)."""
-    return abs(proc.create_time - create_time) <= 0.02
+    """Whether ``proc`` is the process that started at ``create_time`` (:data:`SAME_START_S`
+    apart at most)."""
+    return abs(proc.create_time - create_time) <= SAME_START_S
 
 
 def _when(epoch: float) -> str:
@@ -275,7 +305,8 @@ def valid_cgroup(path: str | None, run_id: str) -> str | None:
 
 
 __all__ = [
-    "CGROUP", "DESCENDANT", "END_SLACK_S", "ENGINE", "GROUP", "MARKER", "NAMED", "ROOT",
-    "SESSION", "START_SLACK_S", "SUPERVISOR", "Protected", "Selected", "protected_pids",
-    "resolve_scope", "same_process", "scope_and_protected", "valid_cgroup",
+    "CGROUP", "DESCENDANT", "END_SLACK_S", "ENGINE", "GROUP", "MARKER", "NAMED", "RECORDED",
+    "ROOT", "SAME_START_S", "SESSION", "START_SLACK_S", "SUPERVISOR", "Protected", "Selected",
+    "protected_pids", "recorded_pids", "resolve_scope", "same_process", "scope_and_protected",
+    "valid_cgroup",
 ]
