@@ -5,7 +5,11 @@ another ``test_*.py`` module."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +84,41 @@ def study_yaml(**overrides: Any) -> str:
     study.update(overrides)
     return yaml.safe_dump({k: v for k, v in study.items() if v is not OMIT}, sort_keys=False,
                           default_flow_style=None)
+
+
+#: The uid (and gid) of ``nobody``: another user, for files a test plants as that user.
+NOBODY = 65534
+
+
+def as_user(uid: int, action: Callable[[], object]) -> None:
+    """Run ``action`` in a forked child that has become ``uid`` (needs root): what another user
+    plants (a symbolic link in a shared folder) is made by that user, not chowned afterwards.
+    An exception in the child, or a child that cannot become ``uid``, fails the caller."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the test runner
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            action()
+            code = 0
+        except BaseException as exc:  # said on stderr: the caller only sees the status
+            os.write(2, f"as uid {uid}: {exc!r}\n".encode())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the action as uid {uid} failed"
+
+
+@contextlib.contextmanager
+def sticky_folder() -> Iterator[Path]:
+    """A new world-writable folder with the sticky bit, like ``/tmp``, that other users can
+    reach (in the system's temporary folder: pytest's ``tmp_path`` is private to root);
+    removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="cleanslate-shared-"))
+    try:
+        folder.chmod(0o1777)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

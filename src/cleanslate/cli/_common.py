@@ -6,7 +6,6 @@ Exit codes are :class:`cleanslate.errors.ExitCode`; what several commands print 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -97,16 +96,30 @@ def check_writable(path: Path, *, option: str) -> None:
     """Refuse an output path that cannot be written, before the work that produces it (a
     benchmark, a study) rather than after: an :class:`InputError` naming ``option``.
 
-    It checks that the folder exists and is writable and that ``path`` is not a folder; the
-    write itself still handles ``OSError`` (a full disk)."""
-    if path.is_dir():
-        raise InputError(f"{path} is a folder", where=option, hint="give a file name")
-    parent = path.parent
-    if not parent.is_dir():
-        raise InputError(f"the folder {parent} does not exist", where=option)
-    if not os.access(parent, os.W_OK | os.X_OK) or (
-            path.exists() and not os.access(path, os.W_OK)):
-        raise InputError(f"cannot write {path}: permission denied", where=option)
+    :func:`cleanslate._output_files.check_output`: the folder exists, is writable and is not
+    reached through another user's link; ``path`` is missing or a regular file (not a link,
+    a FIFO, a device or a folder). The write (``write_output``) checks again."""
+    from cleanslate._output_files import check_output
+
+    check_output(path, where=option)
+
+
+def write_result(path: Path, text: str, *, option: str) -> None:
+    """Write a result the user waited for (``bench --json``) to ``path``
+    (:func:`cleanslate._output_files.write_output`, mode 0600). A target refused at the write
+    keeps the data in the file the error names; when the folder itself is refused (its path
+    changed during the run) the data is printed on stdout before the :class:`InputError`."""
+    from cleanslate._output_files import OutputRefused, write_output
+
+    try:
+        write_output(path, text, where=option)
+    except OutputRefused:
+        raise
+    except InputError as exc:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        raise InputError(f"{exc.message}; the result is printed on standard output",
+                         where=exc.where, hint=exc.hint) from None
 
 
 def progress_printer(quiet: bool = False) -> Callable[[str], None]:

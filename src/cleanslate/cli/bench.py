@@ -27,7 +27,13 @@ from pydantic import ValidationError
 from rich.markup import escape
 from rich.text import Text
 
-from cleanslate.cli._common import check_writable, console, console_err, parse_int_list
+from cleanslate.cli._common import (
+    check_writable,
+    console,
+    console_err,
+    parse_int_list,
+    write_result,
+)
 from cleanslate.errors import ExitCode, InputError
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
@@ -348,10 +354,7 @@ def bench(
     result = asyncio.run(_run(config, show_live))
     document = json.dumps(result.model_dump(mode="json"), indent=2)
     if json_out is not None and not to_stdout:
-        try:
-            Path(json_out).write_text(document + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"cannot write {json_out}: {exc.strerror}", where="--json") from None
+        write_result(Path(json_out), document + "\n", option="--json")
     human = console_err if to_stdout else console
     human.print(summary_table(result))
     for table in detail_tables(result):
@@ -436,11 +439,7 @@ def _find_max_command(
             sys.stdout.write(document + "\n")
             sys.stdout.flush()
         else:
-            try:
-                Path(json_out or "").write_text(document + "\n", encoding="utf-8")
-            except OSError as exc:
-                raise InputError(f"cannot write {json_out}: {exc.strerror}",
-                                 where="--json") from None
+            write_result(Path(json_out or ""), document + "\n", option="--json")
     raise typer.Exit(code)
 
 

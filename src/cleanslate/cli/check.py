@@ -122,7 +122,7 @@ def check(
         saving = CheckOptions(scope=scope, ports=options.ports, gpu_backend=gpu_backend,
                               timeout=timeout, listeners=True)
         verdict, snapshot = _run_quietly(check_host(executors[0], saving))
-        Baseline.from_snapshot(snapshot).save(save_baseline)
+        Baseline.from_snapshot(snapshot).save(save_baseline, where="--save-baseline")
         if not json_out:
             from rich.text import Text
 

@@ -28,22 +28,31 @@ def _open_store(url: str | None) -> Store:
 
 
 def _nearest_existing(path: Path) -> Path:
-    """``path`` or its closest ancestor that exists."""
+    """``path`` or its closest ancestor that exists (a link counts as existing)."""
     path = path.absolute()
-    while not path.exists() and path != path.parent:
+    while not os.path.lexists(path) and path != path.parent:
         path = path.parent
     return path
 
 
 def _check_output(path: Path, option: str, *, folder: bool) -> None:
     """Refuse an output that cannot be written before any work is done: a file that is a
-    folder (or a folder that is a file), or a place this user cannot write to."""
+    folder (or a folder that is a file), a place this user cannot write to, a target that is
+    a link, a FIFO or a device, or a folder reached through another user's link
+    (:mod:`cleanslate._output_files`)."""
+    from cleanslate._output_files import check_output, check_output_folder
+
+    linked = path.is_symlink()
     if folder and path.exists() and not path.is_dir():
         raise InputError(f"{path} is a file, not a folder", where=option,
                          hint="give a folder for the PNG files (it is created if missing)")
-    if not folder and path.is_dir():
+    if not folder and not linked and path.is_dir():
         raise InputError(f"{path} is a folder", where=option,
                          hint=f"give a file name, e.g. {path / 'report.html'}")
+    if not folder and os.path.lexists(path.parent):
+        check_output(path, where=option)
+        return
+    check_output_folder(path if folder else path.parent, where=option, target=path)
     base = _nearest_existing(path if folder else path.parent)
     if not base.is_dir():
         raise InputError(f"cannot write {path}: {base} is not a folder", where=option)
@@ -52,21 +61,24 @@ def _check_output(path: Path, option: str, *, folder: bool) -> None:
                          where=option, hint="choose a folder you can write to")
 
 
-def _write(option: str, path: Path, data: str | bytes | None) -> None:
+def _write(option: str, path: Path, data: str | bytes | None, *, shared: bool = False) -> None:
     """Create ``path``'s folder and write ``data`` to it (``None``: create ``path`` as a
-    folder); an ``OSError`` is an :class:`InputError` naming the option and the reason."""
-    try:
-        if data is None:
-            path.mkdir(parents=True, exist_ok=True)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}", where=option,
-                         hint="choose a path you can write to") from None
+    folder) through a temporary file and a rename, never through a link
+    (:func:`cleanslate._output_files.write_output`): mode 0600, or 0644 less the umask when
+    ``shared`` (the plots). A refusal or an ``OSError`` is an :class:`InputError` naming the
+    option."""
+    from cleanslate._output_files import (
+        PRIVATE_MODE,
+        SHARED_MODE,
+        make_output_folder,
+        write_output,
+    )
+
+    if data is None:
+        make_output_folder(path, where=option)
+        return
+    make_output_folder(path.parent, where=option)
+    write_output(path, data, where=option, mode=SHARED_MODE if shared else PRIVATE_MODE)
 
 
 def _format(fmt: str | None, out: Path | None) -> str | None:
@@ -149,7 +161,7 @@ def report(
             _write("--png", png, None)
             for plot in plots:
                 path = png / f"{plot.name}.png"
-                _write("--png", path, plot.png)
+                _write("--png", path, plot.png, shared=True)
                 wrote(path)
         if html is not None:
             _write("--html", html, render_html(reports, plots=plots))

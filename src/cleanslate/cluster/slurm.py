@@ -25,7 +25,6 @@ disk): ``sbatch`` hands the submitter's ``CLEANSLATE_STORE`` to the tasks in the
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from cleanslate._output_files import make_output_folder, write_output
 from cleanslate.errors import InputError
 from cleanslate.models import FrozenStrict
 
@@ -186,13 +186,11 @@ def render_script(study: str, options: SlurmOptions, *, log_dir: Path, port: int
 
 
 def write_script(text: str, folder: Path, name: str) -> Path:
-    """Write the script (mode 0700 folder, 0600 file) and return its path."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = folder / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return path
+    """Write the script (mode 0700 folder, 0600 file: it names the store, whose URL may hold
+    a password) through a temporary file and a rename, never through a link
+    (:func:`cleanslate._output_files.write_output`), and return its path."""
+    make_output_folder(folder, where=str(folder), mode=0o700)
+    return write_output(folder / name, text, where=str(folder / name))
 
 
 def submit(script: Path, *, env: Mapping[str, str], timeout: float = 60.0) -> str:

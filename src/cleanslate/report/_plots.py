@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from cleanslate._output_files import SHARED_MODE, make_output_folder, write_output
 from cleanslate.bench import LevelResult
 from cleanslate.report._capacity import bracket_text, crash_probe, findings_text, probes_phrase
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
@@ -543,11 +544,9 @@ def render_plots(reports: list[StudyReport]) -> list[Plot]:
 
 
 def write_pngs(reports: list[StudyReport], folder: Path) -> list[Path]:
-    """Write every plot as ``<folder>/<name>.png``; returns the paths."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for plot in render_plots(reports):
-        path = folder / f"{plot.name}.png"
-        path.write_bytes(plot.png)
-        paths.append(path)
-    return paths
+    """Write every plot as ``<folder>/<name>.png`` (mode 0644 less the umask; the folder made
+    if missing), never through a link (:func:`cleanslate._output_files.write_output`);
+    returns the paths."""
+    make_output_folder(folder, where=str(folder))
+    return [write_output(folder / f"{plot.name}.png", plot.png, where=str(folder),
+                         mode=SHARED_MODE) for plot in render_plots(reports)]

@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
+from cleanslate._output_files import planted_link
 from cleanslate.errors import InputError
 from cleanslate.hosts.files import untrusted
 from cleanslate.redact import (
@@ -302,9 +303,12 @@ class Database:
         another user or writable by group or others, a folder that lets another user replace
         it, a link of another user's (:func:`cleanslate.hosts.files.untrusted`). Its records
         direct ``stop``, ``clean --run`` and ``tune``'s recovery at processes, and its studies
-        are what every worker launches. A missing file is checked for its folders only."""
+        are what every worker launches. A missing file is checked for its folders only, and a
+        symbolic link on the way that neither this user nor root owns is refused too
+        (:func:`cleanslate._output_files.planted_link`: SQLite would create or write the file
+        where another user's folder link points)."""
         for candidate in (path, *(path.with_name(path.name + s) for s in _JOURNALS)):
-            problem = untrusted(candidate)
+            problem = planted_link(candidate) or untrusted(candidate)
             if problem is not None:
                 raise self._error(f"refused: {problem}", hint=_UNTRUSTED_HINT)
 
@@ -314,7 +318,7 @@ class Database:
         created; an existing one that another user owns or could write into is an
         :class:`InputError` (its run folders' logs and state are read back as the run's)."""
         root = artifacts_root(self.url)
-        problem = untrusted(root, folder=True)
+        problem = planted_link(root) or untrusted(root, folder=True)
         if problem is not None:
             where = "$CLEANSLATE_ARTIFACTS" if os.environ.get("CLEANSLATE_ARTIFACTS") \
                 else self._where

@@ -15,12 +15,11 @@ boot id) still loads, and a check against it says what it cannot compare.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from cleanslate._output_files import write_output
 from cleanslate.errors import InputError
 from cleanslate.hosts.files import untrusted
 from cleanslate.models import Frozen
@@ -129,18 +128,14 @@ class Baseline(Frozen):
                 return True
         return False
 
-    def save(self, path: Path) -> None:
-        """Write the baseline (UTF-8 JSON), writable by this user only (:meth:`load` refuses a
-        baseline others could have written); an unwritable path is an :class:`InputError`."""
-        try:
-            with path.open("w", encoding="utf-8") as fh:
-                mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
-                if mode & 0o022 and os.fstat(fh.fileno()).st_uid == os.geteuid():
-                    os.fchmod(fh.fileno(), mode & ~0o022)
-                fh.write(self.model_dump_json(indent=2) + "\n")
-        except OSError as exc:
-            raise InputError(f"cannot write the baseline: {exc.strerror or exc}",
-                             where=str(path)) from None
+    def save(self, path: Path, *, where: str | None = None) -> None:
+        """Write the baseline (UTF-8 JSON) with mode 0600 (:meth:`load` refuses a baseline
+        others could have written; its process list is no one else's business) through a
+        temporary file and a rename, never through a link
+        (:func:`cleanslate._output_files.write_output`); a refused or unwritable path is an
+        :class:`InputError` naming ``where`` (default: the path)."""
+        write_output(path, self.model_dump_json(indent=2) + "\n",
+                     where=str(path) if where is None else where)
 
     @classmethod
     def load(cls, path: Path) -> Baseline:
