@@ -219,7 +219,7 @@ GOOD: dict[str, tuple[bytes, int]] = {
     "marker": (b"/proc/100/environ:CLEANSLATE_RUN=r1\0"
                b"grep: /proc/1/environ: Permission denied\n", 2),
     "shm": (b"total 4\n4096 -rw-r--r-- 1 0 0 4096 999500 nccl-a\\nb\\ c\n", 0),
-    "shmfs": (b"4096 1000 900\n", 0),
+    "shmfs": (b"4096 1000 900 5000 4900\n", 0),
     "gpudev": (b"/dev/nvidia0\n/dev/nvidia1\n", 0),
 }
 
@@ -281,7 +281,8 @@ def test_a_well_formed_output_is_read_whole() -> None:
     assert data["device_holders"] == [{"pid": 100, "devices": ["/dev/nvidia0"]}]
     assert [e["name"] for e in data["shm"]] == ["nccl-a\nb c"]
     assert data["shm"][0]["uid"] == 0 and data["shm"][0]["allocated_bytes"] == 4096
-    assert data["shm_space"] == {"total_bytes": 4096 * 1000, "free_bytes": 4096 * 900}
+    assert data["shm_space"] == {"total_bytes": 4096 * 1000, "free_bytes": 4096 * 900,
+                                 "inodes_total": 5000, "inodes_free": 4900}
     assert data["collector_pid"] == 200 and data["boot_time"] == 999000.0
     assert data["fd_unreadable"] == [1, 300]
     assert data["gpu_devices"] == ["/dev/nvidia0", "/dev/nvidia1"]

@@ -27,7 +27,12 @@ from cleanslate.verdict.check import (
 from cleanslate.verdict.check import check_until_clean as _until_clean
 from cleanslate.verdict.findings import Verdict
 from cleanslate.verdict.ports import implicit_ports
-from cleanslate.verdict.rules import DEFAULT_IDLE_TOLERANCE_MIB, Scope
+from cleanslate.verdict.rules import (
+    DEFAULT_IDLE_TOLERANCE_MIB,
+    SHM_MIN_FREE_BYTES,
+    SHM_MIN_FREE_FRACTION,
+    Scope,
+)
 
 T = TypeVar("T")
 
@@ -68,6 +73,12 @@ def check(
         help="Seconds each probe source may take before it counts as unknown.")] = 10.0,
     tolerance_mib: Annotated[int, typer.Option(
         help="MiB above idle a GPU may show and still be clean.")] = DEFAULT_IDLE_TOLERANCE_MIB,
+    shm_min_free_mib: Annotated[int, typer.Option(
+        help="MiB /dev/shm must keep free (at most half its size; at least "
+        "--shm-min-free-percent of it); less is DIRTY.")] = SHM_MIN_FREE_BYTES >> 20,
+    shm_min_free_percent: Annotated[float, typer.Option(
+        help="Percent of its size /dev/shm must keep free (0-50).")
+    ] = SHM_MIN_FREE_FRACTION * 100,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Warnings (shm leftovers, open device files, new processes) make the "
         "host DIRTY, and what could not be read (other users' environments) UNKNOWN.")
@@ -88,6 +99,13 @@ def check(
                          where="--settle")
     if tolerance_mib < 0:
         raise InputError(f"must be zero or more, got {tolerance_mib}", where="--tolerance-mib")
+    if shm_min_free_mib < 0:
+        raise InputError(f"must be zero or more, got {shm_min_free_mib}",
+                         where="--shm-min-free-mib")
+    if not (math.isfinite(shm_min_free_percent) and 0 <= shm_min_free_percent <= 50):
+        raise InputError(f"must be 0-50, got {shm_min_free_percent:g}",
+                         where="--shm-min-free-percent",
+                         hint="the probe reads what fills /dev/shm from half full on")
     for value in port or ():
         if not 1 <= value <= 65535:
             raise InputError(f"port {value} is out of range", where="--port",
@@ -109,6 +127,8 @@ def check(
         gpus=frozenset(gpu_list) if gpu_list is not None else None,
         exclude_roots=frozenset({os.getpid()}),
         idle_tolerance_mib=tolerance_mib,
+        shm_min_free_bytes=shm_min_free_mib << 20,
+        shm_min_free_fraction=shm_min_free_percent / 100,
         strict=strict,
         port_reasons=tuple(sorted((p, r) for p, r in reasons.items() if p not in explicit)),
     )

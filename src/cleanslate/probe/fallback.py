@@ -15,7 +15,8 @@ device_files     ``ls -ln -b /proc/[0-9]*/fd`` (``/dev/nvidia*`` and         cri
 ports            ``cat /proc/net/tcp /proc/net/tcp6``                        critical
 run_markers      ``grep -a -z -H '^CLEANSLATE_RUN=' /proc/[0-9]*/environ``   critical
 shm              ``ls -lns -b --block-size=1 --time-style=+%s /dev/shm``       warning
-                 (GNU ls) and ``stat -f -c '%S %b %a' /dev/shm``
+                 (GNU ls)
+shm_space        ``stat -f -c '%S %b %a %c %d' /dev/shm``                    critical
 kmsg             not read by the fallback                                    warning
 ===============  ==========================================================  ===============
 
@@ -81,7 +82,7 @@ b fd; err=$(LC_ALL=C ls -ln -b /proc/[0-9]*/fd 2>&1 >&3); rc=$?; e fd $rc
 b fderr; printf '%s' "$err"; e fderr 0
 b marker; grep -a -z -H --line-buffered '^CLEANSLATE_RUN=' /proc/[0-9]*/environ 2>&1; e marker $?
 b shm; LC_ALL=C ls -lns -b --block-size=1 --time-style=+%s {shm_dir} 2>&1; e shm $?
-b shmfs; LC_ALL=C stat -f -c '%S %b %a' {shm_dir} 2>&1; e shmfs $?
+b shmfs; LC_ALL=C stat -f -c '%S %b %a %c %d' {shm_dir} 2>&1; e shmfs $?
 b gpudev; ls -d /dev/nvidia[0-9]* 2>/dev/null; e gpudev $?
 printf '@@%s done\n' "$T"
 }}
@@ -377,14 +378,20 @@ def parse_fallback(
     shm_section, shm_problem = usable("shm")
     shm: list[_RawShm] = []
     shm_error = shm_problem
+    listing: list[_LsEntry] = []
     if shm_section is not None:
         patterns = registered_shm_patterns() if shm_patterns is None else tuple(shm_patterns)
-        shm, shm_error = _shm(shm_section, patterns, shm_open)
+        listing, shm_error = _ls_entries(shm_section)
+        shm = _shm(listing, patterns, shm_open)
     shmfs_section, shmfs_problem = usable("shmfs")
+    space: dict[str, int] | None = None
     if shmfs_section is not None:
-        out["shm_space"], shmfs_problem = _shm_space(shmfs_section)
-    shm_error = shm_error or shmfs_problem
+        space, shmfs_problem = _shm_space(shmfs_section)
+        out["shm_space"] = space
+    if space is not None and shm_error is None and _half_full(space):
+        out["shm_usage"] = _shm_usage(listing, shm_open)
     out["shm"] = shm
+    sources.append(_source("shm_space", True, shmfs_problem))
     sources.append(_source("shm", False, shm_error))
     sources.append(_source("kmsg", False, _NOT_READ + "does not read the kernel log"))
     gpudev, _ = usable("gpudev")
@@ -638,17 +645,27 @@ def unescape_ls(text: str) -> str:
     return out.decode("utf-8", "replace")
 
 
-def _shm(section: _Section, patterns: Sequence[str], held: dict[str, set[int]] | None = None
-         ) -> tuple[list[_RawShm], str | None]:
+@dataclass(frozen=True)
+class _LsEntry:
+    """One line of ``ls -lns --block-size=1``."""
+
+    name: str
+    kind: str
+    blocks_bytes: int
+    uid: int
+    size_bytes: int
+    mtime: float
+
+
+def _ls_entries(section: _Section) -> tuple[list[_LsEntry], str | None]:
     """``ls -lns --block-size=1``: blocks (bytes held), mode, links, uid, gid, size, mtime,
-    name; ``held``: the PIDs holding each name open (from the open-file section)."""
-    held = held or {}
+    name; every line must parse."""
     lines = section.lines()
     if section.rc != 0:
         detail = " ".join(lines[-1:]) or "no output"
         return [], f"`ls -lns --time-style=+%s /dev/shm` failed (exit {section.rc}): " \
             f"{detail[:200]}"
-    out: list[_RawShm] = []
+    out: list[_LsEntry] = []
     for line in lines:
         if not line or line.startswith("total "):
             continue
@@ -659,23 +676,66 @@ def _shm(section: _Section, patterns: Sequence[str], held: dict[str, set[int]] |
         name = parts[7]
         if parts[1].startswith("l") and " -> " in name:
             name = name.split(" -> ", 1)[0]
-        name = unescape_ls(name)
+        out.append(_LsEntry(name=unescape_ls(name), kind=parts[1][:1],
+                            blocks_bytes=int(parts[0]), uid=int(parts[3]),
+                            size_bytes=int(parts[5]), mtime=float(parts[6])))
+    return out, None
+
+
+def _shm(listing: list[_LsEntry], patterns: Sequence[str],
+         held: dict[str, set[int]] | None = None) -> list[_RawShm]:
+    """The entries whose name matches one of ``patterns``; ``held``: the PIDs holding each name
+    open (from the open-file section)."""
+    held = held or {}
+    out: list[_RawShm] = []
+    for entry in listing:
         for pattern in patterns:
-            if fnmatch.fnmatchcase(name, pattern):
-                out.append({"name": name, "size_bytes": int(parts[5]), "mtime": float(parts[6]),
-                            "pattern": pattern, "uid": int(parts[3]),
-                            "allocated_bytes": int(parts[0]),
-                            "held_by": sorted(held.get(name, ()))})
+            if fnmatch.fnmatchcase(entry.name, pattern):
+                out.append({"name": entry.name, "size_bytes": entry.size_bytes,
+                            "mtime": entry.mtime, "pattern": pattern, "uid": entry.uid,
+                            "allocated_bytes": entry.blocks_bytes,
+                            "held_by": sorted(held.get(entry.name, ()))})
                 break
-    return sorted(out, key=lambda e: e["name"]), None
+    return sorted(out, key=lambda e: e["name"])
+
+
+#: The largest files of ``/dev/shm`` reported, as the collector does.
+SHM_LARGEST = 10
+
+
+def _half_full(space: dict[str, int]) -> bool:
+    """At least half full, by bytes or by inodes: when the collector reads what fills it."""
+    total, inodes = space["total_bytes"], space["inodes_total"]
+    return (total > 0 and space["free_bytes"] * 2 <= total) or \
+        (inodes > 0 and space["inodes_free"] * 2 <= inodes)
+
+
+def _shm_usage(listing: list[_LsEntry], held: dict[str, set[int]]) -> dict[str, Any]:
+    """The :data:`SHM_LARGEST` entries of the listing that hold the most memory, with the PIDs
+    that hold them open. The fallback lists the folder itself only (a folder's contents and
+    files removed while open are not seen: ``complete`` is false when it has a folder) and
+    reads no mappings (``maps_read`` false); owners are uids only."""
+    files = [e for e in listing if e.kind != "d"]
+    largest = sorted(files, key=lambda e: (-e.blocks_bytes, e.name))[:SHM_LARGEST]
+    return {
+        "largest": [{"path": e.name, "size_bytes": e.size_bytes,
+                     "allocated_bytes": e.blocks_bytes, "uid": e.uid, "user": None,
+                     "deleted": False, "held_by": sorted(held.get(e.name, ())),
+                     "mapped_by": []} for e in largest],
+        "files_scanned": len(files), "listed_bytes": sum(e.blocks_bytes for e in files),
+        "complete": len(files) == len(listing), "maps_read": False, "maps_unreadable": 0,
+        "elapsed_s": 0.0,
+    }
 
 
 def _shm_space(section: _Section) -> tuple[dict[str, int] | None, str | None]:
-    """``stat -f -c '%S %b %a'``: block size, blocks, blocks free for unprivileged writers."""
+    """``stat -f -c '%S %b %a %c %d'``: block size, blocks, blocks free for unprivileged
+    writers, inodes, free inodes."""
     lines = [line for line in section.lines() if line]
     parts = lines[0].split() if len(lines) == 1 else []
-    if section.rc != 0 or len(parts) != 3 or not all(p.isdigit() for p in parts):
+    if section.rc != 0 or len(parts) != 5 or not all(p.isdigit() for p in parts):
         detail = " ".join(lines[-1:])[:200] or "no output"
         return None, f"`stat -f /dev/shm` failed (exit {section.rc}): {detail}"
-    size, blocks, free = (int(p) for p in parts)
-    return {"total_bytes": size * blocks, "free_bytes": size * free}, None
+    size, blocks, free, inodes, inodes_free = (int(p) for p in parts)
+    return {"total_bytes": size * blocks, "free_bytes": size * free,
+            "inodes_total": inodes, "inodes_free": inodes_free}, None

@@ -182,11 +182,60 @@ class ShmEntry(Frozen):
 
 
 class ShmSpace(Frozen):
-    """The file system of ``/dev/shm`` (``statvfs``, ``df -P``): its size and what is left
-    for unprivileged writers, in bytes."""
+    """The file system of ``/dev/shm`` (``statvfs``; ``stat -f`` in the fallback; by hand
+    ``df -P /dev/shm`` and ``df -i /dev/shm``): its size and what is left for unprivileged
+    writers (``f_bavail``, df's "Available"), in bytes, and its inodes (``f_files`` and
+    ``f_favail``; ``None``: not read). A tmpfs mounted without a limit reports 0 in total."""
 
     total_bytes: int
     free_bytes: int
+    inodes_total: int | None = None
+    inodes_free: int | None = None
+
+
+class ShmFile(Frozen):
+    """One of the largest files under ``/dev/shm``, whatever its name (``du -a /dev/shm``,
+    ``ls -ls``; holders by hand: ``ls -l /proc/*/fd | grep /dev/shm``, ``grep /dev/shm
+    /proc/*/maps``).
+
+    ``path`` is relative to ``/dev/shm`` (a file in a folder there: ``dir/name``);
+    ``deleted``: removed from the folder but still open or mapped, so its memory is still
+    held (found through its holders' ``/proc/PID/fd``). ``allocated_bytes`` is the memory it
+    holds (``st_blocks`` x 512), ``None`` when not read. ``uid`` and ``user`` name its owner
+    (``user`` as the host's password database says, ``None`` when it has no entry or was not
+    read). ``held_by``: the PIDs with it open; ``mapped_by``: the PIDs with it mapped (from
+    ``/proc/PID/maps``; not read by the fallback probe, see :class:`ShmUsage`)."""
+
+    path: str
+    size_bytes: int | None = None
+    allocated_bytes: int | None = None
+    uid: int | None = None
+    user: str | None = None
+    deleted: bool = False
+    held_by: tuple[int, ...] = ()
+    mapped_by: tuple[int, ...] = ()
+
+
+class ShmUsage(Frozen):
+    """What fills ``/dev/shm``, read when it is at least half full (by bytes or inodes), or
+    when asked: the largest files (at most ``LARGEST`` of the collector, 10), any name, any
+    owner, with the processes that hold them.
+
+    ``files_scanned``: files looked at; ``listed_bytes``: the memory they hold together;
+    ``complete``: every file was looked at (``False``: the scan stopped at its bound of files
+    or time, or, in the fallback, a folder's contents were not listed). ``maps_read``: the
+    mappings (``/proc/PID/maps``) of every process were read (``False``: the fallback, which
+    does not read them, or a scan cut by its time bound); ``maps_unreadable``: processes
+    whose mappings could not be read (another user's, for a probe that is not root).
+    ``elapsed_s``: what the scan cost."""
+
+    largest: tuple[ShmFile, ...] = ()
+    files_scanned: int = 0
+    listed_bytes: int = 0
+    complete: bool = False
+    maps_read: bool = False
+    maps_unreadable: int = 0
+    elapsed_s: float = 0.0
 
 
 class KernelEvent(Frozen):
@@ -269,7 +318,8 @@ class Snapshot(Frozen):
     ``gpu_devices``: the ``/dev/nvidia<N>`` device nodes present (``None``: not read); a host
     with some and no GPU reading is UNKNOWN unless the user chose ``--gpu-backend none``.
     ``shm``: the ``/dev/shm`` files matching the leftover patterns; ``shm_space``: the size and
-    free space of ``/dev/shm`` (``None``: not read).
+    free space of ``/dev/shm`` (``None``: not read); ``shm_usage``: its largest files and their
+    holders, read when it is at least half full (``None``: not read).
     """
 
     host: str
@@ -290,6 +340,7 @@ class Snapshot(Frozen):
     gpu_devices: tuple[str, ...] | None = None
     shm: tuple[ShmEntry, ...] = ()
     shm_space: ShmSpace | None = None
+    shm_usage: ShmUsage | None = None
     kernel_events: tuple[KernelEvent, ...] = ()
     kmsg_last_us: int | None = None
     gpu: GpuReading

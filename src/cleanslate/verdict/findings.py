@@ -9,7 +9,7 @@ from pydantic import Field
 
 from cleanslate.errors import ExitCode
 from cleanslate.models import Frozen
-from cleanslate.probe.snapshot import Gpu
+from cleanslate.probe.snapshot import Gpu, ShmSpace
 
 
 class Verdict(StrEnum):
@@ -56,6 +56,8 @@ class FindingKind(StrEnum):
     D_STATE = "d_state"
     PORT_IN_USE = "port_in_use"
     SHM_LEFTOVER = "shm_leftover"
+    #: ``/dev/shm`` has too little space or too few inodes free, whatever fills it.
+    SHM_LOW_SPACE = "shm_low_space"
     GPU_HEALTH = "gpu_health"
     GPU_COUNT_CHANGED = "gpu_count_changed"
     PROBE_ERROR = "probe_error"
@@ -82,7 +84,8 @@ class Finding(Frozen):
 
 
 class HostVerdict(Frozen):
-    """The verdict on one host: the ``hosts[]`` entry of ``check --json``."""
+    """The verdict on one host: the ``hosts[]`` entry of ``check --json``. ``shm``: the size
+    and free space of its ``/dev/shm`` (``None``: not read)."""
 
     host: str
     verdict: Verdict
@@ -91,6 +94,7 @@ class HostVerdict(Frozen):
     findings: tuple[Finding, ...] = ()
     probed_at: str
     probe_elapsed_s: float
+    shm: ShmSpace | None = None
 
     @property
     def problems(self) -> list[Finding]:

@@ -16,19 +16,23 @@ The rules, each one a small function below:
   since is a warning;
 - what the probe could not read (environments, open files, processes hidden by ``hidepid``) is
   a warning naming the count, UNKNOWN with ``strict``: missing data is never clean;
+- ``/dev/shm`` with less free than :func:`shm_required_free` (1 GiB, at least 10 % of it,
+  at most half of it), or as few inodes, is an error whatever fills it, naming the largest
+  files, their owners and holders; a ``/dev/shm`` whose size could not be read is unknown;
 - ``/dev/shm`` leftovers are warnings, errors when one holds more than 64 MiB, when
-  ``/dev/shm`` has less than 10 % free, or with ``strict``; Xid lines since the baseline errors.
+  ``/dev/shm`` is low on space, or with ``strict``; Xid lines since the baseline errors.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import takewhile
 
 from cleanslate._types import RUN_MARKER_ENV
 from cleanslate.engines import match_engine
-from cleanslate.probe.snapshot import Gpu, ProcessInfo, Snapshot, is_kernel_thread
+from cleanslate.probe.snapshot import Gpu, ProcessInfo, ShmSpace, Snapshot, is_kernel_thread
 from cleanslate.verdict.baseline import Baseline, had_process
 from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
 
@@ -42,9 +46,21 @@ DEFAULT_IDLE_TOLERANCE_MIB = 64
 #: runtime's small files (NCCL's, semaphores) are kilobytes to a few MiB.
 SHM_ERROR_BYTES = 64 << 20
 
-#: A leftover while ``/dev/shm`` has less than this share of its size free is an error,
-#: whatever its size: the next start's segments do not fit.
+#: ``/dev/shm`` must keep this share of its size free (and a leftover while it does not is an
+#: error, whatever its size): the next start's segments do not fit (docs/check.md).
 SHM_MIN_FREE_FRACTION = 0.10
+
+#: Bytes ``/dev/shm`` must keep free (at most half its size, see :func:`shm_required_free`).
+#: NCCL's shared-memory transport creates one segment of 6-9 MiB per channel and peer at its
+#: first collective (``nccl-shm-recv-*``, 9,637,888 bytes; ``/dev/shm/nccl-*``, 5,967,872),
+#: tens of them on an 8-GPU node, and fails with "No space left on device" in Docker's
+#: default 64 MiB; 1 GiB (``--shm-size=1g``) is the size its users report as enough, and
+#: vLLM's and SGLang's own segments (broadcast queues, multimodal inputs) come on top.
+SHM_MIN_FREE_BYTES = 1 << 30
+
+#: Inodes ``/dev/shm`` must keep free (at most half of them): every segment, semaphore and
+#: lock file of a start is one, a few hundred for an 8-GPU server.
+SHM_MIN_FREE_INODES = 4096
 
 #: Long-lived daemons that keep ``/dev/nvidia*`` open on healthy hosts.
 GPU_DAEMONS = frozenset({"nvidia-persiste", "nv-hostengine", "nvidia-smi", "dcgm-exporter"})
@@ -63,6 +79,8 @@ class Scope:
     that count as strays (``None``: any run's). ``strict``: warnings make a host DIRTY, and
     what could not be read makes it UNKNOWN. ``port_reasons``: ports in scope by default, not
     because the user named them, with why (``vllm's default port``, ``the port of run R``).
+    ``shm_min_free_bytes`` and ``shm_min_free_fraction`` (0-0.5): the free space ``/dev/shm``
+    must keep (:func:`shm_required_free`).
     """
 
     gpus: frozenset[int] | None = None
@@ -73,6 +91,8 @@ class Scope:
     strict: bool = False
     port_reasons: tuple[tuple[int, str], ...] = ()
     exclude_markers: frozenset[str] = frozenset()
+    shm_min_free_bytes: int = SHM_MIN_FREE_BYTES
+    shm_min_free_fraction: float = SHM_MIN_FREE_FRACTION
 
     def has_gpu(self, index: int) -> bool:
         return self.gpus is None or index in self.gpus
@@ -125,6 +145,7 @@ def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None)
     findings += _port_rules(snapshot, scope, baseline, own)
     findings += _unreadable_rules(snapshot, scope, spared)
     findings += _baseline_rules(snapshot, scope, baseline, spared)
+    findings += _shm_space_rules(snapshot, scope)
     findings += _shm_rules(snapshot, scope, baseline)
     findings += _kernel_rules(snapshot, baseline)
     gpus = tuple(g for g in snapshot.gpu.gpus if scope.has_gpu(g.index))
@@ -136,6 +157,7 @@ def evaluate(snapshot: Snapshot, scope: Scope, baseline: Baseline | None = None)
         findings=tuple(findings),
         probed_at=snapshot.taken_at,
         probe_elapsed_s=snapshot.elapsed_s,
+        shm=snapshot.shm_space,
     )
 
 
@@ -573,16 +595,109 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def shm_required_free(total: int, min_free: int, fraction: float) -> int:
+    """What ``/dev/shm`` of ``total`` (bytes or inodes) must keep free: ``min_free``, at least
+    ``fraction`` of ``total``, and at most half of it (a ``/dev/shm`` made small on purpose, a
+    container's ``--shm-size``, is judged by how full it is, not by its size). 0 for a
+    ``total`` of 0 (a tmpfs without a limit)."""
+    if total <= 0:
+        return 0
+    return max(math.ceil(fraction * total), min(min_free, total // 2))
+
+
+def _shm_low(space: ShmSpace | None, scope: Scope) -> list[str]:
+    """Why ``space`` is too little for the next start (empty: it is enough)."""
+    if space is None:
+        return []
+    why = []
+    need = shm_required_free(space.total_bytes, scope.shm_min_free_bytes,
+                             scope.shm_min_free_fraction)
+    if space.free_bytes < need:
+        why.append(f"/dev/shm has {_mib(space.free_bytes)} free of {_mib(space.total_bytes)} "
+                   f"(it must keep {_mib(need)})")
+    if space.inodes_total and space.inodes_free is not None:
+        need = shm_required_free(space.inodes_total, SHM_MIN_FREE_INODES,
+                                 scope.shm_min_free_fraction)
+        if space.inodes_free < need:
+            why.append(f"/dev/shm has {space.inodes_free} of {space.inodes_total} inodes free "
+                       f"(it must keep {need})")
+    return why
+
+
+#: Files named in a ``shm_low_space`` finding's message (the evidence has all it read).
+_NAMED_FILES = 3
+
+
+def _shm_space_rules(snapshot: Snapshot, scope: Scope) -> list[Finding]:
+    """``/dev/shm`` without room for the next start is an error, whoever fills it and whatever
+    the files are called: NCCL's and the engines' segments fail at creation (``ENOSPC``) or
+    at their first write (``SIGBUS``). The evidence names the largest files with their owners
+    and the processes that hold them open or mapped. (A ``/dev/shm`` that could not be read
+    is an unknown: the ``shm_space`` source.)"""
+    space = snapshot.shm_space
+    why = _shm_low(space, scope)
+    if space is None or not why:
+        return []
+    usage = snapshot.shm_usage
+    by_pid = snapshot.by_pid
+
+    def holder(pid: int) -> dict[str, object]:
+        proc = by_pid.get(pid)
+        return {"pid": pid, "uid": proc.uid if proc else None,
+                "comm": proc.comm if proc else None}
+
+    largest: list[dict[str, object]] = []
+    named: list[str] = []
+    for file in usage.largest if usage else ():
+        largest.append({
+            "path": file.path, "size_bytes": file.size_bytes,
+            "allocated_bytes": file.allocated_bytes, "uid": file.uid, "user": file.user,
+            "deleted": file.deleted, "held_by": [holder(p) for p in file.held_by],
+            "mapped_by": [holder(p) for p in file.mapped_by]})
+        if len(named) < _NAMED_FILES:
+            owner = f"{file.user} (uid {file.uid})" if file.user else f"uid {file.uid}"
+            pids = sorted({*file.held_by, *file.mapped_by})
+            users = ", ".join(
+                f"PID {p}" + (f" `{by_pid[p].comm}` uid {by_pid[p].uid}" if p in by_pid else "")
+                for p in pids[:3])
+            named.append(f"/dev/shm/{file.path}{' (deleted)' if file.deleted else ''} "
+                         f"{_mib(file.allocated_bytes or 0)} of {owner}, "
+                         + (f"in use by {users}" if users else "held by no process"))
+    used = space.total_bytes - space.free_bytes
+    evidence: dict[str, object] = {
+        "free_bytes": space.free_bytes, "total_bytes": space.total_bytes,
+        "required_free_bytes": shm_required_free(
+            space.total_bytes, scope.shm_min_free_bytes, scope.shm_min_free_fraction),
+        "inodes_free": space.inodes_free, "inodes_total": space.inodes_total,
+        "largest": largest,
+        "files_scanned": usage.files_scanned if usage else None,
+        "listed_bytes": usage.listed_bytes if usage else None,
+        "scan_complete": usage.complete if usage else False,
+        "maps_read": usage.maps_read if usage else False,
+    }
+    detail = ("; largest: " + "; ".join(named)) if named else \
+        "; what fills it was not read"
+    if usage is not None and used > 0 and usage.listed_bytes < used // 2 and usage.complete:
+        detail += (f"; {_mib(used - usage.listed_bytes)} of it is in no file listed "
+                   "(removed files still open or mapped, or another mount's use)")
+    return [Finding(
+        kind=_K.SHM_LOW_SPACE, severity=_S.ERROR,
+        message="; ".join(why) + ": the next NCCL or engine start cannot create its shared "
+                "memory" + detail,
+        evidence=evidence,
+    )]
+
+
 def _shm_rules(snapshot: Snapshot, scope: Scope, baseline: Baseline | None) -> list[Finding]:
     """A leftover is a warning, and an error when it holds more than :data:`SHM_ERROR_BYTES`
-    (its blocks; its length where they were not read), when ``/dev/shm`` has less than
-    :data:`SHM_MIN_FREE_FRACTION` free, or with ``strict``. A file that a live process holds
-    open is that process's (another slot's run, a service): a warning naming it, never
-    escalated by its size; a stray holding it is an error of its own."""
+    (its blocks; its length where they were not read), when ``/dev/shm`` is low
+    (:func:`shm_required_free`), or with ``strict``. A file that a live process holds open is
+    that process's (another slot's run, a service): a warning naming it, never escalated by
+    its size; a stray holding it is an error of its own, and the space it takes is judged by
+    the ``shm_low_space`` rule."""
     known = set(baseline.shm) if baseline else set()
     space = snapshot.shm_space
-    low = space is not None and space.total_bytes > 0 and \
-        space.free_bytes < SHM_MIN_FREE_FRACTION * space.total_bytes
+    low = bool(_shm_low(space, scope))
     out = []
     for entry in snapshot.shm:
         if entry.name in known:
@@ -594,8 +709,7 @@ def _shm_rules(snapshot: Snapshot, scope: Scope, baseline: Baseline | None) -> l
             why.append(f"more than {_mib(SHM_ERROR_BYTES)} that the next start cannot use")
         if low and space is not None and not in_use:
             why.append(f"/dev/shm has {_mib(space.free_bytes)} free of "
-                       f"{_mib(space.total_bytes)} (less than "
-                       f"{SHM_MIN_FREE_FRACTION:.0%}): the next start's segments may not fit")
+                       f"{_mib(space.total_bytes)}: the next start's segments may not fit")
         evidence: dict[str, object] = {
             "name": entry.name, "size_bytes": entry.size_bytes,
             "allocated_bytes": entry.allocated_bytes, "pattern": entry.pattern,
