@@ -121,7 +121,9 @@ def test_an_old_document_goes_through_every_upgrade(monkeypatch: pytest.MonkeyPa
 
 
 def test_statuses_are_enums_that_read_as_their_values() -> None:
-    assert [s.value for s in RunStatus] == ["starting", "ready", "stopped", "failed", "crashed"]
+    assert [s.value for s in RunStatus] == ["launching", "starting", "ready", "stopped",
+                                            "failed", "crashed"]
+    assert RunStatus.LAUNCHING.running and RunStatus.STARTING.running
     assert [s.value for s in TrialStatus] == ["running", "feasible", "infeasible",
                                               "infra_failed"]
     assert RunStatus.READY.running and not RunStatus.STOPPED.running
@@ -169,3 +171,15 @@ def test_a_trial_finds_its_best_level() -> None:
     assert trial.metric("output_throughput") == 8.0
     assert trial.level("c=99") is None
     assert trial.model_copy(update={"best_level": None}).metric("output_throughput") is None
+
+
+def test_a_launching_run_is_written_as_version_3_and_refused_by_a_version_2_reader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``launching`` is a status a reader of version 2 cannot parse: it must see version 3
+    and refuse the row (an input error naming the store), never misread it."""
+    run = RunRecord.from_document({**recorded_run(), "status": "launching"})
+    document = run.to_document()
+    assert document["schema_version"] == 3 and document["status"] == "launching"
+    monkeypatch.setattr(_records, "SCHEMA_VERSION", 2)
+    with pytest.raises(NewerSchemaError, match="schema version 3"):
+        RunRecord.from_document(document)

@@ -17,8 +17,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict
@@ -112,16 +114,95 @@ class Launched:
 
 async def make_private_dir(executor: Executor, path: str, timeout: float = 15.0) -> None:
     """Create ``path`` (and its parents) under ``umask 077`` and make it 0700, on any host."""
-    result = await executor.run(
-        ["sh", "-c", 'umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1"', "sh", path],
-        timeout=timeout)
-    if not result.ok:
+    await _prepare_run_dir(executor, path, timeout)
+
+
+#: Run folder creation, then what the record written before the launch needs from the host,
+#: each section after a line ``@name`` (``cat`` only: no interpreter started for it).
+_PREPARE = ('umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1" || exit 1; '
+            'echo @uid; id -u; echo @boot; cat /proc/sys/kernel/random/boot_id; '
+            'echo @machine; cat /etc/machine-id || cat /var/lib/dbus/machine-id; '
+            'echo @cgroup; cat /proc/self/cgroup; echo @mountinfo; cat /proc/self/mountinfo')
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host said just before a launch (each ``None`` when it could not be read): the
+    uid commands run as there, its boot and machine ids, and the cgroup (v2) directory its
+    commands run in, under which the supervisor creates the run's cgroup."""
+
+    uid: int | None = None
+    boot_id: str | None = None
+    machine_id: str | None = None
+    cgroup_parent: str | None = None
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("@") and line[1:].isalpha():
+            current = out.setdefault(line[1:], [])
+        elif current is not None:
+            current.append(line)
+    return out
+
+
+def _unescape_mount(field: str) -> str:
+    """A path field of ``/proc/self/mountinfo`` (spaces and the like as ``\\ooo``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def cgroup_parent_of(own: list[str], mountinfo: list[str]) -> str | None:
+    """The directory of a process's cgroup v2 from its ``/proc/self/cgroup`` lines (``0::/path``)
+    and ``/proc/self/mountinfo`` lines: the same directory the run supervisor creates the run's
+    cgroup in (:mod:`cleanslate.launch._supervise_script`), ``None`` where it would create none
+    (no v2 hierarchy, a removed cgroup, no writable v2 mount that shows it)."""
+    path = next((line.strip()[3:] for line in own if line.startswith("0::")), "")
+    if not path.startswith("/") or path.endswith(" (deleted)"):
+        return None
+    mounts: list[tuple[str, str, bool]] = []
+    for line in mountinfo:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if sep and len(fields) >= 6 and tail.split()[:1] == ["cgroup2"]:
+            mounts.append((_unescape_mount(fields[3]), _unescape_mount(fields[4]),
+                           "ro" in fields[5].split(",")))
+    for root, point, read_only in sorted(mounts, key=lambda m: m[0] != "/"):
+        if root == "/":
+            relative = path
+        elif path == root or path.startswith(root.rstrip("/") + "/"):
+            relative = path[len(root.rstrip("/")):] or "/"
+        else:
+            continue
+        return None if read_only else point.rstrip("/") + (relative if relative != "/" else "")
+    return None
+
+
+async def _prepare_run_dir(executor: Executor, path: str, timeout: float) -> HostFacts:
+    """Create the run folder (:func:`make_private_dir`) and read :class:`HostFacts` in the same
+    host command. Raises :class:`LaunchError` when the folder cannot be made."""
+    result = await executor.run(["sh", "-c", _PREPARE, "sh", path], timeout=timeout)
+    if not result.ok and b"@uid" not in result.stdout:
         raise LaunchError(f"cannot create the run folder {path}: {result.describe_failure()}")
+    found = _sections(result.stdout.decode(errors="replace"))
+    uid = "".join(found.get("uid", [])).strip()
+    return HostFacts(
+        uid=int(uid) if uid.isdigit() else None,
+        boot_id="".join(found.get("boot", [])).strip() or None,
+        machine_id="".join(found.get("machine", [])).strip() or None,
+        cgroup_parent=cgroup_parent_of(found.get("cgroup", []), found.get("mountinfo", [])))
 
 
 async def launch(executor: Executor, request: LaunchRequest, *,
-                 timeout: float = 15.0) -> Launched:
+                 timeout: float = 15.0,
+                 record: Callable[[RunRecord], object] | None = None) -> Launched:
     """Start the engine under the supervisor and return the run record with its PIDs.
+
+    ``record`` is called with the run's ``launching`` record (:func:`launching_record`) once
+    the run folder exists and before the supervisor starts (the store's ``save_run``): a
+    process killed at any moment after that leaves a record whose marker and cgroup find what
+    the launch started. An exception it raises stops the launch before anything runs.
 
     Raises :class:`LaunchError` when the supervisor cannot start or reports no engine PID.
     """
@@ -130,17 +211,19 @@ async def launch(executor: Executor, request: LaunchRequest, *,
     state_path = f"{run_dir}/state.json"
     spec_path = f"{run_dir}/spec.json"
     script_path = f"{run_dir}/supervise.py"
-    env = {**request.env, MARKER_ENV: request.run_id}
-    if request.gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, request.gpus))
+    env = _run_env(request)
     disabled = cgroup_disabled()
+    cgroup = None if disabled else f"cleanslate-{request.run_id}"
     spec = {"argv": list(request.argv), "env": env, "log": log_path, "state": state_path,
-            "daemonize": True, "cgroup": None if disabled else f"cleanslate-{request.run_id}",
-            "cgroup_error": disabled}
-    await make_private_dir(executor, run_dir, timeout)
+            "daemonize": True, "cgroup": cgroup, "cgroup_error": disabled}
+    facts = await _prepare_run_dir(executor, run_dir, timeout)
+    started = time.time()
+    pending = launching_record(request, executor.name, facts, started,
+                               cgroup=cgroup)
+    if record is not None:
+        record(pending)
     await executor.write_file(script_path, supervisor_source(), mode=0o600)
     await executor.write_file(spec_path, json.dumps(spec, indent=1).encode(), mode=0o600)
-    started = time.time()
     result = await executor.run([executor.python, "-I", "-S", script_path, spec_path],
                                 timeout=timeout, env={MARKER_ENV: request.run_id})
     if not result.ok:
@@ -157,9 +240,43 @@ async def launch(executor: Executor, request: LaunchRequest, *,
     snapshot = await probe_host(executor, NoGpuBackend(), timeout=timeout)
     root = snapshot.process(int(state["pid"]))
     supervisor = snapshot.process(int(state["supervisor_pid"]))
-    run = RunRecord(
+    run = pending.model_copy(update=dict(
+        status=RunStatus.STARTING,
+        pid=int(state["pid"]),
+        pgid=int(state["pgid"]),
+        sid=int(state["sid"]),
+        create_time=root.create_time if root else None,
+        supervisor_pid=int(state["supervisor_pid"]),
+        supervisor_create_time=supervisor.create_time if supervisor else None,
+        boot_id=_text(state.get("boot_id")),
+        machine_id=_text(state.get("machine_id")),
+        cgroup=_text(state.get("cgroup")),
+        user=_text(state.get("user")),
+        uid=_int(state.get("uid")),
+        cgroup_id=_int(state.get("cgroup_id")) if state.get("cgroup") else None,
+    ))
+    return Launched(run=run, cgroup_error=_text(state.get("cgroup_error")))
+
+
+def _run_env(request: LaunchRequest) -> dict[str, str]:
+    """The engine's environment: the request's, its marker, and its GPUs when given."""
+    env = {**request.env, MARKER_ENV: request.run_id}
+    if request.gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, request.gpus))
+    return env
+
+
+def launching_record(request: LaunchRequest, host: str, facts: HostFacts, started: float, *,
+                     cgroup: str | None) -> RunRecord:
+    """The run's record before its supervisor starts (status ``launching``): everything but
+    the PIDs. ``cgroup`` is the name the supervisor is asked to create (``None``: none), recorded
+    as the path it will have under ``facts.cgroup_parent``; the environment, flags and argv
+    redacted."""
+    env = _run_env(request)
+    run_dir = request.run_dir.rstrip("/")
+    return RunRecord(
         id=request.run_id,
-        host=executor.name,
+        host=host,
         engine=request.adapter.name,
         model=request.model,
         argv=tuple(redact_argv(request.argv)),
@@ -169,26 +286,17 @@ async def launch(executor: Executor, request: LaunchRequest, *,
         port=request.port,
         gpus=request.gpus,
         url=request.adapter.base_url(request.port),
-        log_path=log_path,
+        log_path=f"{run_dir}/server.log",
         artifacts_dir=run_dir,
-        status=RunStatus.STARTING,
-        pid=int(state["pid"]),
-        pgid=int(state["pgid"]),
-        sid=int(state["sid"]),
-        create_time=root.create_time if root else None,
-        supervisor_pid=int(state["supervisor_pid"]),
-        supervisor_create_time=supervisor.create_time if supervisor else None,
+        status=RunStatus.LAUNCHING,
         started_at=started,
         study=request.study,
         trial=request.trial,
-        boot_id=_text(state.get("boot_id")),
-        machine_id=_text(state.get("machine_id")),
-        cgroup=_text(state.get("cgroup")),
-        user=_text(state.get("user")),
-        uid=_int(state.get("uid")),
-        cgroup_id=_int(state.get("cgroup_id")) if state.get("cgroup") else None,
+        boot_id=facts.boot_id,
+        machine_id=facts.machine_id,
+        cgroup=f"{facts.cgroup_parent}/{cgroup}" if cgroup and facts.cgroup_parent else None,
+        uid=facts.uid,
     )
-    return Launched(run=run, cgroup_error=_text(state.get("cgroup_error")))
 
 
 def _text(value: Any) -> str | None:

@@ -51,7 +51,7 @@ from cleanslate.launch.ready import classify_run_log, log_tail, run_file, run_st
 from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
-from cleanslate.store import HostRecord, RunRecord, Store, local_machine
+from cleanslate.store import HostRecord, RunRecord, RunStatus, Store, local_machine
 from cleanslate.teardown import (
     TREE_FILE,
     ScopeSpec,
@@ -278,24 +278,32 @@ async def start_server(
     scrub = register_secrets(run_id, env, dict(config.flags))
     t0 = time.monotonic()
     say(f"launching {run_id}: {' '.join(redact_argv(argv))}")
+    pending: list[RunRecord] = []
+
+    shm_before = tuple(str(f.evidence.get("name")) for f in before.hosts[0].findings
+                       if f.kind == "shm_leftover")
+
+    def record(run: RunRecord) -> None:
+        store.save_run(run.model_copy(update={"verdict_before": before,
+                                              "shm_before": shm_before}))
+        pending.append(run)
+
     try:
-        launched = await launch(executor, request)
+        launched = await launch(executor, request, record=record)
     except LaunchError as exc:
+        _close_launching(store, pending, "launch_failed", scrub(str(exc)), say)
         return StartOutcome(run=None, ok=False, cause="launch_failed", detail=scrub(str(exc)),
                             validation_note=note, phases=phases, host_failed=exc.host_side)
     except BaseException:
-        # Launched or not, nothing is recorded yet: end whatever carries the run's marker.
+        # Launched or not, no PID is recorded yet: end whatever carries the run's marker.
         await _abandon_launch(executor, run_id, gpu_backend, say)
+        _close_launching(store, pending, "interrupted", "interrupted while launching", say)
         raise
     run = launched.run
     if launched.cgroup_error:
         say(f"no cgroup for this run: {launched.cgroup_error}")
     phases["launch_s"] = round(time.monotonic() - t0, 3)
-    snapshot_shm = tuple(e for e in before.hosts[0].findings if e.kind == "shm_leftover")
-    run = run.model_copy(update={
-        "verdict_before": before,
-        "shm_before": tuple(str(f.evidence.get("name")) for f in snapshot_shm),
-    })
+    run = run.model_copy(update={"verdict_before": before, "shm_before": shm_before})
     try:
         if host is not None:
             _save_host(store, executor, run, host, say)
@@ -387,6 +395,21 @@ async def _abandon_launch(executor: Executor, run_id: str, gpu_backend: str,
         say(f"interrupted during launch: ending whatever carries {run_id}")
         await asyncio.shield(teardown(executor, ScopeSpec(
             marker=run_id, exclude_roots=frozenset({os.getpid()})), grace_s=5.0))
+
+
+def _close_launching(store: Store, pending: list[RunRecord], cause: str, detail: str | None,
+                     say: Progress) -> None:
+    """Record ``failed`` a run whose launch ended before its PIDs were known (its ``launching``
+    record, when one was saved). No verification is recorded: the next recovery of the study
+    verifies the host for it (a run not verified clean is not known to be gone). Never
+    raises: the store may be what failed."""
+    if not pending:
+        return
+    try:
+        store.save_run(store.get_run(pending[0].id).model_copy(update={
+            "status": "failed", "cause": cause, "detail": detail, "stopped_at": time.time()}))
+    except Exception as exc:
+        say(f"run {pending[0].id} stays recorded launching: {type(exc).__name__}: {exc}")
 
 
 async def _cleanup_after_error(executor: Executor, store: Store, run: RunRecord,
@@ -490,6 +513,8 @@ async def stop_server(
                 else:
                     detail = f"{why}; stopped for {cause}" + (f": {detail}" if detail else "")
                 status, cause = "crashed", ended
+        if run.status == RunStatus.LAUNCHING:
+            run = await _launched_since(executor, run, artifacts)
         cgroup = valid_cgroup(run.cgroup, run.id)
         if run.cgroup and cgroup is None:
             say(f"ignoring the recorded cgroup {run.cgroup!r}: not this run's")
@@ -534,6 +559,27 @@ async def stop_server(
     })
     store.save_run(updated)
     return report
+
+
+async def _launched_since(executor: Executor, run: RunRecord,
+                          artifacts: Path | None) -> RunRecord:
+    """A ``launching`` record (its launcher died before it recorded the PIDs) with the cgroup
+    its supervisor reported since in its state file (read only from the run's own folder:
+    :func:`~cleanslate.launch.ready.run_state`): that path with its id, when it is a path this
+    run's cgroup can have (:func:`~cleanslate.teardown.valid_cgroup`), so teardown acts on the
+    very cgroup the supervisor made. The PIDs are not taken from it: the run's processes are
+    found by its marker and its cgroup, never by bare numbers."""
+    state = await run_state(executor, run, artifacts=artifacts)
+    if state is None:
+        return run
+    made = state.get("cgroup")
+    cgroup = valid_cgroup(made, run.id) if isinstance(made, str) else None
+    cgroup_id, uid = state.get("cgroup_id"), state.get("uid")
+    if cgroup is None or not isinstance(cgroup_id, int) or isinstance(cgroup_id, bool):
+        return run
+    return run.model_copy(update={
+        "cgroup": cgroup, "cgroup_id": cgroup_id,
+        "uid": uid if isinstance(uid, int) and not isinstance(uid, bool) else run.uid})
 
 
 def describe_exit(code: int) -> tuple[str, str]:

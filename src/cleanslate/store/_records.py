@@ -29,11 +29,13 @@ from cleanslate.teardown import TeardownReport
 from cleanslate.verdict.check import CheckReport
 
 #: The layout of the documents this cleanslate writes. 1: before versions were recorded;
-#: 2: records typed (the same JSON, with ``schema_version``).
-SCHEMA_VERSION = 2
+#: 2: records typed (the same JSON, with ``schema_version``); 3: a run may be ``launching``
+#: (recorded before its supervisor starts), a status a reader of version 2 cannot parse.
+SCHEMA_VERSION = 3
 
 #: ``UPGRADES[n]`` turns a stored document of version ``n`` into one of version ``n + 1``.
-#: Version 1 -> 2 changed nothing in the JSON, so there is none yet.
+#: Versions 1 -> 2 and 2 -> 3 changed nothing in the JSON of older documents (3 only added a
+#: status value), so there is none yet.
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
@@ -92,10 +94,13 @@ class Record(Frozen):
 
 
 class RunStatus(StrEnum):
-    """Where a run is: ``starting`` (launched, not ready yet), ``ready`` (serving), then one of
+    """Where a run is: ``launching`` (recorded before its supervisor starts: no PIDs yet, its
+    processes are found by its marker and its cgroup), ``starting`` (launched, not ready yet),
+    ``ready`` (serving), then one of
     ``stopped`` (torn down on request), ``failed`` (did not start, or was torn down after an
     error) and ``crashed`` (exited by itself while serving)."""
 
+    LAUNCHING = "launching"
     STARTING = "starting"
     READY = "ready"
     STOPPED = "stopped"
@@ -105,7 +110,7 @@ class RunStatus(StrEnum):
     @property
     def running(self) -> bool:
         """True while the run may have processes the store has not seen stopped."""
-        return self in (RunStatus.STARTING, RunStatus.READY)
+        return self in (RunStatus.LAUNCHING, RunStatus.STARTING, RunStatus.READY)
 
 
 class RunRecord(Record):
@@ -120,7 +125,10 @@ class RunRecord(Record):
     one to be made, ``None`` otherwise; ``cgroup_id`` is that directory's inode number as the
     supervisor created it (a cgroup id: teardown acts on that very cgroup, no other of the same
     name). ``uid`` is the effective uid the supervisor ran as (the run's user, the owner of its
-    cgroup); ``None`` in records made before it was kept.
+    cgroup); ``None`` in records made before it was kept. A ``launching`` record (saved before
+    the supervisor starts) has no PIDs and no ``cgroup_id``; its ``cgroup`` is the path the
+    supervisor is expected to create, its ``uid`` and host ids those read on the host just
+    before the launch.
 
     ``verdict_before`` is the check before the launch, ``verdict_after`` the verification after
     the teardown (``None``: not verified). ``teardown`` is what the teardown did; its own

@@ -3,7 +3,9 @@
 
 Resume: the Optuna study and our trial records live in the store. Rerunning the same study
 keeps every finished trial; a trial that was running when a controller died is cleaned up (its
-server found by the run marker through the recorded run) and its configuration run again.
+server found through the recorded run, ``launching`` ones included, by its marker and cgroup)
+and its configuration run again; a result recorded here that Optuna was not told is told
+(:func:`~cleanslate.tune.fleet.reconcile_optuna`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from cleanslate.tune.fleet import (
     SlotEnd,
     best_trial,
     other_slots_markers,
+    reconcile_optuna,
     worker_gone,
 )
 from cleanslate.tune.space import make_sampler, planned_configs, trial_budget
@@ -335,6 +338,12 @@ async def _resume(executor: Executor, store: Store, spec: StudySpec, study: optu
     await _recover_orphans(executor, store, spec, view, held=held,
                            spared={run_id for run_id in {lease.run_id for lease in live} | recent
                                    if run_id})
+    # One source of truth for a result: a trial recorded finished here whose worker died
+    # before telling Optuna (or that a recovery failed there) gets its recorded value.
+    told = reconcile_optuna(store, study, spec, held)
+    if told["told"] or told["added"]:
+        view.phase(f"Optuna told the recorded results of {told['told'] + told['added']} "
+                   "trial(s) whose worker stopped before telling it")
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         lease_id = frozen.user_attrs.get(LEASE_ATTR)
         if frozen.number in held or lease_id in live_ids or (lease_id is None and binding):

@@ -160,7 +160,7 @@ def other_slots_markers(store: Store, study: str, host: str, slot: Slot) -> Excl
     def read() -> frozenset[str]:
         out = {lease.run_id for lease in store.leases(study, state=LeaseState.ACTIVE)
                if lease.host == host and lease.slot != slot.key and lease.run_id}
-        for status in (RunStatus.STARTING, RunStatus.READY):
+        for status in (s for s in RunStatus if s.running):
             out |= {run.id for run in store.runs(status=status, study=study)
                     if run.host == host and (run.port, run.gpus) != (slot.port, gpus)}
         return frozenset(out)
@@ -565,19 +565,7 @@ class Fleet:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     def _tell(self, trial: optuna.trial.Trial, record: TrialRecord, spec: StudySpec) -> None:
-        feasible = record.status == TrialStatus.FEASIBLE
-        mark_feasible(trial, feasible)
-        trial.set_user_attr("status", record.status.value)
-        if record.cause:
-            trial.set_user_attr("cause", record.cause)
-        if record.run_id:
-            trial.set_user_attr("run_id", record.run_id)
-        if record.replicates:
-            # The sampler gets the mean; the measurements it is the mean of are kept beside it.
-            trial.set_user_attr("replicates", [r.value for r in record.replicates])
-            trial.set_user_attr("ci", [record.ci_low, record.ci_high])
-        penalty = 0.0 if spec.objective.direction == "maximize" else 1e12
-        self.study.tell(trial, record.value if record.value is not None else penalty)
+        tell_result(self.study, trial, record, spec)
 
     async def _heartbeat(self, lease: LeaseRecord) -> None:
         """Renew the lease every third of its timeout until cancelled; a store that does not
@@ -611,8 +599,14 @@ class Fleet:
                     "detail": f"its worker stopped renewing lease {lease.id}: {lease.detail}",
                     "finished_at": time.time()}))
         if lease.trial is not None:
-            with contextlib.suppress(Exception):
-                self.study.tell(lease.trial, state=optuna.trial.TrialState.FAIL)
+            result = finished_result(self.store, self.spec.name, lease.trial)
+            if result is not None:
+                # Its result was recorded before its worker died: Optuna gets that, not FAIL.
+                say(f"trial #{lease.trial} has a recorded result: telling Optuna its value")
+                tell_stored(self.study, result, self.spec)
+            else:
+                with contextlib.suppress(Exception):
+                    self.study.tell(lease.trial, state=optuna.trial.TrialState.FAIL)
         runs = [r for r in self.store.runs(study=self.spec.name)
                 if (r.id == lease.run_id or (lease.trial is not None and r.trial == lease.trial))
                 and (r.status.running or verdict_of(r.verdict_after) != Verdict.CLEAN)]
@@ -685,11 +679,111 @@ class Fleet:
                           f"{old.reason})"}))
 
 
+# -- one source of truth for a result: cleanslate's table, told to Optuna ------------------------
+
+#: User attribute of an Optuna trial added by :func:`tell_stored`: the number of the trial
+#: (cleanslate's and Optuna's) whose recorded result it carries, that trial having been
+#: failed in Optuna before its result could be told.
+RESULT_OF_ATTR = "result_of_trial"
+
+
+def told_value(record: TrialRecord, spec: StudySpec) -> float:
+    """The value Optuna is told for a finished trial: its value, or for an infeasible one
+    without a value the worst (0 when maximizing, 1e12 when minimizing)."""
+    penalty = 0.0 if spec.objective.direction == "maximize" else 1e12
+    return record.value if record.value is not None and math.isfinite(record.value) \
+        else penalty
+
+
+def tell_result(study: optuna.Study, trial: optuna.trial.Trial, record: TrialRecord,
+                spec: StudySpec) -> None:
+    """Tell Optuna a finished trial's result as cleanslate recorded it: feasible or not (a
+    constraint the sampler reads), its status, cause, run and replicates as attributes, and
+    :func:`told_value`. Raises what Optuna raises (a trial finished already)."""
+    mark_feasible(trial, record.status == TrialStatus.FEASIBLE)
+    trial.set_user_attr("status", record.status.value)
+    if record.cause:
+        trial.set_user_attr("cause", record.cause)
+    if record.run_id:
+        trial.set_user_attr("run_id", record.run_id)
+    if record.replicates:
+        # The sampler gets the mean; the measurements it is the mean of are kept beside it.
+        trial.set_user_attr("replicates", [r.value for r in record.replicates])
+        trial.set_user_attr("ci", [record.ci_low, record.ci_high])
+    study.tell(trial, told_value(record, spec))
+
+
+def finished_result(store: Store, study: str, number: int) -> TrialRecord | None:
+    """Trial ``number``'s last record in cleanslate's table when it is a result (feasible or
+    infeasible), else ``None``."""
+    found = [t for t in store.trials(study) if t.number == number]
+    return found[-1] if found and found[-1].status.finished else None
+
+
+def tell_stored(study: optuna.Study, record: TrialRecord, spec: StudySpec) -> str:
+    """Make Optuna hold the result cleanslate recorded for trial ``record.number``, whatever
+    it holds now. ``RUNNING`` (its worker died before telling): told now, the same trial.
+    ``COMPLETE``, or a trial added earlier for it: nothing to do. Finished otherwise (``FAIL``
+    told by a recovery before this rule existed, or by one that did not know the result):
+    Optuna refuses a second tell, so a new ``COMPLETE`` trial with its parameters and the
+    recorded result is added, marked :data:`RESULT_OF_ATTR` = its number. Returns what was
+    done: ``told``, ``added`` or ``agreed`` (``missing``: Optuna has no such trial)."""
+    trials = study.get_trials(deepcopy=False)
+    complete = optuna.trial.TrialState.COMPLETE
+    if any(t.state == complete and t.user_attrs.get(RESULT_OF_ATTR) == record.number
+           for t in trials):
+        return "agreed"
+    frozen = next((t for t in trials if t.number == record.number), None)
+    if frozen is None:
+        return "missing"
+    if frozen.state == complete:
+        return "agreed"
+    if frozen.state == optuna.trial.TrialState.RUNNING:
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            tell_result(study, optuna.trial.Trial(study, frozen._trial_id), record, spec)
+            return "told"
+        # Finished meanwhile by another process: as it left it, or with a trial added below.
+        frozen = study._storage.get_trial(frozen._trial_id)
+        if frozen.state == complete:
+            return "agreed"
+    template = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.RUNNING, params=dict(frozen.params),
+        distributions=dict(frozen.distributions),
+        user_attrs={RESULT_OF_ATTR: record.number})
+    added = optuna.trial.Trial(study, study._storage.create_new_trial(
+        study._study_id, template_trial=template))
+    tell_result(study, added, record, spec)
+    return "added"
+
+
+def reconcile_optuna(store: Store, study: optuna.Study, spec: StudySpec,
+                     held: set[int | None]) -> dict[str, int]:
+    """For every trial that is a result in cleanslate's table and not one in Optuna's, tell
+    Optuna the recorded result (:func:`tell_stored`); trials in ``held`` (a live worker's
+    lease: it tells them itself) are left alone. Returns how many were ``told`` and
+    ``added``."""
+    last: dict[int, TrialRecord] = {}
+    for record in store.trials(spec.name):
+        last[record.number] = record
+    done = {t.number: t for t in study.get_trials(deepcopy=False)}
+    counts = {"told": 0, "added": 0}
+    for number, record in sorted(last.items()):
+        frozen = done.get(number)
+        if not record.status.finished or number in held or frozen is None or \
+                frozen.state == optuna.trial.TrialState.COMPLETE:
+            continue
+        how = tell_stored(study, record, spec)
+        if how in counts:
+            counts[how] += 1
+    return counts
+
+
 def best_trial(trials: list[TrialRecord], spec: StudySpec) -> TrialRecord | None:
     """The feasible trial with the best value in the objective's direction, among those no
     race beat (:func:`cleanslate.tune.race.tie_set`)."""
     return tie_set(trials, spec).best
 
 
-__all__ = ["LEASE_ATTR", "Fleet", "SlotEnd", "best_trial", "other_slots_markers", "worker_gone",
-           "worker_id"]
+__all__ = ["LEASE_ATTR", "RESULT_OF_ATTR", "Fleet", "SlotEnd", "best_trial", "finished_result",
+           "other_slots_markers", "reconcile_optuna", "tell_result", "tell_stored",
+           "told_value", "worker_gone", "worker_id"]
