@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -41,8 +42,10 @@ from cleanslate.bench._limits import (
     MIN_RATE,
 )
 from cleanslate.bench._ramp import RampLoad, WindowResult
-from cleanslate.bench._trace import TraceInfo, TraceWorkload
-from cleanslate.bench._workloads import WorkloadSpec
+from cleanslate.bench._trace import TraceInfo, TraceWorkload, check_replay, replay_span_s
+from cleanslate.bench._workloads import WorkloadSpec, generate
+from cleanslate.errors import InputError
+from cleanslate.inputs import check_input_file
 
 #: Percentiles reported for every latency distribution, as ``(key word, percent)``.
 PERCENTILES: tuple[tuple[str, float], ...] = (
@@ -339,6 +342,7 @@ class BenchConfig(_Frozen):
         per_prompt = self.workload.max_input_tokens()
         for load in self.loads:
             if isinstance(load, ReplayLoad):
+                self._replay_bounded(load)
                 continue
             n = self.prompts_for(load)
             if n > MAX_NUM_PROMPTS:
@@ -354,6 +358,20 @@ class BenchConfig(_Frozen):
                 )
         return self
 
+    def _replay_bounded(self, load: ReplayLoad) -> None:
+        """A replay level sends for at most ``MAX_DURATION_S`` (a trace that cannot be read
+        is refused when its prompts are built, with its own error)."""
+        if not isinstance(self.workload, TraceWorkload):
+            return
+        try:
+            span = replay_span_s(self.workload)
+        except InputError:
+            return
+        if span / load.speedup > MAX_DURATION_S:
+            raise ValueError(f"{load.label} would send for {span / load.speedup:,.0f} s: a "
+                             f"level sends for at most {MAX_DURATION_S:,.0f} s; replay a "
+                             "window of the trace (start=, duration=), a sample or faster")
+
     def prompts_for(self, load: AnyLoad) -> int:
         """Requests per level when ``num_prompts`` is not set: 5 per slot, at least 50; a
         replay's every request of the trace's selection (at most ``MAX_NUM_PROMPTS``); a rate
@@ -368,6 +386,28 @@ class BenchConfig(_Frozen):
             return MAX_NUM_PROMPTS
         slots = load.concurrency if isinstance(load, ClosedLoop) else (load.max_concurrency or 10)
         return max(50, 5 * slots)
+
+
+def check_workload_files(workload: WorkloadSpec, speedups: Iterable[float] = (), *,
+                         where: str | None = None) -> None:
+    """Read the file a workload names (a ShareGPT dataset, a conversation file, a trace) as
+    its first level will, before anything runs: a regular file within its size cap
+    (:func:`cleanslate.inputs.check_input_file`, errors at ``where``), its rows, lengths and
+    histories, and for a trace each replay level's duration at ``speedups``. InputError on
+    bad input; the run's own prompts are built again later."""
+    file = getattr(workload, "path", None)
+    if not isinstance(file, str):
+        return
+    kind: Literal["trace", "dataset"] = "trace" if isinstance(workload, TraceWorkload) \
+        else "dataset"
+    try:
+        check_input_file(file, kind=kind, where=where)
+    except InputError as exc:
+        raise InputError(f"the workload's {kind}: {exc.message}", where=exc.where,
+                         hint=exc.hint) from None
+    generate(workload, 1, seed=0)
+    if isinstance(workload, TraceWorkload):
+        check_replay(workload, speedups, where=where)
 
 
 def _default_workload() -> WorkloadSpec:
