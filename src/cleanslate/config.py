@@ -4,8 +4,9 @@ Serve configs and study files go through :func:`load_yaml_model`: a YAML syntax 
 type, a missing or unknown key becomes an :class:`~cleanslate.errors.InputError` that names the
 file and the line of the offending value, with pydantic's message and a hint.
 
-User files are bounded before they are built into Python objects (:func:`read_yaml`): at most
-:data:`MAX_YAML_BYTES` bytes of UTF-8, lists and mappings nested at most
+User files are bounded before they are built into Python objects (:func:`read_yaml`): a
+regular file (:func:`cleanslate.inputs.read_input`: a FIFO or a device is refused, never
+read), at most :data:`MAX_YAML_BYTES` bytes of UTF-8, lists and mappings nested at most
 :data:`MAX_YAML_DEPTH` deep, and no aliases (``*name``): an alias repeats a node without
 repeating its text, so a few lines of nested aliases (a "billion laughs" file) expand into
 more objects than memory holds.
@@ -20,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from cleanslate.errors import InputError
+from cleanslate.inputs import MAX_BYTES, read_input
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -50,22 +52,14 @@ def line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
 
 
 #: The largest YAML file read, in bytes (a study or server file is a few kilobytes).
-MAX_YAML_BYTES = 1 << 20
+MAX_YAML_BYTES = MAX_BYTES["yaml"]
 #: The deepest nesting of lists and mappings in a YAML file (the top-level mapping is 1).
 MAX_YAML_DEPTH = 32
 
 
 def _read_text(path: Path) -> str:
     """The file's text: at most :data:`MAX_YAML_BYTES` bytes of UTF-8 (InputError otherwise)."""
-    try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", where=str(path)) from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise InputError(f"the file is larger than {MAX_YAML_BYTES // 1024} KiB",
-                         where=str(path), hint="a study or server file is a few kilobytes; "
-                         "is this the right file?")
+    raw = read_input(path, kind="yaml")  # a regular file only: a FIFO never blocks
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -70,6 +70,7 @@ from cleanslate.bench._models import (
     OpenLoop,
     ReplayLoad,
     Stats,
+    check_workload_files,
 )
 from cleanslate.bench._ramp import RampLoad, WindowResult, parse_ramp
 from cleanslate.bench._trace import TraceInfo, TraceWorkload
@@ -170,6 +171,7 @@ __all__ = [
     "WindowResult",
     "Workload",
     "WorkloadSpec",
+    "check_workload_files",
     "combine",
     "detail_tables",
     "find_max",

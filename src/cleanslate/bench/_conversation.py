@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cleanslate.bench._limits import MAX_CONCURRENCY, MAX_LEN
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
@@ -39,6 +39,11 @@ from cleanslate.models import FrozenStrict
 
 #: The most turns of one conversation.
 MAX_TURNS = 1000
+
+#: The most tokens a conversation's history may reach by its last turn: the system message,
+#: every user message and ``output_len`` for every answer before the last (the longest
+#: prompt of any workload, ``MAX_LEN``; about 10 MB of client memory per user talking).
+MAX_HISTORY_TOKENS = MAX_LEN
 
 #: The roles of a history's messages, as the chat endpoint names them.
 Role = Literal["system", "user", "assistant"]
@@ -63,6 +68,23 @@ class ConversationWorkload(Workload):
                               "talking at once: a closed loop of this concurrency")
     path: str | None = Field(default=None, description="a ShareGPT-format file: its human "
                              "turns as the user messages")
+
+    @model_validator(mode="after")
+    def _history_bounded(self) -> ConversationWorkload:
+        if self.path is None and self.max_history_tokens() > MAX_HISTORY_TOKENS:
+            raise ValueError(
+                f"{self.turns} turns of {self.input_len:,} input and {self.output_len:,} "
+                f"output tokens reach a history of {self.max_history_tokens():,} tokens: at "
+                f"most {MAX_HISTORY_TOKENS:,}; use fewer turns or shorter messages")
+        return self
+
+    def max_history_tokens(self, messages: Sequence[int] | None = None) -> int:
+        """Tokens of the last turn's prompt: the system message, the user messages (each
+        ``input_len``, or the tokens of ``messages``) and an answer of ``output_len`` to each
+        but the last."""
+        users = sum(messages) if messages is not None else self.turns * self.input_len
+        turns = len(messages) if messages is not None else self.turns
+        return self.system_len + users + max(0, turns - 1) * self.output_len
 
     def max_input_tokens(self) -> int:
         """The longest user message a prompt holds (a request's history is built while the
@@ -129,8 +151,15 @@ def _conversations(spec: ConversationWorkload, n: int, rng: random.Random,
             conv += 1
         return out
     dialogs = _dataset_messages(spec.path, tok)
-    rng.shuffle(dialogs)
     count_of = tok.count if tok is not None else approx_count
+    for number, dialog in enumerate(dialogs, 1):  # approximate counts: a bound on memory
+        history = spec.max_history_tokens([approx_count(m) for m in dialog[:spec.turns]])
+        if history > MAX_HISTORY_TOKENS:
+            raise InputError(f"conversation {number:,} reaches a history of {history:,} "
+                             f"tokens by turn {min(spec.turns, len(dialog))}: at most "
+                             f"{MAX_HISTORY_TOKENS:,}", where=spec.path,
+                             hint="use fewer turns (turns=), or a shorter output_len")
+    rng.shuffle(dialogs)
     conv = 0
     while len(out) < n:
         for turn, text in enumerate(dialogs[conv % len(dialogs)][:spec.turns], 1):
@@ -190,5 +219,5 @@ def turn_results(turns: Sequence[tuple[int, bool, int, float | None, float | Non
     return tuple(out)
 
 
-__all__ = ["MAX_TURNS", "ConversationWorkload", "History", "TurnResult", "conversations",
-           "history_text", "history_tokens", "turn_results"]
+__all__ = ["MAX_HISTORY_TOKENS", "MAX_TURNS", "ConversationWorkload", "History", "TurnResult",
+           "conversations", "history_text", "history_tokens", "turn_results"]

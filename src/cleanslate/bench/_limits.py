@@ -48,6 +48,13 @@ MAX_BURSTINESS = 1e3
 #: The longest timeout or deadline accepted, in seconds (about 11.6 days).
 MAX_TIMEOUT_S = 1e6
 
+#: The longest span of a trace file, first to last request (30 days: Azure's public traces
+#: span one hour to one week); a timestamp beyond it is a unit mistake (microseconds written
+#: as milliseconds) or a broken row, refused with its line before anything is sent. What a
+#: replay level sends is bounded again by :data:`MAX_DURATION_S` after its window, sample and
+#: speedups.
+MAX_TRACE_SPAN_S = 30 * 86_400.0
+
 #: The largest time scale of a trace replay (a workload's ``speedup=``, a replay level's).
 MAX_REPLAY_SPEEDUP = 1e6
 

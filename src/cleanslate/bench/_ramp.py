@@ -30,6 +30,9 @@ from cleanslate.errors import InputError
 DEFAULT_STEPS = 8
 LINEAR_WINDOWS = 10
 MAX_STEPS = 1000
+#: Windows a ramp is reported in (each a :class:`WindowResult`, computed over every record):
+#: ten per second over a ten-minute ramp; a ``window=`` of a nanosecond would ask for 10^10.
+MAX_WINDOWS = 10_000
 
 
 class RampLoad(BaseModel):
@@ -64,6 +67,9 @@ class RampLoad(BaseModel):
         if self.window_s is not None and self.window_s > self.duration_s:
             raise ValueError(f"window={self.window_s:g} s is longer than the ramp "
                              f"({self.duration_s:g} s)")
+        if self.window_s is not None and self.duration_s / self.window_s > MAX_WINDOWS:
+            raise ValueError(f"window={self.window_s:g} s cuts the {self.duration_s:g} s ramp "
+                             f"into more than {MAX_WINDOWS:,} windows")
         return self
 
     @property
@@ -194,4 +200,4 @@ class WindowResult(BaseModel):
     p99_tpot_ms: float | None
 
 
-__all__ = ["DEFAULT_STEPS", "RampLoad", "WindowResult", "parse_ramp"]
+__all__ = ["DEFAULT_STEPS", "MAX_WINDOWS", "RampLoad", "WindowResult", "parse_ramp"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cleanslate.errors import InputError
+from cleanslate.inputs import check_input_dir
 
 #: Common English words that BPE tokenizers of the usual families encode as one token each
 #: when preceded by a space.
@@ -61,6 +62,8 @@ class HFTokenizer:
                 where="--tokenizer",
                 hint="give a local directory holding tokenizer.json (no downloads are made)",
             )
+        # transformers opens the folder's files itself: no FIFO or device may be among them.
+        check_input_dir(p, where="--tokenizer")
         try:
             from transformers import AutoTokenizer
 

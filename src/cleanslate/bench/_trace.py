@@ -41,6 +41,7 @@ import io
 import json
 import math
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,14 +50,17 @@ from typing import Literal
 from pydantic import Field
 
 from cleanslate.bench._limits import (
+    MAX_DURATION_S,
     MAX_LEN,
     MAX_NUM_PROMPTS,
     MAX_PROMPT_TOKENS,
     MAX_REPLAY_SPEEDUP,
+    MAX_TRACE_SPAN_S,
 )
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
 from cleanslate.bench._workloads import Prompt, Workload, register_workload
 from cleanslate.errors import InputError
+from cleanslate.inputs import interruptible, read_input
 from cleanslate.models import FrozenStrict
 
 TraceFormat = Literal["jsonl", "mooncake", "azure"]
@@ -165,10 +169,11 @@ def _where(path: Path, line: int | None = None) -> str:
 
 
 def _int_field(value: object, key: str, path: Path, line: int, *, low: int = 0) -> int:
+    # Errors say what is wrong, never the value: a trace may be any file the user can name.
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InputError(f"{key} is {value!r}, not a number of tokens", where=_where(path, line))
+        raise InputError(f"{key} is not a number of tokens", where=_where(path, line))
     if value != int(value) or value < low:
-        raise InputError(f"{key} is {value!r}: a whole number, at least {low}",
+        raise InputError(f"{key} is not a whole number at least {low}",
                          where=_where(path, line))
     return int(value)
 
@@ -185,18 +190,20 @@ def _parse_time(text: str, key: str, path: Path, line: int) -> float:
     try:
         stamp = datetime.fromisoformat(value)
     except ValueError:
-        raise InputError(f"{key} {text!r} is not a time (ISO 8601, e.g. 2023-11-16 18:15:46.68)",
+        raise InputError(f"{key} is not a time (ISO 8601, e.g. 2023-11-16 18:15:46.68)",
                          where=_where(path, line)) from None
     if stamp.tzinfo is None:
         return (stamp - datetime(1970, 1, 1)).total_seconds()
     return stamp.timestamp()
 
 
-def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read the trace: {exc.strerror}", where=str(path)) from None
+def _read_text(path: Path, fmt: TraceFormat) -> str:
+    """The trace's text: a regular file of at most ``MAX_BYTES["trace"]`` bytes and
+    :data:`MAX_NUM_PROMPTS` rows (a header more for CSV), refused as soon as the read passes
+    either (a FIFO, a device or a folder is refused before any read)."""
+    rows = MAX_NUM_PROMPTS + (1 if fmt == "azure" else 0)
+    raw = read_input(path, kind="trace", max_lines=rows, what="lines (one request each: at "
+                     f"most {MAX_NUM_PROMPTS:,} requests)")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -229,7 +236,7 @@ def _json_rows(path: Path, text: str, fmt: TraceFormat) -> list[tuple[float, Tra
                 and math.isfinite(stamp):
             t = float(stamp) / 1000.0
         else:
-            raise InputError(f"timestamp is {stamp!r}, not milliseconds",
+            raise InputError("timestamp is not a number of milliseconds",
                              where=_where(path, line_no))
         prompt = item.get("text") if fmt == "jsonl" else None
         if prompt is not None and not isinstance(prompt, str):
@@ -253,6 +260,17 @@ def _json_rows(path: Path, text: str, fmt: TraceFormat) -> list[tuple[float, Tra
 
 def _azure_rows(path: Path, text: str) -> list[tuple[float, TraceRow, int]]:
     reader = csv.reader(io.StringIO(text))
+    try:
+        return _azure_read(path, reader)
+    except csv.Error as exc:  # a field over the csv module's limit, a NUL byte
+        reason = ("a field is larger than the csv module reads" if "larger" in str(exc)
+                  else "not a CSV row")
+        raise InputError(reason, where=_where(path, max(1, reader.line_num)),
+                         hint=f"fields of at most {csv.field_size_limit():,} characters "
+                         "(Azure's trace: TIMESTAMP,ContextTokens,GeneratedTokens)") from None
+
+
+def _azure_read(path: Path, reader: Iterator[list[str]]) -> list[tuple[float, TraceRow, int]]:
     header = next(reader, None)
     if header is None:
         raise InputError("empty file: no header", where=_where(path, 1))
@@ -260,7 +278,8 @@ def _azure_rows(path: Path, text: str) -> list[tuple[float, TraceRow, int]]:
     need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     missing = [n for n in need if n not in names]
     if missing:
-        raise InputError(f"no column {', '.join(missing)} in the header ({', '.join(names)})",
+        # The header is the file's first line: named by what it lacks, never quoted.
+        raise InputError(f"the header (line 1) has no column {', '.join(missing)}",
                          where=_where(path, 1),
                          hint="Azure's LLM inference trace: TIMESTAMP,ContextTokens,"
                          "GeneratedTokens")
@@ -278,8 +297,7 @@ def _azure_rows(path: Path, text: str) -> list[tuple[float, TraceRow, int]]:
             try:
                 value = float(row[at[key]])
             except ValueError:
-                raise InputError(f"{key} {row[at[key]]!r} is not a number",
-                                 where=_where(path, line_no)) from None
+                raise InputError(f"{key} is not a number", where=_where(path, line_no)) from None
             counts.append(_int_field(value, key, path, line_no,
                                      low=1 if key == "ContextTokens" else 0))
         out.append((t, TraceRow(0.0, counts[0], counts[1]), line_no))
@@ -290,15 +308,23 @@ def _azure_rows(path: Path, text: str) -> list[tuple[float, TraceRow, int]]:
 def _read(path: str, fmt: TraceFormat, max_input: int, max_output: int, _stamp: tuple[int, int]
           ) -> Trace:
     file = Path(path)
-    text = _read_text(file)
+    text = _read_text(file, fmt)
     rows = _azure_rows(file, text) if fmt == "azure" else _json_rows(file, text, fmt)
+    del text
     if not rows:
         raise InputError("no request in the trace", where=str(file))
     if len(rows) > MAX_NUM_PROMPTS:
         raise InputError(f"{len(rows):,} requests: at most {MAX_NUM_PROMPTS:,}", where=str(file),
-                         hint="cut a window of it (start=, duration=) or sample it (sample=)")
+                         hint="cut the file to the requests to replay")
     rows.sort(key=lambda r: r[0])  # stable: rows of one time keep the file's order
     t0 = rows[0][0]
+    span = rows[-1][0] - t0
+    if span > MAX_TRACE_SPAN_S:
+        raise InputError(f"the request at line {rows[-1][2]} comes {span / 86_400:,.0f} days "
+                         f"after the first (line {rows[0][2]}): a trace spans at most "
+                         f"{MAX_TRACE_SPAN_S / 86_400:g} days", where=_where(file, rows[-1][2]),
+                         hint="timestamps are milliseconds from the trace's start (jsonl, "
+                         "mooncake) or absolute times (azure)")
     kept: list[TraceRow] = []
     zero = clipped = 0
     for t, row, _line in rows:
@@ -324,8 +350,31 @@ def read_trace(spec: TraceWorkload) -> Trace:
         st = file.stat()
     except OSError as exc:
         raise InputError(f"cannot read the trace: {exc.strerror}", where=spec.path) from None
-    return _read(str(file), spec.format, spec.max_input_len, spec.max_output_len,
-                 (st.st_mtime_ns, st.st_size))
+    with interruptible():  # seconds for a large trace: SIGINT and SIGTERM still heard
+        return _read(str(file), spec.format, spec.max_input_len, spec.max_output_len,
+                     (st.st_mtime_ns, st.st_size))
+
+
+def replay_span_s(spec: TraceWorkload, trace: Trace | None = None) -> float:
+    """Seconds from the first to the last send of ``spec``'s selection at a level's speedup
+    of 1 (after ``start``, ``duration``, ``sample`` and the workload's ``speedup``); a replay
+    level at speedup ``x`` lasts this over ``x``."""
+    rows = select(spec, trace if trace is not None else read_trace(spec))
+    return rows[-1].t_s - rows[0].t_s if rows else 0.0
+
+
+def check_replay(spec: TraceWorkload, speedups: Iterable[float], *,
+                 where: str | None = None) -> None:
+    """Refuse a replay level that would send for longer than :data:`MAX_DURATION_S`
+    (InputError naming the level): checked before anything is sent."""
+    span = replay_span_s(spec)
+    for x in speedups:
+        if span / x > MAX_DURATION_S:
+            label = "replay" if x == 1 else f"replay={x:g}x"
+            raise InputError(f"{label} would send for {span / x:,.0f} s: a level sends for at "
+                             f"most {MAX_DURATION_S:,.0f} s", where=where or spec.path,
+                             hint="replay a window of the trace (start=, duration=), a sample "
+                             "(sample=) or faster (speedup=)")
 
 
 def select(spec: TraceWorkload, trace: Trace) -> list[TraceRow]:
@@ -459,5 +508,6 @@ def trace_info(spec: TraceWorkload, *, tokenizer: Tokenizer | None = None) -> Tr
         expected_cached_share=share)
 
 
-__all__ = ["COLUMNS", "Trace", "TraceInfo", "TraceRow", "TraceWorkload", "expected_cached",
-           "read_trace", "select", "synthesize", "trace_info"]
+__all__ = ["COLUMNS", "Trace", "TraceInfo", "TraceRow", "TraceWorkload", "check_replay",
+           "expected_cached", "read_trace", "replay_span_s", "select", "synthesize",
+           "trace_info"]

@@ -27,6 +27,7 @@ from pydantic import BeforeValidator, Field, SerializeAsAny, ValidationError
 from cleanslate.bench._limits import MAX_LEN, MAX_PREFIXES
 from cleanslate.bench._tokens import Tokenizer, approx_count, random_text
 from cleanslate.errors import InputError
+from cleanslate.inputs import interruptible, read_input
 from cleanslate.models import FrozenStrict
 
 
@@ -227,9 +228,13 @@ def workload_from_dict(data: dict[str, Any], *, where: str = "workload") -> Work
 def generate(
     spec: Workload, n: int, *, seed: int, tokenizer: Tokenizer | None = None
 ) -> list[Prompt]:
-    """``n`` prompts of the workload, deterministic for a given seed (and tokenizer)."""
+    """``n`` prompts of the workload, deterministic for a given seed (and tokenizer).
+
+    Synchronous work of up to seconds (files read, prompts built), usually inside an event
+    loop: SIGINT and SIGTERM interrupt it (:func:`cleanslate.inputs.interruptible`)."""
     rng = random.Random(f"{seed}:{spec.kind}")
-    return WORKLOADS[spec.kind](spec, n, rng, tokenizer)
+    with interruptible():
+        return WORKLOADS[spec.kind](spec, n, rng, tokenizer)
 
 
 def _vary(rng: random.Random, length: int, ratio: float) -> int:
@@ -259,10 +264,7 @@ def _random(
 def read_dataset(path: Path) -> Any:
     """The JSON document of a dataset file; unreadable, not UTF-8 or not JSON is an
     :class:`InputError` naming the file (and the line where known)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}", where="--dataset") from None
+    raw = read_input(path, kind="dataset")  # a regular file (never a FIFO), at most 1 GiB
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

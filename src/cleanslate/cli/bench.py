@@ -35,6 +35,7 @@ from cleanslate.cli._common import (
     write_result,
 )
 from cleanslate.errors import ExitCode, InputError
+from cleanslate.inputs import check_input_file
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
     from cleanslate.bench import SLO, BenchConfig, BenchResult, WorkloadSpec
@@ -86,8 +87,12 @@ def parse_speedups(text: str) -> list[float]:
 
 def _float_list(text: str, *, option: str, what: str, example: str) -> list[float]:
     out: list[float] = []
-    for part in text.split(","):
+    parts = text.split(",")
+    for index, part in enumerate(parts):
         part = part.strip()
+        if not part and len(parts) > 1:  # "2,,4": a value left out, never skipped
+            raise InputError(f"item {index + 1} of {text.strip()!r} is empty", where=option,
+                             hint=f"e.g. {example}")
         if not part:
             continue
         try:
@@ -467,7 +472,9 @@ def build_config(opts: BenchOptions) -> BenchConfig:
         TARGET_CI_MIN_REPEATS,
         BenchConfig,
         ConversationWorkload,
+        ReplayLoad,
         TraceWorkload,
+        check_workload_files,
         parse_ramp,
     )
 
@@ -531,7 +538,7 @@ def build_config(opts: BenchOptions) -> BenchConfig:
         ]
     try:
         # Every bound (sizes, URL, timeouts) is the model's: docs/bench.md lists them.
-        return BenchConfig.model_validate(
+        config = BenchConfig.model_validate(
             {
                 "url": o.url,
                 "model": o.model,
@@ -563,6 +570,12 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             else "--num-prompts/--workload",
             hint="docs/bench.md lists the bounds of every option",
         ) from None
+    # The file a workload names is read now, as its first level will read it: a bad one is
+    # refused before any request (a FIFO, a device, too many rows, a replay of days).
+    check_workload_files(config.workload, [x.speedup for x in config.loads
+                                           if isinstance(x, ReplayLoad)],
+                         where="--dataset" if o.dataset is not None else "--workload")
+    return config
 
 
 def _workload_spec(o: BenchOptions) -> WorkloadSpec:
@@ -574,6 +587,7 @@ def _workload_spec(o: BenchOptions) -> WorkloadSpec:
             raise InputError("give --workload or --dataset, not both", where="--dataset")
         if not o.dataset.is_file():
             raise InputError(f"{o.dataset} is not a file", where="--dataset")
+        check_input_file(o.dataset, kind="dataset", where="--dataset")  # a regular file
         return ShareGPTWorkload(path=str(o.dataset))
     return parse_workload(o.workload if o.workload is not None else "random")
 

@@ -13,7 +13,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from cleanslate.cli._common import check_writable, parse_gpus
-from cleanslate.cli._options import GpuBackendOption, JsonOption, SettleOption, store_option
+from cleanslate.cli._options import (
+    GpuBackendOption,
+    JsonOption,
+    SettleOption,
+    check_settle,
+    named_host,
+    store_option,
+)
 from cleanslate.engines.signatures import require_signature
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
@@ -39,7 +46,8 @@ T = TypeVar("T")
 
 def check(
     host: Annotated[list[str] | None, typer.Option(
-        "--host", help="Host to check (repeatable); default: this machine.")] = None,
+        "--host", callback=named_host,
+        help="Host to check (repeatable); default: this machine.")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="GPU indices in scope, e.g. 0,1 (default: all).")] = None,
     port: Annotated[list[int] | None, typer.Option(
@@ -97,6 +105,8 @@ def check(
     if not math.isfinite(settle) or settle < 0:
         raise InputError(f"must be zero or a positive number of seconds, got {settle:g}",
                          where="--settle")
+    if until_clean:
+        check_settle(settle, deadline)
     if tolerance_mib < 0:
         raise InputError(f"must be zero or more, got {tolerance_mib}", where="--tolerance-mib")
     if shm_min_free_mib < 0:

@@ -24,6 +24,8 @@ from cleanslate.cli._options import (
     JsonOption,
     SettleOption,
     StoreOption,
+    check_settle,
+    named_host,
 )
 from cleanslate.cli._render import print_teardown, targets_table
 from cleanslate.cli.stop import stop_run
@@ -43,7 +45,8 @@ def clean(
     ] = None,
     pid: Annotated[list[int] | None, typer.Option(
         "--pid", help="A process (and its descendants) to end (repeatable).")] = None,
-    host: Annotated[str | None, typer.Option(help="Host (default: this machine).")] = None,
+    host: Annotated[str | None, typer.Option(
+        callback=named_host, help="Host (default: this machine).")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Act without asking.")] = False,
     grace: GraceOption = 30.0,
     deadline: DeadlineOption = 60.0,
@@ -63,6 +66,7 @@ def clean(
     if not math.isfinite(settle) or settle < 0:
         raise InputError(f"must be zero or a positive number of seconds, got {settle:g}",
                          where="--settle")
+    check_settle(settle, deadline)
     if run:
         raise typer.Exit(stop_run(run, store_url, grace, deadline, gpu_backend, json_out,
                                   settle=settle))

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cleanslate.cli._common import console, parse_gpus
-from cleanslate.cli._options import JsonOption
+from cleanslate.cli._options import JsonOption, named_host
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
 
@@ -23,7 +23,8 @@ _STYLE = {"error": "red", "warning": "magenta", "info": "dim"}
 
 def doctor(
     host: Annotated[list[str] | None, typer.Option(
-        "--host", help="Host to examine (repeatable); default: this machine.")] = None,
+        "--host", callback=named_host,
+        help="Host to examine (repeatable); default: this machine.")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="GPU indices in scope, e.g. 0,1 (default: all).")] = None,
     bandwidth: Annotated[bool, typer.Option(

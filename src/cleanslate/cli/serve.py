@@ -19,7 +19,7 @@ import typer
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err, parse_gpus, progress_printer
-from cleanslate.cli._options import GpuBackendOption, JsonOption, StoreOption
+from cleanslate.cli._options import GpuBackendOption, JsonOption, StoreOption, named_host
 from cleanslate.cli._render import print_teardown, render_report
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
@@ -126,7 +126,8 @@ def serve(
     engine: Annotated[str | None, typer.Option(help="sglang, vllm, trtllm, transformers, "
                                                     "llamacpp, command or sim.")] = None,
     model: Annotated[str | None, typer.Option(help="Model path or name.")] = None,
-    host: Annotated[str | None, typer.Option(help="Host (default: this machine).")] = None,
+    host: Annotated[str | None, typer.Option(
+        callback=named_host, help="Host (default: this machine).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: the engine's).")] = None,
     gpus: Annotated[str | None, typer.Option(help="GPUs the run needs, e.g. 0,1.")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Leave it running, recorded.")] = False,

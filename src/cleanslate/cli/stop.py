@@ -22,6 +22,7 @@ from cleanslate.cli._options import (
     JsonOption,
     SettleOption,
     StoreOption,
+    check_settle,
 )
 from cleanslate.cli._render import print_teardown
 from cleanslate.errors import ExitCode, InputError
@@ -51,6 +52,7 @@ def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
     if not math.isfinite(settle) or settle < 0:
         raise InputError(f"must be zero or a positive number of seconds, got {settle:g}",
                          where="--settle")
+    check_settle(settle, deadline)
     from cleanslate.launch.lifecycle import stop_server
     from cleanslate.store import Store
 

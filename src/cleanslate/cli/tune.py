@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cleanslate.cli._common import console, console_err
-from cleanslate.cli._options import GpuBackendOption, JsonOption, StoreOption
+from cleanslate.cli._options import GpuBackendOption, JsonOption, StoreOption, named_host
 from cleanslate.cli._render import render_report
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
@@ -86,7 +86,7 @@ def tune(
     resume: Annotated[bool, typer.Option(
         "--resume/--no-resume", help="Resume a study of the same name (the default).")] = True,
     host: Annotated[str | None, typer.Option(
-        help="Host, overriding the study's host: and hosts:.")] = None,
+        callback=named_host, help="Host, overriding the study's host: and hosts:.")] = None,
     gpu_backend: GpuBackendOption = "auto",
     json_out: JsonOption = False,
     check: Annotated[bool, typer.Option(

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from cleanslate.cli._common import console, parse_gpus
-from cleanslate.cli._options import GpuBackendOption, store_option
+from cleanslate.cli._options import GpuBackendOption, named_host, store_option
 from cleanslate.cli.tune import ConsoleView
 from cleanslate.errors import ExitCode
 
@@ -26,6 +26,7 @@ def worker(
         help="Store URL shared by the fleet (postgresql://... across machines).")
     ] = None,
     host: Annotated[str | None, typer.Option(
+        callback=named_host,
         help="The slot's host (default: the study's host, else this machine).")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="The slot's GPUs, e.g. 0,1 (default: the study's).")] = None,

@@ -102,6 +102,20 @@ class ServerFields(BaseModel):
             raise ValueError("launch: is empty")
         return value
 
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        """Names an environment can hold: not empty, no ``=`` or NUL (``A=B: x`` would set
+        ``A`` to ``B=x``, and ``exec`` refuses a NUL); values without NUL."""
+        for name, text in value.items():
+            if not name or "=" in name or "\0" in name:
+                what = "is empty" if not name else "holds '='" if "=" in name else "holds NUL"
+                raise ValueError(f"an environment variable's name {what}: a name is letters, "
+                                 "digits and '_'")
+            if "\0" in text:
+                raise ValueError(f"the value of {name} holds a NUL character")
+        return value
+
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, value: list[int] | None) -> list[int] | None:

@@ -35,7 +35,6 @@ distributions.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from cleanslate.bench import (
     ClosedLoop,
     LevelResult,
     ReplayLoad,
+    check_workload_files,
     workload_from_dict,
 )
 from cleanslate.config import line_of, read_yaml, validation_error
@@ -288,7 +288,7 @@ class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     trials: int | None = Field(default=None, ge=1)
-    hours: float | None = Field(default=None, gt=0)
+    hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class Statistics(BaseModel):
@@ -310,10 +310,13 @@ class Statistics(BaseModel):
     max_replicates: int = Field(default=5, ge=2, le=50)
     max_error_rate: float = Field(default=0.01, ge=0, lt=1)
 
-    @field_validator("replicates")
+    @field_validator("replicates", mode="before")
     @classmethod
-    def _replicates(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
-        if isinstance(value, bool) or (isinstance(value, int) and not 1 <= value <= 50):
+    def _replicates(cls, value: object) -> object:
+        # Before pydantic's coercion, which reads true as 1 and "3" as 3.
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 50:
             raise ValueError("replicates is auto or a number from 1 to 50")
         return value
 
@@ -682,16 +685,14 @@ def _check_distributions(spec: StudySpec, root: yaml.Node | None, path: Path) ->
                              hint="see docs/study.md for ranges") from None
 
 
-def _check_dataset(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
-    """A dataset workload's file must be a readable file here (the benchmark client runs in
-    this process); its content is read at the first level."""
-    if spec.workload.get("kind") != "sharegpt":
-        return
-    dataset = Path(str(spec.workload.get("path")))
-    if not dataset.is_file() or not os.access(dataset, os.R_OK):
-        raise InputError(f"the workload's dataset {dataset} is not a readable file",
-                         where=_at(path, root, ("workload", "path")),
-                         hint="a ShareGPT-format JSON file on the machine that runs tune")
+def _check_inputs(spec: StudySpec, root: yaml.Node | None, path: Path) -> None:
+    """The file a workload names (a ShareGPT dataset, a conversation file, a trace) is read
+    here as the first level will read it (the benchmark client runs in this process): a
+    file that cannot be opened is an error at the study's line; one whose content is wrong,
+    at the file's own line (:func:`cleanslate.bench.check_workload_files`)."""
+    check_workload_files(workload_from_dict(spec.workload),
+                         [load.speedup for load in spec.replay_loads()],
+                         where=_at(path, root, ("workload", "path")))
 
 
 def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
@@ -709,7 +710,7 @@ def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
         raise validation_error(path, root, exc, hint) from None
     _check_flags(spec, root, path)
     _check_distributions(spec, root, path)
-    _check_dataset(spec, root, path)
+    _check_inputs(spec, root, path)
     if spec.strategy == "ablation" or spec.baseline:
         for name, value in spec.baseline.items():
             if value not in spec.factor_values(name):

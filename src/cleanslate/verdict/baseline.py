@@ -22,13 +22,14 @@ from pydantic import ValidationError
 from cleanslate._output_files import write_output
 from cleanslate.errors import InputError
 from cleanslate.hosts.files import untrusted
+from cleanslate.inputs import MAX_BYTES, read_input
 from cleanslate.models import Frozen
 from cleanslate.probe.snapshot import ListeningSocket, Snapshot
 
 _HINT = "create one with `cleanslate check --save-baseline FILE`"
 
 #: Largest baseline file read (bytes): a host with 100,000 processes makes about 5 MB.
-MAX_BASELINE_BYTES = 64 << 20
+MAX_BASELINE_BYTES = MAX_BYTES["baseline"]
 
 #: Seconds two readings of a process's start time may differ and still name the same process
 #: (the no-python3 probe derives it from whole seconds of elapsed time).
@@ -151,15 +152,11 @@ class Baseline(Frozen):
                                   "when the host was idle: keep it where only you can write "
                                   "(chmod go-w FILE), or save a new one with "
                                   "`cleanslate check --save-baseline FILE`")
-        try:
-            with path.open("rb") as fh:
-                raw = fh.read(MAX_BASELINE_BYTES + 1)
-        except OSError as exc:
-            raise InputError(f"cannot read baseline: {exc.strerror or exc}", where=str(path),
+        try:  # a regular file only (a FIFO never blocks), at most MAX_BASELINE_BYTES
+            raw = read_input(path, kind="baseline")
+        except InputError as exc:
+            raise InputError(f"{exc.message}: not a baseline", where=str(path),
                              hint=_HINT) from None
-        if len(raw) > MAX_BASELINE_BYTES:
-            raise InputError(f"larger than {MAX_BASELINE_BYTES >> 20} MiB: not a baseline",
-                             where=str(path), hint=_HINT)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
