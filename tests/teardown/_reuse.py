@@ -12,7 +12,9 @@ The child then
 - ``leader``: starts a session of its own (its PID is its session and group number), names
   itself ``comm``, drops to ``uid`` and sleeps;
 - ``orphan``: starts a session, forks a member of it (named ``comm``, as ``uid``) and exits, so
-  the session's number is carried by a process whose leader is gone.
+  the session's number is carried by a process whose leader is gone;
+- ``family``: a ``leader`` with a child of its own (named ``comm``, as ``uid``), which the
+  caller finds as the leader's child.
 
 :class:`Strangers` (the fixture ``strangers``) ends each process it started, by pidfd after
 checking its start time, when the test ends.
@@ -58,7 +60,11 @@ def start():
             for fd in (0, 1, 2):  # the test's pipes stay the test's
                 os.dup2(null, fd)
             os.setsid()
-            if mode == "leader":
+            if mode == "family" and os.fork() == 0:
+                become(comm)
+                time.sleep(300)
+                os._exit(0)
+            if mode in ("leader", "family"):
                 become(comm)
                 os.write(write, f"{os.getpid()}\n".encode())
                 time.sleep(300)

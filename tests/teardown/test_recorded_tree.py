@@ -74,6 +74,18 @@ def tree_text(entries: list[tuple[int, int]], boot: str = BOOT) -> str:
     return f"cleanslate-tree 1 {boot} {HZ}\n" + "".join(f"{p} {t}\n" for p, t in entries)
 
 
+def children_of(parent: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if stat_field(int(entry.name), 1) == str(parent):
+                    out.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return out
+
+
 def untouched(pid: int, ticks: str, report: TeardownReport) -> None:
     assert start_time(pid) == ticks and alive(pid)
     assert pid not in {t.pid for t in report.targets}
@@ -225,3 +237,36 @@ def test_the_same_tree_written_right_selects_its_process(
     report = stop(tmp_path, record(folder))
     assert {t.pid: t.why for t in report.targets} == {victim: RECORDED}
     assert not alive(victim)
+
+
+def test_the_recorder_judges_a_reused_pid_anew(tmp_path: Path,
+                                               strangers: Strangers) -> None:  # noqa: F811
+    """The supervisor reads only new PIDs on most passes; a new process whose parent's PID was
+    the tree's is recorded only if that parent is still the process judged (its start time):
+    here a recorded child exits and another user's-like daemon takes its PID and starts a
+    child of its own before the next pass. Neither is recorded."""
+    from cleanslate.launch._supervise_script import TreeRecorder
+
+    tree = tmp_path / TREE_FILE
+    recorder = TreeRecorder(str(tree), BOOT)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        recorder.scan()
+        number, ticks = child.pid, start_time(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert f"\n{number} {ticks}\n" in tree.read_text()
+    leader = strangers.spawn_at(number, comm="other", uid=os.geteuid(), mode="family")
+    assert leader == number and start_time(leader) != ticks
+    deadline = time.monotonic() + 5
+    while not (members := children_of(leader)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    strangers.started.append((members[0], start_time(members[0])))
+    recorder.scan()
+    lines = tree.read_text().splitlines()[1:]
+    assert f"{number} {ticks}" in lines
+    assert not {line.split()[0] for line in lines} & {str(members[0])}
+    assert f"{number} {start_time(leader)}" not in lines
+    assert parse_tree(tree.read_bytes()).boot_id == BOOT

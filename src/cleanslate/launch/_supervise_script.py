@@ -34,9 +34,11 @@ directory and no other of the same name (``cleanslate.teardown._cgroup_script``)
 possible (no cgroup v2, read-only, not permitted) the run goes on without one and
 ``cgroup_error`` says why.
 
-The tree (only without a cgroup): every :data:`TREE_INTERVAL_S` seconds a thread reads
-``/proc/*/stat`` and appends each descendant of the supervisor not yet recorded (its PID and
-its start time in clock ticks since boot, field 22) to ``tree.txt`` beside the state file, so
+The tree (only without a cgroup): every :data:`TREE_INTERVAL_S` seconds a thread lists
+``/proc``, reads the ``stat`` of the processes it has not seen yet (all of them every
+:data:`TREE_FULL_EVERY` passes), and appends each descendant of the supervisor not yet recorded
+(its PID and its start time in clock ticks since boot, field 22) to ``tree.txt`` beside the
+state file, so
 that teardown can still find a process that left the run's group and session after the
 supervisor is gone (``cleanslate.teardown._tree``). The file is made 0600 with ``O_EXCL`` and
 ``O_NOFOLLOW``; its first line is ``cleanslate-tree 1 <boot id> <clock ticks per second>``, each
@@ -62,6 +64,8 @@ PR_SET_NAME = 15
 TREE_INTERVAL_S = 0.5
 #: Lines of ``tree.txt`` after which recording stops (about 1 MiB).
 TREE_MAX_ENTRIES = 65536
+#: Passes after which the tree is read whole again (every 10 s).
+TREE_FULL_EVERY = 20
 TREE_FILE = "tree.txt"
 TREE_MAGIC = "cleanslate-tree"
 
@@ -173,53 +177,95 @@ def make_cgroup(name: str) -> tuple[str | None, int | None, str | None]:
     return path, ino, None
 
 
-def descendants(me: int) -> dict[int, int]:
-    """``{pid: start in clock ticks since boot}`` of every live descendant of ``me``, from one
-    pass over ``/proc/*/stat`` (a process that exits meanwhile is skipped)."""
-    parent: dict[int, tuple[int, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def proc_stat(pid: int) -> tuple[int, int] | None:
+    """``(parent PID, start in clock ticks since boot)`` of ``pid``, ``None`` when it is gone or
+    cannot be read."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                raw = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            fields = raw[raw.rfind(b")") + 2 :].split()
-            parent[int(name)] = (int(fields[1]), int(fields[19]))
-        except (OSError, ValueError, IndexError):
-            continue
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _start) in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    out: dict[int, int] = {}
-    stack = [me]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in out and child != me:
-                out[child] = parent[child][1]
-                stack.append(child)
-    return out
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class TreeRecorder:
-    """Appends the supervisor's descendants to the tree file (see the module docstring)."""
+    """Appends the supervisor's descendants to the tree file (see the module docstring).
+
+    A pass lists ``/proc`` and reads the ``stat`` of the PIDs it has not judged yet, and of the
+    parents of those (still the process judged, by start time?); a process outside the tree
+    stays outside (the kernel re-parents an orphan to its nearest subreaper ancestor: this
+    supervisor for its own tree). Every :data:`TREE_FULL_EVERY` passes everything is read
+    again, so a PID reused between two passes is judged anew within that time."""
 
     def __init__(self, path: str, boot_id: str | None) -> None:
         self.me = os.getpid()
-        self.seen: set[tuple[int, int]] = set()
+        self.known: dict[int, tuple[int, bool]] = {}  # pid: (start ticks, in the tree)
+        self.recorded: set[tuple[int, int]] = set()
+        self.passes = 0
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
                           | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         os.write(self.fd, f"{TREE_MAGIC} 1 {boot_id or '-'} "
                           f"{os.sysconf('SC_CLK_TCK')}\n".encode())
 
+    def new_descendants(self) -> dict[int, int]:
+        """``{pid: start ticks}`` of the descendants judged in this pass (one pass, above)."""
+        if self.passes % TREE_FULL_EVERY == 0:
+            self.known.clear()
+        self.passes += 1
+        live = {int(name) for name in os.listdir("/proc") if name.isdigit()}
+        for pid in [pid for pid in self.known if pid not in live]:
+            del self.known[pid]
+        fresh: dict[int, tuple[int, int]] = {}
+        for pid in live:
+            if pid not in self.known and (found := proc_stat(pid)) is not None:
+                fresh[pid] = found
+        verdicts: dict[int, bool | None] = {}
+
+        def judge(pid: int, depth: int = 0) -> bool | None:
+            """Whether ``pid`` is in the tree now (``None``: not known in this pass)."""
+            if pid == self.me:
+                return True
+            if pid not in live or depth > 1000:
+                return False  # gone before the listing: its children were re-parented then
+            if pid in verdicts:
+                return verdicts[pid]
+            verdicts[pid] = False  # a parent loop (a PID reused meanwhile) is not a tree
+            now = fresh.get(pid)
+            if now is None:
+                now = proc_stat(pid)
+                cached = self.known.get(pid)
+                if now is None or cached is None:
+                    verdicts[pid] = None  # exited meanwhile
+                    return None
+                if cached[0] == now[1]:
+                    verdicts[pid] = cached[1]
+                    return cached[1]
+                fresh[pid] = now  # another process with that PID: judged anew
+            verdicts[pid] = judge(now[0], depth + 1)
+            return verdicts[pid]
+
+        for pid in list(fresh):
+            judge(pid)
+        out: dict[int, int] = {}
+        for pid, (_ppid, start) in fresh.items():
+            verdict = verdicts.get(pid)
+            if verdict is None:
+                continue  # read again next pass
+            self.known[pid] = (start, verdict)
+            if verdict and pid != self.me:
+                out[pid] = start
+        return out
+
     def scan(self) -> None:
-        room = TREE_MAX_ENTRIES - len(self.seen)
-        new = sorted(set(descendants(self.me).items()) - self.seen)[:max(room, 0)]
+        room = TREE_MAX_ENTRIES - len(self.recorded)
+        new = sorted(set(self.new_descendants().items()) - self.recorded)[:max(room, 0)]
         if new:
             os.write(self.fd, "".join(f"{pid} {start}\n" for pid, start in new).encode())
-            self.seen.update(new)
+            self.recorded.update(new)
 
     def loop(self) -> None:
         while True:
