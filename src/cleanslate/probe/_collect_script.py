@@ -343,7 +343,7 @@ def _shm_usage(
     top: list[tuple[int, str, Any]] = []
     scanned = listed = 0
     complete = True
-    root_dev = os.lstat(directory).st_dev
+    root_dev = os.stat(directory).st_dev  # followed: /dev/shm may be a link to /run/shm
     folders = [""]
     while folders and complete:
         rel = folders.pop()
