@@ -6,7 +6,8 @@
 - ``clean --pid 1`` and ``clean --pid $$`` are refused, run inside a private PID namespace where
   PID 1 and the shell are this test's own processes;
 - a grandchild that double-forks, calls ``setsid``, renames itself and re-executes without the
-  run's marker is still found through the run's cgroup; without cgroups a run still ends CLEAN;
+  run's marker is still found through the run's cgroup, and without one through the tree its
+  supervisor recorded; without cgroups a run still ends CLEAN;
 - command lines with rich markup (``[/x]``, ``[bold]``) are printed as text.
 
 Every process signalled here is one this test started (by PID) or one ``cleanslate`` ends.
@@ -287,9 +288,38 @@ def test_cgroup_finds_a_ghost_that_left_every_other_link(lab: Lab) -> None:
     assert {t["user"] for t in report["targets"]} == {"root"}
 
 
+def test_without_a_cgroup_the_recorded_tree_finds_the_ghost(lab: Lab) -> None:
+    """Issue 35: the same ghost, ``CLEANSLATE_CGROUP=0``: no cgroup, the group and session
+    numbers select nothing, and the ghost is found through the tree its supervisor recorded
+    (``tree.txt``), after the supervisor and the server are SIGKILLed."""
+    pidfile = lab.root / "ghost.pid"
+    port = free_port()
+    doc = serve_file(lab, {
+        "engine": "command", "model": "sim", "port": port, "ready_timeout_s": 60,
+        "smoke_timeout_s": 10,
+        "argv": [sys.executable, str(HERE / "_ghost_server.py"), str(pidfile), sys.executable,
+                 "-m", "cleanslate.sim", "serve", "--port", "{port}", "--model-path",
+                 "{model}"]}, env={"CLEANSLATE_CGROUP": "0"})
+    assert doc["cgroup"] is None
+    ghost = int(pidfile.read_text())
+    tree = Path(lab.run(doc["run_id"]).artifacts_dir, "tree.txt")
+    assert wait_for(lambda: f"\n{ghost} " in tree.read_text(), 5)
+    os.kill(doc["supervisor_pid"], signal.SIGKILL)
+    os.kill(doc["pid"], signal.SIGKILL)
+    assert wait_for(lambda: not alive(doc["pid"]), 10)
+    assert alive(ghost)
+    stopped = lab.stop(doc["run_id"], "--json")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    report = stopped.json()
+    whys = {t["pid"]: t["why"] for t in report["targets"]}
+    assert whys.get(ghost) == "recorded", report["targets"]
+    assert report["verify"]["verdict"] == "clean"
+    assert not alive(ghost)
+
+
 def test_without_cgroups_a_run_still_ends_clean(lab: Lab) -> None:
     """``CLEANSLATE_CGROUP=0``: no cgroup, the reason recorded, and teardown by the recorded
-    PIDs, the marker and group numbers with evidence (the sim's workers carry its signature)."""
+    PIDs, the marker and the tree the supervisor recorded (group numbers select nothing)."""
     doc = serve_file(lab, {"engine": "sim", "model": "sim", "port": free_port(),
                            "ready_timeout_s": 60, "flags": {"tp-size": 2}},
                      env={"CLEANSLATE_CGROUP": "0"})
