@@ -567,7 +567,7 @@ def build_config(opts: BenchOptions) -> BenchConfig:
             exc, options=_OPTIONS,
             # a level's own bound, else the model-level bound on a level's prompts
             default_option=lambda loc: loop if loc[:1] == ("loads",)
-            else "--num-prompts/--workload",
+            else "--replay" if o.replay is not None else "--num-prompts/--workload",
             hint="docs/bench.md lists the bounds of every option",
         ) from None
     # The file a workload names is read now, as its first level will read it: a bad one is
