@@ -133,7 +133,8 @@ CASES: list[tuple[str, Build, str]] = [
     ("trace-row-at-1e15-ms", lambda t: _trace(_write(t, "far.jsonl", _rows(0, 1e15))),
      "a trace spans at most 30 days"),
     ("replay-of-two-days", lambda t: (*_trace(_write(t, "days.jsonl", _rows(0, 172_800_000))),
-                                      "--replay", "1"), "--replay: replay would send for 172,800 s"),
+                                      "--replay", "1"),
+     "--replay: replay would send for 172,800 s"),
     ("ramp-window-1e-9", lambda t: _bench("--ramp", "linear:start=1,end=2,duration=60,"
                                           "window=1e-9"), "more than 10,000 windows"),
     ("conversation-1000-turns-of-1M-tokens",
