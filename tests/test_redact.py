@@ -3,8 +3,12 @@ is linear in the text, and no function raises or returns a secret it was shown."
 
 from __future__ import annotations
 
+import json
+import re
 import string
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from cleanslate.redact import (
     SECRET_NAMES_ENV,
     Scrubber,
     is_secret_name,
+    looks_like_token,
     redact_argv,
     redact_data,
     redact_env,
@@ -78,8 +83,11 @@ def test_redact_url(url: str, expected: str) -> None:
 def test_redact_env_and_flags() -> None:
     env = {"HF_TOKEN": "hf_abc123", "PATH": "/usr/bin", "EMPTY_TOKEN": "",
            "DATABASE_URL": "postgresql://u:pw@h/db"}
-    assert redact_env(env) == {"HF_TOKEN": REDACTED, "PATH": "/usr/bin", "EMPTY_TOKEN": "",
-                               "DATABASE_URL": "postgresql://u:***@h/db"}
+    # An unknown name keeps no URL (a webhook's path is its secret); a known knob keeps its
+    # value with the URL password hidden.
+    assert redact_env({**env, "HTTPS_PROXY": "http://u:pw@proxy:3128"}) == {
+        "HF_TOKEN": REDACTED, "PATH": "/usr/bin", "EMPTY_TOKEN": "", "DATABASE_URL": REDACTED,
+        "HTTPS_PROXY": "http://u:***@proxy:3128"}
     flags = {"api-key": ["sk-1", "sk-2"], "hf-token": 123456, "enable-auth": True,
              "port": 8000, "model": "m", "password": None, "env": {"HF_TOKEN": "hf_x"}}
     assert redact_flags(flags) == {"api-key": [REDACTED, REDACTED], "hf-token": REDACTED,
@@ -140,7 +148,8 @@ def test_scrubber_hides_known_values_anywhere() -> None:
     scrub = Scrubber.for_run({"HF_TOKEN": "hf_abcdef", "DB": "postgresql://u:hunter22@h/d"},
                              {"api-key": "sk-xyzw", "pw": "abc"},
                              ["srv", "--admin-api-key", "adm1n-k3y"])
-    assert set(scrub.values) == {"hf_abcdef", "hunter22", "sk-xyzw", "adm1n-k3y"}
+    assert set(scrub.values) == {"hf_abcdef", "hunter22", "sk-xyzw", "adm1n-k3y",
+                                 "postgresql://u:hunter22@h/d"}
     text = "loaded hf_abcdef; key sk-xyzw; admin adm1n-k3y; pw hunter22; abc stays"
     out = scrub(text)
     assert out is not None
@@ -186,7 +195,8 @@ def test_secret_values() -> None:
     doc = {"env": {"HF_TOKEN": "hf_x1234", "X": "postgresql://u:pass5678@h/d"},
            "argv": ["a", "--api-key", "sk-long1", "PGPASSWORD=pgpass99"],
            "flags": {"api-key": 12345678, "short": "ab"}, "pw": "abc"}
-    assert secret_values(doc) == {"hf_x1234", "pass5678", "sk-long1", "pgpass99", "12345678"}
+    assert secret_values(doc) == {"hf_x1234", "pass5678", "sk-long1", "pgpass99", "12345678",
+                                  "postgresql://u:pass5678@h/d"}
 
 
 # -- cost -----------------------------------------------------------------------------------------
@@ -210,6 +220,16 @@ _ADVERSARIAL = {
     "unclosed quoted values": "sshpass -p '" * (1 << 14),
     "query parameters": "?sig=a&" * (1 << 15),
     "path assignments": "path=" * (1 << 16),
+    # issue 35's shapes: key blocks, JWTs, token runs, set/config names, positional programs
+    "unclosed key blocks": "-----BEGIN PRIVATE KEY-----" * (1 << 13),
+    "key headers that do not match": "-----BEGIN " * (1 << 14),
+    "JWT starts": "eyJabcd." * (1 << 15),
+    "one random token": "aB3dE5gH7jK9mN1pQ3sT5vX7zB9dF1hJ" * (1 << 13),
+    "token runs": "aB3dE5gH7jK9mN1pQ3sT5vX7 " * (1 << 14),
+    "set names": "set api_key " * (1 << 14),
+    "config options": "config --global --x " * (1 << 13),
+    "htpasswd positionals": "htpasswd -b " + "x " * (1 << 16),
+    "vault logins": "vault login " * (1 << 14),
 }
 
 
@@ -564,3 +584,271 @@ def test_a_studys_secrets_are_not_stored(tmp_path: Any) -> None:
               if secret.encode() in raw or secret in returned]
     print(f"{len(secrets)} study secrets, {len(leaked)} stored")
     assert leaked == []
+
+
+# -- redaction by structure (issue 35) ------------------------------------------------------------
+#
+# Both sides of the rule: a table of secret spellings (tests/data/redaction_cases.json, plus the
+# table above) of which none may survive any output, and engine command lines, environments and
+# logs without a secret (tests/data/engine_command_lines.json, the engines' real help texts and
+# logs) of which nothing may be masked. ``python benchmarks/redaction_table.py`` prints the same
+# figures with the token detector's rates.
+
+DATA = Path(__file__).parent / "data"
+ENGINE_DATA = Path(__file__).parent / "engines" / "data"
+
+
+def _table() -> list[tuple[str, str, Any, str]]:
+    """Every spelling: (what, where, input, secret)."""
+    rows = json.loads((DATA / "redaction_cases.json").read_text())["rows"]
+    table = [(r["what"], r["where"], r["input"], r["secret"]) for r in rows]
+    for n, (what, where, value) in enumerate(SPELLINGS):
+        unique, secret = _unique(value, n)
+        table.append((what, where, unique, secret))
+    return table
+
+
+def _outputs(where: str, value: Any) -> list[Any]:
+    """Everything redaction makes of ``value`` as ``where`` holds it."""
+    if where == "env":
+        return [redact_env(value), redact_data({"env": value})]
+    if where == "flags":
+        return [redact_flags(value), redact_data({"flags": value})]
+    if where == "argv":
+        return [redact_argv(value), redact_argv([" ".join(value)]), redact_data({"argv": value})]
+    if where == "text":
+        return [redact_text(value), redact_data({"detail": value})]
+    return [redact_data(value)]
+
+
+def test_redaction_table_leaks_nothing() -> None:
+    """The 15 spellings issue 35 found leaking and at least 150 more: the secret is in no
+    output of redact_env, redact_flags, redact_argv (also as one setproctitle string),
+    redact_text and redact_data."""
+    table = _table()
+    leaked = [what for what, where, value, secret in table
+              if any(secret in json.dumps(out) or secret in repr(out)
+                     for out in _outputs(where, value))]
+    places = Counter(where for _, where, _, _ in table)
+    print(f"redaction table: {len(table)} spellings ({dict(places)}), {len(leaked)} leaked")
+    assert len(table) >= 150
+    assert leaked == [], f"{len(leaked)} of {len(table)} spellings leaked: {leaked}"
+
+
+def test_redaction_table_is_not_stored(tmp_path: Path) -> None:
+    """The whole table in one run record (its env, flags, argv, detail and log tail), saved to
+    a real SQLite store and read back: no secret in the database's bytes nor in the record."""
+    from cleanslate.store import RunRecord, RunStatus, Store
+
+    env: dict[str, str] = {}
+    flags: dict[str, Any] = {}
+    argv: list[str] = ["cleanslate-test"]
+    texts: list[str] = []
+    table = _table()
+    for n, (_, where, value, _) in enumerate(table):
+        if where == "env":
+            env.update({k if k not in env else f"{k}_{n}": v for k, v in value.items()})
+        elif where == "flags":
+            flags.update({k if k not in flags else f"{k}-{n}": v for k, v in value.items()})
+        elif where == "argv":
+            argv += [*value, ";"]
+        elif where == "text":
+            texts.append(value)
+        else:
+            flags[f"document-{n}"] = value
+    record = RunRecord(id="r-35", host="local", engine="sim", model="m", argv=tuple(argv),
+                       flags=flags, env=env, marker="r-35", port=30000, url="http://h:1",
+                       log_path="/runs/r-35/server.log", artifacts_dir="/runs/r-35",
+                       status=RunStatus.FAILED, detail="\n".join(texts[:len(texts) // 2]),
+                       log_tail="\n".join(texts[len(texts) // 2:]))
+    folder = tmp_path / "store"
+    folder.mkdir(mode=0o700)
+    store = Store(f"sqlite:///{folder}/s.db")
+    try:
+        store.save_run(record)
+        returned = store.get_run("r-35").model_dump_json()
+    finally:
+        store.close()
+    raw = b"".join(f.read_bytes() for f in folder.iterdir() if f.is_file())
+    leaked = [what for what, _, _, secret in table
+              if secret.encode() in raw or secret in returned]
+    print(f"one run record holding {len(table)} spellings: {len(leaked)} stored")
+    assert leaked == []
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["smbclient", "//fs/s", "-U", "alice%Pw0rd!x"], ["smbclient", "//fs/s", "-U", "alice%***"]),
+    (["htpasswd", "-b", "/etc/.htpasswd", "alice", "Pw0rd!x"],
+     ["htpasswd", "-b", "/etc/.htpasswd", "alice", REDACTED]),
+    (["htpasswd", "-c", "/etc/.htpasswd", "alice"], ["htpasswd", "-c", "/etc/.htpasswd", "alice"]),
+    (["aws", "configure", "set", "aws_secret_access_key", "Pw0rd!x"],
+     ["aws", "configure", "set", "aws_secret_access_key", REDACTED]),
+    (["aws", "configure", "set", "region", "us-east-1"],
+     ["aws", "configure", "set", "region", "us-east-1"]),
+    (["az", "login", "-u", "me", "-p", "Pw0rd!x"], ["az", "login", "-u", "me", "-p", REDACTED]),
+    (["lftp", "-u", "alice,Pw0rd!x", "ftp.h"], ["lftp", "-u", "alice,***", "ftp.h"]),
+    (["openssl", "enc", "-k", "Pw0rd!x", "-in", "f"],
+     ["openssl", "enc", "-k", REDACTED, "-in", "f"]),
+    (["vault", "login", "s.Pw0rdPw0rd"], ["vault", "login", REDACTED]),
+    (["vault", "login", "-method=github"], ["vault", "login", "-method=github"]),
+    (["npm", "config", "set", "//r.io/:_authToken=Pw0rd!x"],
+     ["npm", "config", "set", "//r.io/:_authToken=***"]),
+    (["python", "x.py", "--authkey", "Pw0rd!x9Q"], ["python", "x.py", "--authkey", REDACTED]),
+    (["python", "x.py", "--authkey", "/run/key"], ["python", "x.py", "--authkey", "/run/key"]),
+    (["sqlplus", "scott/Pw0rd!x@orcl"], ["sqlplus", "scott/***"]),
+])
+def test_positional_and_program_forms(argv: list[str], expected: list[str]) -> None:
+    assert redact_argv(argv) == expected
+
+
+@pytest.mark.parametrize(("name", "value", "kept"), [
+    ("CI_JOB_JWT", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", False),
+    ("SLACK_BOT_OAUTH", "xoxb-1-2-abc", False),
+    ("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/abc", False),
+    ("JWT", "abc", False),
+    ("AZURE_STORAGE_CONNECTION_STRING", "AccountName=a;AccountKey=abc==;", False),
+    ("APP_THING", "https://example.com/x", False),   # a URL under an unknown name
+    ("APP_THING", "two words", False),                # free text under an unknown name
+    ("APP_THING", "S3cr3tPw0rd", False),              # mixed case and digits: generated
+    ("APP_THING", "4096", True),
+    ("APP_THING", "true", True),
+    ("APP_THING", "/srv/models/llama", True),
+    ("APP_THING", "meta-llama/Llama-3.1-8B-Instruct", True),
+    ("APP_THING", "bfloat16", True),
+    ("APP_THING", "eth0,eth1", True),
+    ("NCCL_SOCKET_IFNAME", "^docker0,lo", True),     # a knob: kept whatever its shape
+    ("VLLM_API_KEY", "k", False),                     # a knob family, but a secret's name
+    ("HTTPS_PROXY", "http://u:pw@proxy:3128", True),  # kept, its password hidden
+])
+def test_environment_keeps_only_harmless_values(name: str, value: str, kept: bool) -> None:
+    out = redact_env({name: value})[name]
+    assert (out != REDACTED) is kept
+    if name == "HTTPS_PROXY":
+        assert out == "http://u:***@proxy:3128"
+
+
+def test_shapes_are_hidden_whatever_the_name() -> None:
+    pem = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+    assert redact_text(f"k: {pem}") == \
+        f"k: -----BEGIN PRIVATE KEY-----{REDACTED}-----END PRIVATE KEY-----"
+    assert redact_text("-----BEGIN RSA PRIVATE KEY-----\nMIIE cut") == \
+        f"-----BEGIN RSA PRIVATE KEY-----{REDACTED}"
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+    assert redact_text(f"token {jwt} ok") == f"token {REDACTED} ok"
+    assert redact_text('{"private_key": "a\\"b", "n": 1}') == '{"private_key": ***, "n": 1}'
+    assert redact_text("use ghp_R4nd0mT0k3nV4lu3Xy9Qz81Lk2Jm5Np7Bc3 now") == \
+        f"use {REDACTED} now"
+
+
+@pytest.mark.parametrize("token", [
+    "ghp_8fKq2LmN4pR7sT1vX3zB5dF6hJ9kM0nQ2wE4", "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",
+    "sk-proj-Ab3dE5gH7jK9mN1pQ3sT5vX7zB9dF1hJ3kM5nP7qR9tV1",
+    "xoxb-1234567890-1234567890123-Ab3dE5gH7jK9mN1pQ3sT5vX7",
+    "Rk8vQ2xLp9sT4wYb7NcF1mZd6HjG3aKe5UuXoVi0", "npm_Ab3dE5gH7jK9mN1pQ3sT5vX7zB9dF1hJ3kM5",
+])
+def test_random_tokens_are_tokens(token: str) -> None:
+    assert looks_like_token(token)
+
+
+@pytest.mark.parametrize("word", [
+    "DeepseekV32ForCausalLM", "Qwen2.5-Coder-32B-Instruct-AWQ", "scheduler_DP0_TP1_EP1",
+    "6f6073b423013f6a7d4d9f39144961bfbfbc386b", "GPU-37a88d38-c361-3f15-077c-e1be989b431f",
+    "cmpl-8dae205dba90785e-0-bab6df1d", "r-20261206-011500-a1b2",
+    "models--meta-llama--Llama-3.3-70B-Instruct", "nvmlDeviceGetP2PStatus",
+    "max_num_batched_tokens", "DeepSeek-R1-0528-UD-Q2_K_XL-00001-of-00006",
+])
+def test_identifiers_and_digests_are_not_tokens(word: str) -> None:
+    assert not looks_like_token(word)
+
+
+def _help_argv(path: Path) -> list[str]:
+    """Every option of an engine's real ``--help`` (but those named as secrets) with a typical
+    value for its metavar: a choice, a path, a model name, a number or a word."""
+    option = re.compile(r"^\s{0,12}\[?(--?[A-Za-z][\w.\-]*)(?:[ =]\[?(\{[^}\s]*\}|[A-Z][A-Z0-9_|"
+                        r"<>.\-]*)\b)?")
+    seen: set[str] = set()
+    argv: list[str] = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = option.match(line)
+        if m is None or m.group(1) in seen or m.group(1) in ("-h", "--help") or \
+                is_secret_name(m.group(1)):
+            continue
+        name, meta = m.group(1), (m.group(2) or "")
+        seen.add(name)
+        argv.append(name)
+        low = meta.lower()
+        if meta.startswith("{"):
+            argv.append(meta.strip("{}").split(",")[0])
+        elif any(w in low or w in name for w in ("path", "file", "dir", "template")):
+            argv.append("/models/x/tokenizer_config.json")
+        elif "model" in low or "model" in name or "tokenizer" in name:
+            argv.append("meta-llama/Llama-3.1-8B-Instruct")
+        elif meta:
+            argv.append("4" if any(w in low for w in ("size", "num", "len", "n", "token",
+                                                       "port", "seed", "ratio", "time"))
+                        else "auto")
+    return argv
+
+
+def _engine_command_lines() -> list[list[str]]:
+    from cleanslate.engines.llamacpp import LlamaCppEngine
+    from cleanslate.engines.sglang import SGLangEngine
+    from cleanslate.engines.vllm import VLLMEngine
+
+    data = json.loads((DATA / "engine_command_lines.json").read_text())
+    lines = [*data["captured"], *data["typical"]]
+    lines += [_help_argv(ENGINE_DATA / name) for name in (
+        "help_vllm_api_server_all.txt", "help_sglang_0.5.23.txt", "help_llama_server.txt")]
+    lines += [
+        VLLMEngine().build_argv("meta-llama/Llama-3.1-8B-Instruct", 8000, {
+            "tensor-parallel-size": 2, "max-model-len": 32768, "gpu-memory-utilization": 0.9,
+            "kv-cache-dtype": "fp8", "max-num-batched-tokens": 8192, "enable-prefix-caching":
+            True, "compilation-config": {"level": 3}, "tokenizer": "meta-llama/Llama-3.1-8B",
+            "api-key-file": "/run/secrets/k", "revision": "0e9e39f249a16976918f6564b8830bc8"}),
+        SGLangEngine().build_argv("/models/GLM-5-NVFP4", 30000, {
+            "tp-size": 8, "mem-fraction-static": 0.88, "kv-cache-dtype": "fp8_e4m3",
+            "max-running-requests": 256, "cuda-graph-max-bs-decode": 256, "tokenizer-path":
+            "/models/GLM-5-NVFP4", "tbo-token-distribution-threshold": 0.48,
+            "speculative-num-draft-tokens": 4}, host="0.0.0.0"),
+        LlamaCppEngine().build_argv("/models/m-Q4_K_M.gguf", 8080, {
+            "c": 8192, "np": 4, "ngl": 99, "fa": "on", "cache-type-k": "q8_0",
+            "override-kv": "tokenizer.ggml.add_bos_token=bool:false"}),
+    ]
+    return lines
+
+
+def test_engine_command_lines_keep_every_value() -> None:
+    """Real and typical vLLM, SGLang and llama.cpp command lines, every option of their real
+    help texts, and what the adapters build: nothing masked, as argv, as one string and in a
+    document."""
+    lines = _engine_command_lines()
+    words = sum(len(argv) for argv in lines)
+    changed = [(argv[i], new) for argv in lines
+               for i, new in enumerate(redact_argv(argv)) if new != argv[i]]
+    changed += [("joined", argv[0]) for argv in lines
+                if redact_argv([" ".join(argv)]) != [" ".join(argv)]]
+    changed += [("document", argv[0]) for argv in lines if redact_data({"argv": argv}) !=
+                {"argv": argv}]
+    print(f"{len(lines)} engine command lines, {words} words: {len(changed)} masked")
+    assert changed == []
+
+
+def test_engine_environments_keep_every_value() -> None:
+    envs = json.loads((DATA / "engine_command_lines.json").read_text())["environments"]
+    masked = [(k, v) for env in envs for k, v in env.items() if redact_env(env)[k] != v]
+    masked += [("document", str(env)) for env in envs
+               if redact_data({"env": env}) != {"env": env}]
+    print(f"{sum(map(len, envs))} engine environment values: {len(masked)} masked")
+    assert masked == []
+
+
+def test_engine_logs_keep_every_line() -> None:
+    """The engines' real logs (tests/engines/data, tests/fixtures): evidence and log tails
+    come through whole."""
+    root = Path(__file__).parent
+    files = sorted([*ENGINE_DATA.glob("*.log"), *(root / "fixtures").rglob("*.log"),
+                    *(root / "fixtures").rglob("*.out")])
+    lines = [line for f in files for line in f.read_text(errors="replace").splitlines()]
+    changed = [line for line in lines if redact_text(line) != line]
+    print(f"{len(files)} engine logs, {len(lines)} lines: {len(changed)} changed")
+    assert len(lines) > 1000 and changed == []
