@@ -76,7 +76,8 @@ def level(load: int, met: int, n: int, throughput: float, *, partial: bool = Fal
     """A recorded sim level as the probe at ``load``: ``met`` of ``n`` requests within the
     limit."""
     base = LevelResult.model_validate(_base_level())
-    data = {**base.model_dump(), "label": f"c={load}", "completed": n, "num_prompts": n,
+    data = {**base.model_dump(), "label": f"c={load}", "completed": n,
+            "sent": n + base.failed, "num_prompts": n,
             "output_throughput": throughput, "good_requests": met,
             "p90_tpot_ms": 5.0 if met >= 0.9 * n else 7.5, "max_concurrency": load,
             "partial": partial, "partial_reason": "the server closed the connection"

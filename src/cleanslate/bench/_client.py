@@ -5,8 +5,13 @@ bytes. Parsing (``_sse``) happens once the stream has ended. Failures are classi
 raised: the record's ``error`` is one of ``connection_refused``, ``connection_reset``,
 ``connection_error``, ``timeout`` (no byte for the read timeout), ``deadline`` (no end within
 the request's deadline), ``response_too_large``, ``http_<status>``, ``malformed_sse``,
-``server_error`` (an error event in the stream), ``empty_response``, ``aborted``; its
-``error_detail`` is the server's error body or the exception, as printable text.
+``protocol_error`` (a response that is not HTTP: status line, header line, chunked framing),
+``server_error`` (an error event in the stream), ``empty_response``, ``aborted`` (cancelled when
+its level ended early), ``client_error`` (any other exception raised on the request's path,
+e.g. a ``RecursionError`` from JSON nested too deep); its ``error_detail`` is the server's
+error body or the exception's type and text, as printable text (at most
+:data:`DETAIL_CHARS` characters). Every request sent ends with a record: completed, or failed
+with one of these classes.
 
 Every request is bounded: it ends within its deadline (:func:`~cleanslate.bench._limits.
 request_deadline_s`) and reads at most :func:`~cleanslate.bench._limits.response_byte_cap`
@@ -39,6 +44,9 @@ CONNECTION_ERRORS = frozenset({"connection_refused", "connection_reset", "connec
 DETAIL_CHARS = 300
 #: Characters of a sampled request's text kept for the level's output checks.
 TEXT_CHARS = 2000
+#: The most prompt tokens a usage may report (1 Ti tokens; a larger count is not believed). A
+#: response's completion tokens are at most its bytes: a token is at least one byte of text.
+MAX_USAGE_TOKENS = 1 << 40
 
 
 def printable(text: str, limit: int = DETAIL_CHARS) -> str:
@@ -160,6 +168,10 @@ def classify(exc: BaseException) -> tuple[str, str]:
         | BrokenPipeError,
     ):
         return "connection_reset", detail
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # The client never raises for a status: this is a response that is not HTTP (its
+        # status line, a header line, its chunked framing), from a server that is there.
+        return "protocol_error", detail
     if isinstance(exc, aiohttp.ClientOSError):
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):
             return "connection_reset", detail
@@ -182,7 +194,11 @@ async def send_request(
     keep_text: bool = False,
     text_limit: int = TEXT_CHARS,
 ) -> RequestRecord:
-    """Send one streaming request and measure it. Never raises (except on cancellation).
+    """Send one streaming request and measure it. Never raises, except on cancellation and on
+    the exceptions that are not errors (``KeyboardInterrupt``, ``SystemExit``): whatever else
+    is raised on the request's path, the network's errors and the parsing of what the server
+    sent alike, ends in the record's ``error`` (an exception no class names is
+    ``client_error``, its type and text the detail).
 
     ``keep_text``: keep the generated text (and whether it ended with ``finish_reason: error``)
     in the record, for the level's output checks (:mod:`cleanslate.outputs`), its first
@@ -191,9 +207,33 @@ async def send_request(
     ``on_chunk``, when given, is a one-element list incremented per network read; the live view
     reads it (cheaper than a callback).
     """
+    rec = RequestRecord(perf_counter(), prompt.input_tokens, prompt.input_source, prompt.output_len)
+    try:
+        await _send(session, builder, prompt, body, rec, tokenizer, on_chunk, keep_text,
+                    text_limit)
+    except Exception as exc:  # the one place a request ends: counted, never fatal
+        if rec.error is None:  # a network error found first stays the request's class
+            rec.error, rec.error_detail = classify(exc)
+        if not rec.t_end:
+            rec.t_end = perf_counter()
+    return rec
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    builder: RequestBuilder,
+    prompt: Prompt,
+    body: bytes,
+    rec: RequestRecord,
+    tokenizer: Tokenizer | None,
+    on_chunk: list[int] | None,
+    keep_text: bool,
+    text_limit: int,
+) -> None:
+    """The exchange within the request's deadline (its errors classified into ``rec`` so that
+    what arrived is still parsed), then the parsing (:func:`_finish`)."""
     times: list[float] = []
     chunks: list[bytes] = []
-    rec = RequestRecord(perf_counter(), prompt.input_tokens, prompt.input_source, prompt.output_len)
     deadline = request_deadline_s(prompt.output_len, builder.deadline_s)
     cap = response_byte_cap(prompt.output_len)
     bound = asyncio.timeout(deadline)
@@ -215,9 +255,7 @@ async def send_request(
                 async with keepalive.fresh_session(session) as fresh:
                     await _exchange(fresh, builder, body, keepalive.request_context(), rec,
                                     times, chunks, cap, prompt, on_chunk)
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:  # classified, counted, never fatal
+    except Exception as exc:  # classified here, so that what arrived is parsed below
         if bound.expired():
             rec.error = "deadline"
             rec.error_detail = f"no end {deadline:g} s after the send (the request deadline)"
@@ -229,7 +267,6 @@ async def send_request(
     # their last reads would otherwise wait behind each other's work (inflating ITL and E2E).
     await asyncio.sleep(0)
     _finish(rec, times, chunks, tokenizer, keep_text, text_limit)
-    return rec
 
 
 async def _exchange(
@@ -308,15 +345,18 @@ def _finish(
         rec.error = "malformed_sse" if parsed.malformed else "empty_response"
         return
     usage = parsed.usage
-    completion = usage.get("completion_tokens") if usage else None
-    if isinstance(completion, int):
+    completion = _count(usage.get("completion_tokens"), rec.bytes_received) if usage else None
+    if usage and "completion_tokens" in usage and completion is None:
+        rec.malformed += 1  # a count no response of these bytes can hold: not the server's
+    if completion is not None and usage is not None:
         rec.output_tokens, rec.output_source = completion, "server"
-        prompt_tokens = usage.get("prompt_tokens") if usage else None
-        if isinstance(prompt_tokens, int):
+        prompt_tokens = _count(usage.get("prompt_tokens"), MAX_USAGE_TOKENS)
+        if prompt_tokens is not None:
             rec.input_tokens, rec.input_source = prompt_tokens, "server"
-        details = usage.get("prompt_tokens_details") if usage else None
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if isinstance(cached, int) and not isinstance(cached, bool):
+        details = usage.get("prompt_tokens_details")
+        cached = _count(details.get("cached_tokens"), prompt_tokens or MAX_USAGE_TOKENS
+                        ) if isinstance(details, dict) else None
+        if cached is not None:
             rec.cached_tokens = cached
     elif tokenizer is not None and parsed.payloads is not None:
         rec.output_tokens = tokenizer.count(extract_text(parsed.payloads))
@@ -325,9 +365,26 @@ def _finish(
         rec.output_tokens, rec.output_source = len(parsed.content_times), "approx"
 
 
+def _count(value: object, most: int) -> int | None:
+    """A token count of a server's usage, when it is one: an integer (not a bool) from 0 to
+    ``most``; ``None`` otherwise (negative, huge, a float, a string)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most:
+        return value
+    return None
+
+
 def aborted_record(prompt: Prompt, t_send: float) -> RequestRecord:
     """The record of a request cancelled because its level was ended early."""
     rec = RequestRecord(t_send, prompt.input_tokens, prompt.input_source, prompt.output_len)
     rec.t_end = perf_counter()
     rec.error = "aborted"
+    return rec
+
+
+def failed_record(prompt: Prompt, t_send: float, exc: Exception) -> RequestRecord:
+    """The record of a request whose sending raised ``exc`` (classified as
+    :func:`send_request` classifies what it meets)."""
+    rec = RequestRecord(t_send, prompt.input_tokens, prompt.input_source, prompt.output_len)
+    rec.t_end = perf_counter()
+    rec.error, rec.error_detail = classify(exc)
     return rec

@@ -428,6 +428,9 @@ class LevelResult(_Frozen):
     load: Load
     completed: int
     failed: int
+    sent: int = Field(
+        default=0, description="requests sent: always completed + failed (a request that "
+        "ended in any way other than completing is failed, by its class in errors)")
     num_prompts: int
     duration: float = Field(description="first send -> last receive, seconds")
     total_input_tokens: int
@@ -578,9 +581,20 @@ class LevelResult(_Frozen):
                 out[key + suffix] = value
         return out
 
+    @model_validator(mode="after")
+    def _counted(self) -> LevelResult:
+        if self.sent != self.completed + self.failed:
+            raise ValueError(f"{self.label}: {self.sent} requests sent, but {self.completed} "
+                             f"completed and {self.failed} failed: every request sent is one "
+                             "or the other")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _unflatten(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sent" not in data and "completed" in data:
+            # written before requests sent were recorded: every request was one or the other
+            data = {**data, "sent": int(data["completed"]) + int(data.get("failed") or 0)}
         if isinstance(data, dict) and "ci" not in data and any(
                 isinstance(k, str) and k.endswith("_ci_low") for k in data):
             data = dict(data)
@@ -634,8 +648,10 @@ class BenchResult(_Frozen):
 
     @property
     def failed(self) -> bool:
-        """True when any level ended early, had a failed request, or broke its output."""
-        return self.partial or any(lv.failed > 0 or lv.bad_output for lv in self.levels)
+        """True when no level was measured, or any level ended early, had a failed request,
+        broke its output or is not a result (no request completed, too many failed)."""
+        return (self.partial or not self.levels
+                or any(lv.failed > 0 or lv.bad_output or not lv.valid for lv in self.levels))
 
 
 #: Numeric fields that describe how a level was measured, not what: no objective names them.

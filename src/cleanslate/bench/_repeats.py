@@ -59,6 +59,7 @@ MEAN_METRICS: tuple[str, ...] = (
 SUM_METRICS: tuple[str, ...] = (
     "completed",
     "failed",
+    "sent",
     "num_prompts",
     "total_input_tokens",
     "total_output_tokens",

@@ -27,7 +27,7 @@ import math
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from time import perf_counter
@@ -46,6 +46,8 @@ from cleanslate.bench._client import (
     RequestBuilder,
     RequestRecord,
     aborted_record,
+    failed_record,
+    printable,
     send_request,
 )
 from cleanslate.bench._conversation import (
@@ -196,14 +198,15 @@ class _Level:
         self.sent_order.append(idx)
         cycle = self.uses[idx]
         self.uses[idx] = cycle + 1
-        if history is None and cycle == 0:
-            request, body = prompt, self.bodies[idx]
-        elif history is None:  # sent before in this level: a new start, or it is a cache hit
-            request = replace(prompt, text=salted(prompt.text, cycle))
-            body = self.builder.body(request)
-        else:
-            request, body = self.turn_request(prompt, history)
+        request = prompt
         try:
+            if history is None and cycle == 0:
+                body = self.bodies[idx]
+            elif history is None:  # sent before in this level: a new start, or a cache hit
+                request = replace(prompt, text=salted(prompt.text, cycle))
+                body = self.builder.body(request)
+            else:
+                request, body = self.turn_request(prompt, history)
             rec = await send_request(
                 self.session,
                 self.builder,
@@ -214,7 +217,9 @@ class _Level:
                 keep_text=sample or history is not None,
                 text_limit=TEXT_CHARS if history is None else MAX_ANSWER_CHARS,
             )
-        except asyncio.CancelledError:
+        except Exception as exc:  # send_request raises nothing; building the request may
+            rec = failed_record(request, now, exc)
+        except BaseException:  # cancelled (the level ended early) or the process is ending
             record = aborted_record(request, now)
             record.turn = prompt.turn
             self.records.append(record)
@@ -303,7 +308,7 @@ class _Level:
                     return
                 await self.one(idx)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await together(worker() for _ in range(concurrency))
 
     async def wait_until(self, when: float) -> None:
         """Sleep until ``when`` (``perf_counter`` seconds). A plain sleep: a level that ends
@@ -319,7 +324,6 @@ class _Level:
         """Start each ``(offset, send)`` at ``t0 + offset`` (an open loop), at most ``cap`` in
         flight (a due send waits for a free slot; its lag counts the wait)."""
         sem = asyncio.Semaphore(cap) if cap else None
-        running: set[asyncio.Task[None]] = set()
         t0 = perf_counter()
 
         async def guarded(send: Callable[[float], Awaitable[object]], when: float) -> None:
@@ -329,21 +333,20 @@ class _Level:
                 if sem is not None:
                     sem.release()
 
-        for offset, send in times:
-            when = t0 + offset
-            await self.wait_until(when)
-            if not self.due():
-                break
-            if sem is not None:
-                await sem.acquire()
+        # One task group: a level ended early cancels every send in flight (each counted as
+        # aborted) before its result is made, and none outlives the level.
+        async with asyncio.TaskGroup() as group:
+            for offset, send in times:
+                when = t0 + offset
+                await self.wait_until(when)
                 if not self.due():
-                    sem.release()
                     break
-            task = asyncio.get_running_loop().create_task(guarded(send, when))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        if running:
-            await asyncio.gather(*running)
+                if sem is not None:
+                    await sem.acquire()
+                    if not self.due():
+                        sem.release()
+                        break
+                group.create_task(guarded(send, when))
 
     def sends(self, offsets: Iterator[float], indices: Iterator[int] | None = None
               ) -> Iterator[tuple[float, Callable[[float], Awaitable[object]]]]:
@@ -384,7 +387,7 @@ class _Level:
 
         spans = [span for i in range(load.max_concurrency or 1)
                  if (span := load.user_span(i)) is not None]
-        await asyncio.gather(*(user(span) for span in spans))
+        await together(user(span) for span in spans)
 
     def cycled(self) -> Iterator[int]:
         """The prompts' indices over and over (a level bounded by time), at most
@@ -408,7 +411,7 @@ class _Level:
                         return
                     await self.talk(talk)
 
-            await asyncio.gather(*(user() for _ in range(load.concurrency)))
+            await together(user() for _ in range(load.concurrency))
             return
         offsets = iter_offsets(load, seed=self.config.seed)
         starts = ((offset, functools.partial(self._talk_at, talk))
@@ -466,6 +469,21 @@ class _Level:
             for task in (main, dog, aborted, *self.tasks):
                 task.cancel()
             await asyncio.gather(main, dog, aborted, *self.tasks, return_exceptions=True)
+        if main.done() and not main.cancelled() and (exc := main.exception()) is not None:
+            # a fault of the client's own loop, not of a request (each is counted where it
+            # ends): the level says so instead of passing for whole
+            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+                exc = exc.exceptions[0]
+            self.end(f"client error: {printable(f'{type(exc).__name__}: {exc}')}")
+
+
+async def together(coros: Iterable[Coroutine[object, object, None]]) -> None:
+    """Run ``coros`` (a level's users or workers) as one task group: cancelled together when
+    the level ends early, and one that raises cancels the others, so that no request of a
+    level is still in flight, or sent, after its result is made."""
+    async with asyncio.TaskGroup() as group:
+        for coro in coros:
+            group.create_task(coro)
 
 
 def salted(text: str, cycle: int) -> str:
@@ -611,7 +629,8 @@ async def _measure(
                 if isinstance(config.workload, TraceWorkload) else None)
     run = LevelRun(config=config, records=level.records, capped=level.capped,
                    tokenized=level.tokenizer is not None, reference=level.reference,
-                   abort_reason=level.abort_reason, t0=level.t0, expected_cached=expected)
+                   abort_reason=level.abort_reason, t0=level.t0, expected_cached=expected,
+                   sent=progress.sent)
     if isinstance(load, ReplayLoad | RampLoad):  # their schedule decides: what was sent
         count = len(level.sent_order)
     else:

@@ -43,19 +43,26 @@ def parse_stream(
     """Events of a response read as ``chunks`` at ``times`` (same length, in order)."""
     out = ParsedStream(payloads=[] if keep_payloads else None)
     content_times = out.content_times
-    tail = b""
+    pending: list[bytes] = []  # the reads of a line not ended yet, joined once it ends
     tail_t = 0.0
     data_parts: list[bytes] = []
     data_t = 0.0
     for t, chunk in zip(times, chunks, strict=True):
-        if tail:
-            block = tail + chunk
+        if b"\n" not in chunk:
+            if not pending:
+                tail_t = t
+            pending.append(chunk)
+            continue
+        if pending:
+            pending.append(chunk)
+            block = b"".join(pending)
             first_t = tail_t
         else:
             block = chunk
             first_t = t
         lines = block.split(b"\n")
         tail = lines.pop()
+        pending = [tail] if tail else []
         line_t = first_t
         for line in lines:
             if line[-1:] == b"\r":
@@ -76,7 +83,8 @@ def parse_stream(
             ):
                 out.malformed += 1
             line_t = t
-        tail_t = first_t if not lines else t
+        tail_t = t
+    tail = b"".join(pending)
     if tail.strip():
         line = tail.rstrip(b"\r")
         if line[:5] == b"data:":

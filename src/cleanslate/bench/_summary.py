@@ -43,6 +43,9 @@ CHAT_CACHED_SHARE = 0.10
 #: level warns that the client did not keep the schedule.
 MAX_SCHEDULE_LAG_MS = 10.0
 
+#: The error class of a request the level sent and has no record of (a fault of the client).
+LOST = "lost"
+
 #: How far (share of the input tokens) the cached prompt tokens a server reports may be from a
 #: trace's prediction before a level warns.
 CACHE_SHARE_TOLERANCE = 0.05
@@ -62,6 +65,9 @@ class LevelRun:
     abort_reason: str | None = None
     t0: float = 0.0  # when the level started (perf_counter seconds): a ramp's time zero
     expected_cached: int | None = None  # a trace's prediction for the requests sent
+    #: requests the level sent, counted as each was sent (``None``: one per record); a
+    #: request sent without a record is counted as failed (``lost``), never dropped
+    sent: int | None = None
 
 
 def output_checks(records: list[RequestRecord], ignore_eos: bool
@@ -261,6 +267,9 @@ def level_result(
     config = run.config
     records = run.records
     ok = [r for r in records if r.ok]
+    sent = max(len(records), len(records) if run.sent is None else run.sent)
+    lost = sent - len(records)
+    failed = sent - len(ok)  # the invariant: sent == completed + failed
     if records:
         start, end = m.window(records)
         duration = max(end - start, 1e-9)
@@ -282,6 +291,10 @@ def level_result(
     for r in records:
         if r.error is not None and r.error not in details:
             details[r.error] = (r.error_detail or "")[:DETAIL_CHARS]
+    if lost:
+        errors[LOST] = lost
+        details[LOST] = (f"{lost} of {sent} requests sent ended without a record: a fault of "
+                         "the client, please report it")
     out_sources: Counter[str] = Counter(r.output_source for r in ok)
     in_sources: Counter[str] = Counter(r.input_source for r in ok)
     short = [r for r in ok if r.output_source != "approx" and r.output_tokens < r.requested_output]
@@ -297,7 +310,9 @@ def level_result(
     achieved = ((len(sends) - 1) / (sends[-1] - sends[0])
                 if len(sends) > 1 and sends[-1] > sends[0] else 0.0)
     error_rate, valid, invalid_reason = validity(
-        len(ok), len(records) - len(ok), config.max_error_rate, run.abort_reason)
+        len(ok), failed, config.max_error_rate, run.abort_reason)
+    if lost:
+        valid, invalid_reason = False, details[LOST]
     window = (m.steady(records, load.concurrency, duration)
               if isinstance(load, ClosedLoop) and records else None)
     steady_share: float | None = None
@@ -320,7 +335,8 @@ def level_result(
         label=load.label,
         load=load,
         completed=len(ok),
-        failed=len(records) - len(ok),
+        failed=failed,
+        sent=sent,
         num_prompts=num_prompts,
         duration=duration,
         total_input_tokens=total_in,
@@ -390,12 +406,18 @@ def _ms(seconds: float) -> float:
 def ramp_windows(load: RampLoad, records: list[RequestRecord], t0: float
                  ) -> tuple[WindowResult, ...]:
     """A ramp's records cut into its windows (:class:`~cleanslate.bench._ramp.WindowResult`):
-    requests by when they were sent, output tokens by when they arrived."""
+    requests by when they were sent (every request in one window: the windows' ``sent`` add up
+    to the level's), output tokens by when they arrived."""
     out = []
-    for start, end in load.windows():
+    spans = load.windows()
+    for i, (start, end) in enumerate(spans):
         lo, hi = t0 + start, t0 + end
         span = max(hi - lo, 1e-9)
-        sent = [r for r in records if lo <= r.t_send < hi]
+        # Every request sent is in one window: one whose send was decided inside the ramp
+        # and stamped a moment past its end counts in the last.
+        after = -math.inf if i == 0 else lo
+        before = math.inf if i == len(spans) - 1 else hi
+        sent = [r for r in records if after <= r.t_send < before]
         ok = [r for r in sent if r.ok]
         ended = sum(1 for r in records if r.ok and lo <= r.t_end < hi)
         tokens = 0.0
@@ -416,6 +438,6 @@ def ramp_windows(load: RampLoad, records: list[RequestRecord], t0: float
     return tuple(out)
 
 
-__all__ = ["CACHE_SHARE_TOLERANCE", "CHAT_CACHED_SHARE", "CPU_SATURATION",
+__all__ = ["CACHE_SHARE_TOLERANCE", "CHAT_CACHED_SHARE", "CPU_SATURATION", "LOST",
            "MAX_SCHEDULE_LAG_MS", "WARNING_RULES", "Facts", "LevelRun", "level_result",
            "output_checks", "ramp_windows"]

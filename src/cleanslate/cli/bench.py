@@ -2,9 +2,11 @@
 
 Options -> a :class:`~cleanslate.bench.BenchConfig` (every bound is the model's: its errors are
 reported against the option that set the field) -> :func:`~cleanslate.bench.run_benchmark` ->
-rendering. Exit codes: 0 every level completed with no failed request, 1 a level ended early
-(the server died, Ctrl-C) or requests failed (a level above ``--max-error-rate`` is moreover
-marked as no throughput result), 2 bad input.
+rendering. Exit codes: 0 every level completed every request it sent, 1 a level ended early
+(the server died, Ctrl-C), requests failed (a level above ``--max-error-rate`` is moreover
+marked as no throughput result), a level completed no request or its output went bad, 2 bad
+input. Every request sent is counted: a level's ``sent`` is its ``completed`` plus its
+``failed``, each failure by its class (``docs/bench.md``).
 
 ``--find-max concurrency|rate`` searches the most load within ``--slo`` instead of measuring
 a list of levels (:mod:`cleanslate.cli._find_max`; exit 0 with an answer, 1 without).
@@ -380,11 +382,24 @@ def bench(
         sys.stdout.write(document + "\n")
         sys.stdout.flush()
     if result.failed:
-        reason = "PARTIAL" if result.partial else "ERRORS"
-        human.print(f"[bold red]{reason}[/]: see the levels above")
+        human.print(f"[bold red]{_failure(result)}[/]: see the levels above")
         raise typer.Exit(ExitCode.FAILED)
-    human.print(f"[bold green]DONE[/]: {len(result.levels)} level(s), no failed request")
+    sent = sum(lv.sent for lv in result.levels)
+    human.print(f"[bold green]DONE[/]: {len(result.levels)} level(s), {sent} requests sent, "
+                "all completed, no failed request")
     raise typer.Exit(ExitCode.OK)
+
+
+def _failure(result: BenchResult) -> str:
+    """What makes a run exit 1, in a word: PARTIAL (a level ended early), ERRORS (failed
+    requests), NO RESULT (a level completed no request, or is not a result), BAD OUTPUT."""
+    if result.partial:
+        return "PARTIAL"
+    if any(lv.failed for lv in result.levels):
+        return "ERRORS"
+    if not result.levels or any(not lv.valid for lv in result.levels):
+        return "NO RESULT"
+    return "BAD OUTPUT"
 
 
 def _find_max_command(

@@ -15,6 +15,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from cleanslate import wire
+from cleanslate.testing._hostile import Pump, hostile_response
 
 if TYPE_CHECKING:
     from cleanslate.testing.fake_openai import FakeOptions, FakeStats
@@ -103,7 +104,7 @@ class Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.paused = False
-        self.parked: list[Stream] = []
+        self.parked: list[Stream | Pump] = []
         self.closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -215,6 +216,9 @@ class Conn(asyncio.Protocol):
                 self._write(_plain("200 OK", event))
             return
         n = max(1, n - faults.short_by)
+        if faults.hostile:
+            hostile_response(self, faults.hostile, self.server.shapes[chat].template, n)
+            return
         prompt_tokens = _prompt_tokens(req, chat)
         if not stream:
             self._whole(chat, n, prompt_tokens)

@@ -38,10 +38,19 @@ as the simulated engine's ``--fault``):
                        into it meanwhile is never answered (as ``llama-server`` does)
 ``cached-tokens=N``    usage reports N of the prompt's tokens (at most all) as served from a
                        prefix cache (``prompt_tokens_details.cached_tokens``)
+``hostile=KIND``       a response built to break a client, one of
+                       :data:`~cleanslate.testing._hostile.HOSTILE_KINDS` (JSON nested 100,000
+                       deep, text that is not UTF-8, NUL bytes, data that is not a JSON object,
+                       negative or huge usage, 100,000 choices, a chunk of 8 MiB, a chunk-size
+                       line or a ``data:`` line that never ends, broken chunked framing, a close
+                       mid-event, keep-alive comments forever, one byte every 20 ms, an HTML
+                       page, a gzip bomb, a status or header line that is not HTTP)
 =====================  ============================================================================
 
 In a test: ``async with fake_openai_server("http_500") as url: ...`` (yields the base URL), or
-:func:`start_fake_server` for the server object with its :class:`FakeStats`. As a process:
+:func:`start_fake_server` for the server object with its :class:`FakeStats`; beside a caller
+that blocks its thread (a command run in-process), ``with fake_openai_thread("hostile=gzip-bomb")
+as server: ...`` runs it in a thread of its own. As a process:
 ``python -m cleanslate.testing.fake_openai --port 0 [--itl-ms 10] [--fault endless] [--cpu 0]
 [--workers N]`` prints ``READY <port>`` on stdout once listening.
 """
@@ -57,12 +66,14 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cleanslate.testing._fake_http import ENGINE_DEAD_MESSAGE, Conn, ServerState
+from cleanslate.testing._hostile import HOSTILE_KINDS
 
 __all__ = [
     "DEFAULT_TOKENS",
@@ -73,6 +84,7 @@ __all__ = [
     "FakeStats",
     "Faults",
     "fake_openai_server",
+    "fake_openai_thread",
     "main",
     "parse_faults",
     "start_fake_server",
@@ -93,6 +105,7 @@ FAULT_NAMES = (
     "reject-fields",
     "close-after",
     "cached-tokens",
+    "hostile",
 )
 #: Faults that take a count, and the count when none is written (``None``: one is required).
 _INT_ARG: dict[str, int | None] = {"http-500": 1, "malformed-every": None, "short-by": None,
@@ -119,6 +132,7 @@ class Faults:
     reject_fields: tuple[str, ...] = ()
     close_after: int = 0
     cached_tokens: int = 0
+    hostile: str = ""
 
     def active(self) -> list[str]:
         """The faults that are on, spelled as :func:`parse_faults` reads them."""
@@ -155,7 +169,12 @@ def parse_faults(specs: Iterable[str]) -> Faults:
                 raise ValueError("fault 'ok' takes no argument")
             continue
         key = name.replace("-", "_")
-        if name == "reject-fields":
+        if name == "hostile":
+            if arg not in HOSTILE_KINDS:
+                raise ValueError(f"fault 'hostile' needs a kind: hostile=KIND, one of "
+                                 f"{', '.join(HOSTILE_KINDS)}")
+            values[key] = arg
+        elif name == "reject-fields":
             names = tuple(f.strip() for f in arg.split(",") if f.strip())
             if not names:
                 raise ValueError("fault 'reject-fields' needs field names: reject-fields=A,B")
@@ -297,6 +316,34 @@ async def fake_openai_server(
     finally:
         server.close()
         await server.wait_closed()
+
+
+@contextmanager
+def fake_openai_thread(*faults: str, host: str = "127.0.0.1", itl_s: float = 0.0,
+                       ttft_s: float = 0.0) -> Iterator[FakeServer]:
+    """Run the fake with these faults in a thread of its own (its own event loop), for a
+    caller that blocks its thread: a command run in this process (``cleanslate bench`` through
+    :func:`cleanslate.cli.main`). Yields the server (``.url``, ``.stats``, read them between
+    the caller's steps); stops it, its loop and the thread on exit."""
+    opts = FakeOptions(parse_faults(faults), itl_s=itl_s, ttft_s=ttft_s)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="fake-openai", daemon=True)
+    thread.start()
+    try:
+        server = asyncio.run_coroutine_threadsafe(start_fake_server(opts, host=host),
+                                                  loop).result(10)
+        try:
+            yield server
+        finally:
+            async def stop() -> None:
+                server.close()
+                await server.wait_closed()
+
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def main(argv: list[str] | None = None) -> None:
