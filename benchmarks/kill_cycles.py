@@ -19,8 +19,12 @@ before ``launching`` records, no run record); the others at a uniform moment in 
 
     python benchmarks/kill_cycles.py --tune 20 --worker 20 --seed 35
 
-Prints one line per cycle and the totals. Run as a user that may read other processes'
-``/proc/PID/environ`` of its own (the marker check); needs no GPU.
+Prints one line per cycle and the totals; needs no GPU. On a shared machine, run it (as root)
+in private PID, network and mount namespaces as the tests run, so that another user's server
+or stray does not make a slot dirty (that would be a finding, not a leftover of the study's):
+
+    unshare --pid --fork --mount-proc --net --mount --propagation private \
+        python tests/_nsinit.py -- "$(command -v python)" benchmarks/kill_cycles.py
 """
 
 from __future__ import annotations
@@ -238,7 +242,7 @@ def main() -> int:
     parser.add_argument("--tune", type=int, default=20, help="cycles that kill `tune`")
     parser.add_argument("--worker", type=int, default=20, help="cycles that kill a `worker`")
     parser.add_argument("--seed", type=int, default=35)
-    parser.add_argument("--span", type=float, default=20.0,
+    parser.add_argument("--span", type=float, default=8.0,
                         help="uniform kill moments are drawn in [0, span] seconds")
     parser.add_argument("--keep", action="store_true", help="keep the cycles' folders")
     args = parser.parse_args()
