@@ -101,6 +101,7 @@ _AUTH_HEADER = re.compile(
 # may hold an assignment of its own: "x=HF_TOKEN=...").
 _SECRET_WORDS = ("token", "secret", "pass", "pw", "credential", "key", "auth", "pat", "sig",
                  "cookie", "jwt", "webhook", "bearer", "dsn", "sas", "hmac")
+_SECRET_HINTS = re.compile("|".join(_SECRET_WORDS))
 _ASSIGNMENT_TEMPLATE = (
     r"(?<![\w.\-])(?P<q>[\"']?)(?=-{{0,2}}[\w.\-]*(?i:{words}))"
     r"(?P<name>(?P<dash>-{{1,2}})?[A-Za-z_][\w.\-]*)(?P=q)"
@@ -214,6 +215,7 @@ _PROGRAM_HINTS = ("mysql", "mariadb", "sshpass", "-cli", "login", "mongo", "ldap
                   "bcp", "curl", "wget", "smb", "client", "net", "cifs", "lftp", "open",
                   "zip", "7z", "rar", "htpasswd", "vault", "wandb", "sqlplus", "rman",
                   "expdp", "impdp", "sqlldr")
+_HINTS = re.compile("|".join(map(re.escape, _PROGRAM_HINTS)))
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "\n"})
 
 
@@ -230,7 +232,7 @@ def _flag_values(words: Sequence[str]) -> list[tuple[int, int]]:
     """``(index, offset)`` of every word of ``words`` whose text from ``offset`` on is a
     program's password (see :data:`_RULES`)."""
     hits: list[tuple[int, int]] = []
-    if not any(map(" ".join(words).lower().__contains__, _PROGRAM_HINTS)):
+    if not _HINTS.search(" ".join(words).lower()):
         return hits
     rule: _Rule | None = None
     armed = False
@@ -441,14 +443,15 @@ ENTROPY_RATIO = 0.75
 #: ... its characters change class (lower, upper, digit) between neighbours at least this often
 #: (``0.4`` for a piece without digits) ...
 MIN_SWITCH_RATE = 0.25
-#: ... and less than this share of it is made of words (camel-case or lower-case parts of three
-#: letters or more with a vowel: ``DeepseekV32ForCausalLM``, ``scheduler``).
+#: ... and less than this share of it is made of words (camel-case or lower-case parts that
+#: read like words, :func:`_word`: ``DeepseekV32ForCausalLM``, ``scheduler``).
 MAX_WORD_SHARE = 0.5
 
 _TOKEN_RUN = re.compile(rf"(?<![A-Za-z0-9+/_~\-])[A-Za-z0-9+/_~\-]{{{MIN_TOKEN_LEN},}}={{0,2}}")
 _PIECE = re.compile(rf"[A-Za-z0-9+~]{{{MIN_PIECE_LEN},}}")
 _HEX = re.compile(r"(?:0[xX])?(?:[0-9a-f]+|[0-9A-F]+)")
 _WORDISH = re.compile(r"[A-Z]?[a-z]{2,}|[A-Z]{2,}(?![a-z])")
+_CONSONANTS = re.compile(r"[bcdfghjklmnpqrstvwxz]{4,}")
 
 
 def _class(ch: str) -> int:
@@ -481,8 +484,15 @@ def _random_piece(piece: str) -> bool:
     if entropy < ENTROPY_RATIO * math.log2(n):
         return False
     words = sum(len(w) for w in (m.group().lower() for m in _WORDISH.finditer(piece))
-                if len(w) >= 3 and any(v in w for v in "aeiouy"))
+                if _word(w))
     return words < MAX_WORD_SHARE * n
+
+
+def _word(part: str) -> bool:
+    """A part that reads like a word: three letters or more, a fifth of them vowels, no four
+    consonants in a row (``causal``, ``scheduler``; not ``xkqv``, ``bdfght``)."""
+    vowels = sum(map(part.count, "aeiouy"))
+    return len(part) >= 3 and vowels * 5 >= len(part) and not _CONSONANTS.search(part)
 
 
 def looks_like_token(text: str) -> bool:
@@ -614,9 +624,11 @@ def is_known_env(name: str) -> bool:
 _SECRETISH = ("pass", "pwd", "secret", "token", "key", "auth", "cred", "cookie", "jwt")
 
 
+_SECRETISH_RE = re.compile("|".join(_SECRETISH), re.IGNORECASE)
+
+
 def _secretish(name: str) -> bool:
-    low = name.lower()
-    return any(w in low for w in _SECRETISH)
+    return _SECRETISH_RE.search(name) is not None
 
 
 def _scalar_secret(value: Any) -> bool:
@@ -757,11 +769,11 @@ def _redact_text(text: str, extra: frozenset[str]) -> str:
     # Substring tests (C speed) skip the regular expressions on text that cannot match them.
     text = _hide_shapes(_redact_urls(text))
     low = text.lower()
-    if any(map(low.__contains__, _PROGRAM_HINTS)):
+    if _HINTS.search(low):
         text = _redact_programs(text)
     if "authorization" in low or "bearer" in low or "basic" in low:
         text = _AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
-    if any(map(low.__contains__, _SECRET_WORDS)) or any(n.lower() in low for n in extra):
+    if _SECRET_HINTS.search(low) or any(n.lower() in low for n in extra):
         text = _redact_assignments(text, extra)
         if "set" in low or "config" in low:
             text = _redact_set_names(text, extra)
