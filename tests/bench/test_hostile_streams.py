@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import cleanslate.bench  # noqa: F401  (the client stack loaded before a run's memory is read)
 from cleanslate.testing._hostile import HOSTILE_KINDS
 from cleanslate.testing.fake_openai import fake_openai_thread
 from tests.cli.inproc import run_main
