@@ -34,6 +34,8 @@ def test_fault_vocabulary() -> None:
         http_500=3, no_usage=True, reject_fields=("ignore_eos", "min_tokens"), short_by=2
     )
     assert parse_faults(faults.active()) == faults
+    hostile = parse_faults(["hostile=deep-nesting"])
+    assert hostile == Faults(hostile="deep-nesting") == parse_faults(hostile.active())
     assert set(FAULT_NAMES) >= {f.replace("_", "-") for f in Faults.__dataclass_fields__}
     for bad, message in [
         ("bogus", "known faults: ok, http-500"),
@@ -42,6 +44,8 @@ def test_fault_vocabulary() -> None:
         ("malformed-every=0", "at least 1"),
         ("http-500=x", "not an integer"),
         ("reject-fields=", "needs field names"),
+        ("hostile", "needs a kind: hostile=KIND, one of deep-nesting"),
+        ("hostile=bogus", "needs a kind"),
     ]:
         with pytest.raises(ValueError, match=message):
             parse_faults([bad])
