@@ -2,7 +2,11 @@
 
 Contract of :func:`run_level`: it returns a :class:`LevelResult` and never raises for anything
 the server does (refused connections, resets, HTTP errors, malformed streams, timeouts are
-counted by type). The level ends early, with ``partial=True``, when
+counted by type). Every request the level sends ends in its records, completed or failed by a
+class (whatever was raised on its path; ``aborted`` when the level ended with it in flight), and
+no request of a level is in flight after its result is made: the result's ``sent`` is
+``completed + failed`` (:mod:`cleanslate.bench._summary` checks it). The level ends early, with
+``partial=True``, when
 
 * the server stops accepting connections: any connection-class error, or no byte received from
   any request for ``stall_timeout_s`` while requests are in flight, triggers a TCP connect probe
