@@ -196,7 +196,7 @@ def test_find_max_against_a_server_that_completes_nothing_exits_1(
     t0 = time.perf_counter()
     with fake_openai_thread("hostile=deep-nesting") as server:
         res = run_main(capsys, monkeypatch, "bench", "--url", server.url, "--model", "m",
-                       "--find-max", "concurrency", "--slo", "p99_ttft_ms=1000",
+                       "--find-max", "concurrency", "--slo", "median_ttft_ms=1000",
                        "--start", "2", "--num-prompts", "4", "--request-timeout", "2",
                        "--json", "-")
         asked = server.stats.requests
