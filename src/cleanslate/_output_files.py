@@ -238,14 +238,15 @@ def make_output_folder(path: Path | str, *, where: str | None, mode: int = FOLDE
 
 
 def planted_link(path: Path | str) -> str | None:
-    """Why ``path`` is reached through a symbolic link that this user or root does not own
+    """Why ``path`` is reached through a symbolic link that neither this user nor root owns
     (in its folders, or the file itself), or ``None``: the rule of :func:`write_output` for a
     file that something else creates (a SQLite store). Never raises."""
     path = Path(os.path.abspath(path))
     try:
         fd = _open_folder(path.parent, where=None)
     except InputError as exc:
-        return exc.message if exc.message.startswith("refused") else None
+        return exc.message.removeprefix("refused: ") if exc.message.startswith("refused") \
+            else None
     except OSError:
         return None
     try:
@@ -255,7 +256,8 @@ def planted_link(path: Path | str) -> str | None:
     finally:
         os.close(fd)
     if stat.S_ISLNK(info.st_mode) and not _trusted_link(info):
-        return f"refused: {path} is a symbolic link owned by {_user(info.st_uid)}"
+        return (f"{path} is a symbolic link owned by {_user(info.st_uid)}, neither you nor "
+                "root: another user may have planted it")
     return None
 
 
