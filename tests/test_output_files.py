@@ -173,6 +173,10 @@ def test_ones_own_folder_link_is_followed(tmp_path: Path) -> None:
     write_output(tmp_path / "alias" / "out.csv", "a,b\n", where="--out")
     assert (real / "out.csv").read_text() == "a,b\n"
     assert planted_link(tmp_path / "alias" / "out.csv") is None
+    missing = tmp_path / "alias" / "missing" / "out.csv"
+    with pytest.raises(InputError) as info:
+        check_output(missing, where="--out")
+    assert info.value.message == f"cannot write {missing}: the folder {real}/missing does not exist"
 
 
 def test_a_missing_folder_is_named_and_make_output_folder_creates_it(tmp_path: Path) -> None:

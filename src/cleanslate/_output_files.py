@@ -155,13 +155,13 @@ def _open_folder(folder: Path, *, where: str | None, create: int | None = None,
                 links += 1
                 if links > MAX_LINKS:
                     raise fail(f"{shown}: more than {MAX_LINKS} symbolic links") from None
-                target = os.readlink(part, dir_fd=fd)
+                points_to = os.readlink(part, dir_fd=fd)
                 again = os.stat(part, dir_fd=fd, follow_symlinks=False)
                 if (again.st_ino, again.st_dev) != (info.st_ino, info.st_dev):
                     raise InputError(f"refused: the symbolic link {here / part} was replaced "
                                      "while it was read", where=where) from None
-                todo.extend(reversed([p for p in target.split("/") if p]))
-                if target.startswith("/"):
+                todo.extend(reversed([p for p in points_to.split("/") if p]))
+                if points_to.startswith("/"):
                     os.close(fd)
                     fd = os.open("/", _DIR_FLAGS)
                     here = Path("/")
