@@ -196,3 +196,19 @@ def test_a_target_that_becomes_a_link_after_the_check_is_refused_at_the_write(
         write_output(target, "an hour of benchmark\n", where="--json")
     _untouched(victim)
     assert info.value.kept.read_text() == "an hour of benchmark\n"
+
+
+def test_another_users_file_in_a_sticky_folder_is_refused_before_the_work(
+        shared: Path) -> None:
+    """A user cannot rename over another user's file in ``/tmp``: said before the work, not
+    after an hour of benchmark."""
+    theirs = shared / "result.json"
+    theirs.write_text(PRECIOUS)  # root's
+
+    def attempt() -> None:
+        with pytest.raises(InputError, match="sticky bit"):
+            check_output(theirs, where="--json")
+        check_output(shared / "mine.json", where="--json")  # a new name is fine
+
+    as_user(NOBODY, attempt)
+    assert theirs.read_text() == PRECIOUS

@@ -193,6 +193,21 @@ def _target_problem(dir_fd: int, name: str, path: Path) -> str | None:
     return f"refused: {path} is {what}, not a regular file"
 
 
+def _sticky_owner(dir_fd: int, name: str) -> str | None:
+    """The owner of ``name`` when the folder's sticky bit keeps this user from replacing it
+    (another user's file in ``/tmp``; root may), else ``None``."""
+    euid = os.geteuid()
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        folder = os.fstat(dir_fd)
+    except OSError:
+        return None
+    if euid == 0 or info.st_uid == euid or folder.st_uid == euid or \
+            not folder.st_mode & stat.S_ISVTX:
+        return None
+    return _user(info.st_uid)
+
+
 def _split(path: Path | str, where: str | None) -> tuple[Path, str]:
     path = Path(path)
     name = path.name
@@ -215,6 +230,11 @@ def check_output(path: Path | str, *, where: str | None) -> None:
         if not os.access(held if os.path.exists(held) else path.parent, os.W_OK | os.X_OK):
             raise InputError(f"cannot write {path}: no permission to write in its folder",
                              where=where, hint="choose a folder you can write to")
+        owner = _sticky_owner(fd, name)
+        if owner is not None:
+            raise InputError(f"cannot replace {path}: it is {owner}'s, in a folder with the "
+                             "sticky bit (only its owner may replace it)", where=where,
+                             hint="choose another file name")
     finally:
         os.close(fd)
 
