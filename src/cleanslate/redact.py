@@ -3,30 +3,44 @@
 A serving host is full of secrets that are not ours: ``HF_TOKEN`` in a run's environment, a
 server's ``--api-key``, a store URL's password, another user's ``curl -H 'Authorization: Bearer
 ...'``. Everything that leaves a process as a record (the store, ``--json``, reports, run folders,
-progress lines) goes through the functions here first. What counts as a secret:
+progress lines) goes through the functions here first. A list of spellings is never finished,
+so the rule is by structure, and where it can be, inverted (docs/security.md):
 
-- an environment variable or flag whose name, split on ``_``, ``-`` and ``.``, has a part that
-  is or ends with ``TOKEN``, ``SECRET``, ``PASSWORD``, ``PASSWD``, ``CREDENTIAL(S)``,
-  ``APIKEY``, ``ACCESSKEY``, ``PRIVATEKEY``, ``SECRETKEY``, ``PASSPHRASE``, ``COOKIE``,
-  ``SIGNATURE``, ``SSHPASS``, or that is ``KEY``, ``AUTH``, ``PASS``, ``PW``, ``PAT``, ``SIG``,
-  or ``PWD`` after another part (``HF_TOKEN``, ``OPENAI_API_KEY``, ``PGPASSWORD``,
-  ``MYSQL_PWD``, ``GITHUB_PAT``, ``--api-key``; ``PWD`` alone is the working directory),
-  unless a later part says it names a place or a measure of the secret rather than the secret
-  (``PATH``, ``FILE``, ``DIR``, ``THROUGHPUT``, ``THRESHOLD``, ``MAP``, ``ID``, ``STDIN``, ...:
-  ``HF_TOKEN_PATH``, ``--api-key-file``, ``total_token_throughput``,
-  ``--password-stdin``) or the part before it makes it a unit (``PER``, ``FIRST``:
-  ``--kt-max-deferred-experts-per-token``); not ``TOKENIZERS_PARALLELISM``,
-  ``--max-num-batched-tokens`` nor ``--ssl-keyfile``; or a name the user lists in
-  ``CLEANSLATE_SECRET_NAMES`` (comma-separated, case-insensitive; always secret);
-- the password of a URL (``scheme://user:PASSWORD@host``, a ``/`` in it too), the userinfo
-  of a web URL (``https://TOKEN@github.com``), a schemeless DSN's password
-  (``user:PASSWORD@tcp(host)/db``), an ODBC ``Pwd=`` and secret query parameters
-  (``?sig=``, ``X-Amz-Signature=``, ``token=``: the value ends at the next ``&``);
-- what follows ``Bearer`` or ``Basic``, or an ``Authorization:`` header's scheme;
-- the passwords of programs whose short flags carry one, after a word naming the program:
-  ``mysql -pSECRET`` (the mysql and mariadb family; ``-p`` alone prompts), ``sshpass -p``,
-  ``redis-cli -a``, ``docker login -p`` (podman, nerdctl...; ``docker run -p`` is a port),
-  ``mongosh -p``, ``ldapsearch -w``, ``sqlcmd -P``, ``curl -u user:SECRET``.
+- **environments keep only what is known harmless**: a value is kept when its name is a knob
+  the engines and their runtimes read (:data:`KNOWN_ENV`, :data:`KNOWN_ENV_PREFIXES`:
+  ``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, ``VLLM_*``, ``SGLANG_*``, ``LLAMA_ARG_*``, ``HF_HOME``,
+  ``PATH``...) or it is a number, a switch word, a path or a few short words
+  (:func:`is_harmless_value`), and the name is not a secret's; every other value is ``***``
+  (``SLACK_WEBHOOK_URL``, a JSON blob, a connection string, a generated password under any
+  name);
+- **shapes that are credentials whatever names them**: private key blocks (``-----BEGIN ...
+  PRIVATE KEY-----``), JWTs (``eyJ...``.``...``.``...``), long random tokens
+  (:func:`looks_like_token`: entropy, class changes, no words; hex digests are evidence and
+  stay), URL passwords (``scheme://user:PASSWORD@host``), the userinfo of a web URL
+  (``https://TOKEN@github.com``), a schemeless DSN's password (``user:PASSWORD@tcp(host)/db``),
+  secret query parameters (``?sig=``, ``X-Amz-Signature=``, ``token=``), what follows
+  ``Bearer`` or ``Basic`` and an ``Authorization:`` header's credentials;
+- **secret names**: an environment variable, flag, JSON key or ``key=value`` item whose name,
+  split on ``_``, ``-`` and ``.``, has a part that is or ends with ``TOKEN``, ``SECRET``,
+  ``PASSWORD``, ``PASSWD``, ``CREDENTIAL(S)``, ``APIKEY``, ``ACCESSKEY``, ``PRIVATEKEY``,
+  ``SECRETKEY``, ``ACCOUNTKEY``, ``PASSPHRASE``, ``COOKIE``, ``SIGNATURE``, ``JWT``, ``OAUTH``,
+  ``WEBHOOK``... or is ``KEY``, ``AUTH``, ``PASS``, ``PW``, ``PAT``, ``SIG``, ``DSN``,
+  ``BEARER``, or ``PWD`` after another part, unless a later part names a place or a measure
+  (``PATH``, ``FILE``, ``THROUGHPUT``, ``ID``, ``BUDGET``, ``CONFIG``...: ``HF_TOKEN_PATH``,
+  ``--api-key-file``) or the part before it makes it a unit or a special token (``PER``,
+  ``FIRST``, ``BOS``, ``EOS``: ``--kt-max-deferred-experts-per-token``,
+  ``tokenizer.ggml.add_bos_token``); or a name listed in ``CLEANSLATE_SECRET_NAMES``;
+- **option names that may hold one** (a part of ``pass``, ``pwd``, ``secret``, ``token``,
+  ``key``, ``auth``, ``cred``, ``cookie``, ``jwt``: ``--authkey``, ``-storepass``): the value is
+  kept only when harmless (``--tokenizer org/model``, ``--max-num-batched-tokens 8192``);
+- **positions**: ``set``/``config NAME VALUE`` for a secret NAME (``aws configure set
+  aws_secret_access_key V``, ``git config credential.password V``), and the passwords of
+  programs that take one in a short flag or a position, after a word naming the program:
+  ``mysql -pSECRET``, ``sshpass -p``, ``redis-cli -a``, ``docker``/``az login -p``, ``mongosh
+  -p``, ``ldapsearch -w``, ``sqlcmd -P``, ``curl -u user:SECRET``, ``smbclient -U
+  user%SECRET``, ``lftp -u user,SECRET``, ``openssl -k``/``-K``, ``zip -P``, ``7z -pSECRET``,
+  ``htpasswd -b FILE USER SECRET``, ``vault login TOKEN``, ``wandb login KEY``, ``sqlplus
+  user/SECRET@db``.
 
 Values are replaced by :data:`REDACTED`; names stay, so a reader still sees *that* a token was
 set. The functions never raise on any text and never return the secret. Every pattern starts
