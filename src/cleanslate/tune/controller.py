@@ -385,16 +385,17 @@ def load_stored_study(store: Store, name: str) -> StudySpec:
 
 
 def _secrets_from_environment(spec: StudySpec) -> StudySpec:
-    """The study with the ``env:`` values the store does not keep (secrets, stored as
-    ``***``) taken from this process's environment; one that is not there is an
-    :class:`InputError`: a server started with ``***`` as its token would fail, and its
+    """The study with the ``env:`` values the store does not keep (secrets and anything not
+    known harmless, stored as ``***``) taken from this process's environment; one that is not
+    there is an :class:`InputError`: a server started with ``***`` as its token would fail, and its
     failure would be recorded as the configuration's."""
     env = dict(spec.env)
     missing = [key for key, value in env.items() if value == REDACTED and key not in os.environ]
     if missing:
         raise InputError(
             f"study {spec.name!r} runs its servers with {', '.join(sorted(missing))} in their "
-            "environment, and the store does not keep secret values",
+            "environment, and the store keeps no value it cannot tell harmless (secrets, URLs, "
+            "free text: docs/security.md)",
             where="--study", hint=f"set {', '.join(sorted(missing))} in this worker's "
             "environment (the study's env: names it)")
     env.update({key: os.environ[key] for key, value in env.items() if value == REDACTED})
