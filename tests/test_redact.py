@@ -696,6 +696,9 @@ def test_redaction_table_is_not_stored(tmp_path: Path) -> None:
     (["python", "x.py", "--authkey", "Pw0rd!x9Q"], ["python", "x.py", "--authkey", REDACTED]),
     (["python", "x.py", "--authkey", "/run/key"], ["python", "x.py", "--authkey", "/run/key"]),
     (["sqlplus", "scott/Pw0rd!x@orcl"], ["sqlplus", "scott/***"]),
+    (["vllm", "serve", "m", "--tokenizer-pool-extra-config", '{"pool": 2}'],
+     ["vllm", "serve", "m", "--tokenizer-pool-extra-config", '{"pool": 2}']),
+    (["x", "--authkey", '{"password": "Pw0rd!x"}'], ["x", "--authkey", REDACTED]),
 ])
 def test_positional_and_program_forms(argv: list[str], expected: list[str]) -> None:
     assert redact_argv(argv) == expected

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 import os
 import re
@@ -625,6 +626,21 @@ def is_harmless_value(value: str) -> bool:
     return len(value) <= 128 and 0 < len(items) <= 16 and all(map(_plain_word, items))
 
 
+def _harmless_option(value: str) -> bool:
+    """An option's value kept by its shape (:func:`is_harmless_value`), or a JSON object or
+    list in which redaction found nothing (``--tokenizer-pool-extra-config '{"x": 1}'``: a
+    secret key in it was already hidden, and ``***`` makes it not harmless)."""
+    if is_harmless_value(value):
+        return True
+    if value[:1] not in ("{", "[") or REDACTED in value or len(value) > 65536:
+        return False
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
+
+
 def is_known_env(name: str) -> bool:
     """Whether an environment variable is a knob whose value is kept (:data:`KNOWN_ENV`,
     :data:`KNOWN_ENV_PREFIXES`) unless the name is a secret's."""
@@ -681,7 +697,7 @@ def _hide_unless_harmless(value: Any) -> Any:
         return [_hide_unless_harmless(v) for v in value]
     if isinstance(value, str):
         shown = redact_text(value)
-        return shown if is_harmless_value(shown) else REDACTED
+        return shown if _harmless_option(shown) else REDACTED
     return value
 
 
@@ -731,7 +747,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             if not arg.startswith("-") or arg == "-":
                 shown = _redact_text(arg, extra)
                 out.append(REDACTED if arg and not (
-                    unless_harmless and is_harmless_value(_unquoted(shown))) else shown)
+                    unless_harmless and _harmless_option(_unquoted(shown))) else shown)
                 unless_harmless = False
                 continue
             unless_harmless = False
@@ -751,7 +767,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
                 continue
             if name.startswith("-") and _secretish(name):
                 shown = _redact_text(value, extra)
-                out.append(f"{name}={shown if is_harmless_value(_unquoted(shown)) else REDACTED}")
+                out.append(f"{name}={shown if _harmless_option(_unquoted(shown)) else REDACTED}")
                 continue
         if i and not arg.startswith("-") and _NAME.fullmatch(arg) and \
                 (arg != arg.lower() or any(c in arg for c in "_.-")) and \
