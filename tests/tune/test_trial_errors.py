@@ -16,7 +16,7 @@ from cleanslate.hosts import executor_for
 from cleanslate.store import Store
 from cleanslate.tune import trial as trial_mod
 from cleanslate.tune.study import load_study
-from tests._kit import study_yaml
+from tests._kit import OMIT, study_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -188,3 +188,23 @@ def test_a_command_the_supervisor_cannot_run_is_the_configurations_result(
     # on which a study stops (tests/tune/test_systemic.py)
     assert record.cause in ("launch_failed", "engine_missing"), record
     assert "no-such-engine" in (record.detail or "") + (record.log_tail or ""), record
+
+
+def test_a_level_that_is_not_a_result_is_never_feasible(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level bounded by a duration too short for one send completes nothing and fails
+    nothing: the trial is infeasible with the level's reason, not feasible on no data."""
+    monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", str(tmp_path / "gpus"))
+    (tmp_path / "gpus").mkdir()
+    path = tmp_path / "study.yaml"
+    path.write_text(study_yaml(name="empty", space={"fault": [None]},
+                               requests_per_level=OMIT, duration_s_per_level=1e-9))
+    spec, _root = load_study(path)
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    asyncio.run(trial_mod.run_trial(executor_for(None), store, spec, 0, {"fault": None},
+                                    gpu_backend="sim"))
+    (trial,) = store.trials(spec.name)
+    assert trial.status == "infeasible" and trial.cause == "request_errors", trial
+    assert "no request completed" in (trial.detail or ""), trial.detail
+    assert trial.level_verdicts == {"c=2": "errors"}, trial.level_verdicts
+    assert trial.verdict_after == "clean"

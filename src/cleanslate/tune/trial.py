@@ -575,6 +575,15 @@ async def _climb(
                 detail += f"; first {first[0]}: {first[1][:160]}"
             say(f"{load.label}: {detail}")
             break
+        if not level.valid:
+            # Not a throughput result although no request failed (a level that sent nothing,
+            # or whose requests never finished): never a feasible level.
+            verdicts[level.label] = LevelVerdict.ERRORS
+            cause = TrialCause.REQUEST_ERRORS
+            detail = f"{load.label}: not a result: {level.invalid_reason or 'invalid level'} " \
+                     f"({level.sent} requests sent)"
+            say(detail)
+            break
         if level.bad_output:
             # The server answered, but its output broke under this load: the configuration is
             # infeasible here (the levels below it stay as measured).
