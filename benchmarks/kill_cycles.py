@@ -12,10 +12,10 @@ random generator, then reruns the same command once without a kill and checks:
   for it (``result_of_trial``);
 - no process carrying one of the study's run markers is left.
 
-Kill moments: one cycle in three is killed just after a run supervisor appears (its
-``supervise.py`` seen in ``/proc``, plus 0-300 ms: the window where a launch has processes and,
-before ``launching`` records, no run record); the others at a uniform moment in the first
-``--span`` seconds of the study.
+Kill moments: one cycle in three (``--every``) is killed just after a run supervisor appears
+(its ``supervise.py`` seen in ``/proc``, plus 0-300 ms, ``--window``: where a launch has
+processes and, before ``launching`` records, no run record); the others at a uniform moment in
+the first ``--span`` seconds of the study.
 
     python benchmarks/kill_cycles.py --tune 20 --worker 20 --seed 35
 
@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sqlite3
@@ -88,6 +89,7 @@ class Cycle:
     quarantined: int = 0
     disagree: list[str] = field(default_factory=list)
     told: int = 0
+    reconciled: int = 0
     leftovers: int = 0
     launching_seen: int = 0
     note: str = ""
@@ -167,8 +169,8 @@ def optuna_disagreements(db: Path) -> tuple[list[str], int]:
     return out, added
 
 
-def run_cycle(index: int, mode: str, rng: random.Random, span: float, root: Path,
-              env: dict[str, str]) -> Cycle:
+def run_cycle(index: int, mode: str, rng: random.Random, span: float, every: int,
+              window: float, root: Path, env: dict[str, str]) -> Cycle:
     folder = root / f"{mode}-{index:02d}"
     folder.mkdir()
     (folder / "gpus").mkdir()
@@ -186,9 +188,9 @@ def run_cycle(index: int, mode: str, rng: random.Random, span: float, root: Path
                        env=cycle_env, capture_output=True, check=True, timeout=120)
         command = [*cleanslate, "worker", "--study", "kills", "--store", store, "--gpus", "0",
                    "--port", str(port)]
-    at_supervisor = index % 3 == 0
+    at_supervisor = index % every == 0
     cycle = Cycle(mode=mode, moment="supervisor" if at_supervisor else "uniform")
-    delay = rng.uniform(0.0, 0.3) if at_supervisor else rng.uniform(0.0, span)
+    delay = rng.uniform(0.0, window) if at_supervisor else rng.uniform(0.0, span)
     log = (folder / "killed.log").open("wb")
     started = time.monotonic()
     proc = subprocess.Popen(command, env=cycle_env, stdout=log, stderr=subprocess.STDOUT)
@@ -219,6 +221,9 @@ def run_cycle(index: int, mode: str, rng: random.Random, span: float, root: Path
                            check=False)
     cycle.rerun_s = round(time.monotonic() - t0, 1)
     cycle.rerun_code = rerun.returncode
+    found = re.search(r"Optuna told the recorded results of (\d+)", rerun.stdout)
+    cycle.reconciled = (int(found.group(1)) if found else 0) + rerun.stdout.count(
+        "has a recorded result: telling Optuna its value")
     if rerun.returncode != 0:
         (folder / "rerun.log").write_text(rerun.stdout + rerun.stderr)
         cycle.note += f" rerun: {(rerun.stdout + rerun.stderr).strip()[-300:]}"
@@ -229,7 +234,9 @@ def run_cycle(index: int, mode: str, rng: random.Random, span: float, root: Path
     cycle.lost = CONFIGS - len(set(keys))
     cycle.quarantined = sum(1 for s in rows(db, "cs_slots") if s.get("state") == "quarantined")
     cycle.disagree, cycle.told = optuna_disagreements(db)
-    left = marked({r["id"] for r in rows(db, "cs_runs")})
+    # A run is named by its record and, from before its launch, by its lease.
+    left = marked({r["id"] for r in rows(db, "cs_runs")}
+                  | {lease["run_id"] for lease in rows(db, "cs_leases") if lease.get("run_id")})
     cycle.leftovers = len(left)
     for pid in left:  # this benchmark's own runs: end them so the next cycle starts clean
         with contextlib.suppress(ProcessLookupError):
@@ -244,6 +251,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--span", type=float, default=8.0,
                         help="uniform kill moments are drawn in [0, span] seconds")
+    parser.add_argument("--every", type=int, default=3,
+                        help="one cycle in EVERY is killed just after a supervisor appears")
+    parser.add_argument("--window", type=float, default=0.3,
+                        help="a kill after a supervisor appears comes within WINDOW seconds")
     parser.add_argument("--keep", action="store_true", help="keep the cycles' folders")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -256,7 +267,8 @@ def main() -> int:
           f"{'results':>7} {'lost':>4} {'twice':>5} {'quar':>4} {'optuna':>6} {'told':>4} "
           f"{'left':>4} {'launching':>9}")
     for mode, index in plan:
-        cycle = run_cycle(index, mode, rng, args.span, root, env)
+        cycle = run_cycle(index, mode, rng, args.span, max(1, args.every), args.window, root,
+                          env)
         cycles.append(cycle)
         print(f"{mode:6} {index:>2} {cycle.moment:>18} "
               f"{cycle.killed_at_s if cycle.killed_at_s is not None else '-':>7} "
@@ -278,7 +290,8 @@ def main() -> int:
               f"lost {sum(c.lost for c in mine)}; run twice {sum(c.twice for c in mine)}; "
               f"quarantined {sum(c.quarantined for c in mine)}; "
               f"Optuna disagreeing {sum(len(c.disagree) for c in mine)}; "
-              f"results told through an added trial {sum(c.told for c in mine)}; "
+              f"results Optuna was told on recovery {sum(c.reconciled for c in mine)} "
+              f"(through an added trial {sum(c.told for c in mine)}); "
               f"leftover processes {sum(c.leftovers for c in mine)}; "
               f"killed while a run was launching {sum(c.launching_seen > 0 for c in mine)}")
     print(f"all: {sum(c.ok for c in cycles)} of {len(cycles)} cycles passed "
