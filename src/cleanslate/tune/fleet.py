@@ -585,7 +585,9 @@ class Fleet:
 
     async def requeue(self, lease: LeaseRecord, say: Callable[[str], None]) -> list[TrialRecord]:
         """After a lease expired: record its trial ``infra_failed`` (its configuration is back
-        in the queue), fail its Optuna trial, and tear its run down on its host by marker;
+        in the queue), fail its Optuna trial (or tell it the trial's recorded result, when its
+        worker is known gone: :func:`tell_stored`), and tear its run down on its host by marker
+        and cgroup;
         where that cannot be verified, its slot is suspect. Returns the trial records it
         closed."""
         say(f"lease {lease.id} of {lease.worker} on {lease.slot} expired ({lease.detail}): "
@@ -599,9 +601,12 @@ class Fleet:
                     "detail": f"its worker stopped renewing lease {lease.id}: {lease.detail}",
                     "finished_at": time.time()}))
         if lease.trial is not None:
-            result = finished_result(self.store, self.spec.name, lease.trial)
+            # A result recorded before its worker died is told, not failed; only for a worker
+            # known gone: one alive behind a partition records its trial lease_lost when its
+            # release fails, and Optuna must not hold a result cleanslate's table does not.
+            result = finished_result(self.store, self.spec.name, lease.trial) \
+                if worker_gone(lease.worker) else None
             if result is not None:
-                # Its result was recorded before its worker died: Optuna gets that, not FAIL.
                 say(f"trial #{lease.trial} has a recorded result: telling Optuna its value")
                 tell_stored(self.study, result, self.spec)
             else:
