@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -122,3 +123,27 @@ def sticky_folder() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+#: What a root-owned file a planted link points at holds (:func:`victim_file`).
+PRECIOUS = "root's own data\n"
+
+
+def victim_file(tmp_path: Path) -> Path:
+    """A root-owned file, mode 0644, alone in its own folder below ``tmp_path``: what a link
+    planted by another user points at, which no output may change."""
+    folder = tmp_path / "victim"
+    folder.mkdir()
+    target = folder / "precious.conf"
+    target.write_text(PRECIOUS)
+    target.chmod(0o644)
+    return target
+
+
+def untouched(path: Path) -> None:
+    """Assert that a :func:`victim_file` is as it was made: a regular root-owned file, mode
+    0644, its content unchanged, alone in its folder."""
+    info = path.lstat()
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
+    assert info.st_uid == 0 and path.read_text() == PRECIOUS
+    assert sorted(os.listdir(path.parent)) == [path.name]

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests._kit import sticky_folder, victim_file
+
 #: Set by ``tests._isolation`` (``-p tests._isolation`` in pyproject's addopts).
 STATE_ENV = "CLEANSLATE_TEST_ISOLATED"
 
@@ -231,3 +233,16 @@ def postgres_url() -> Iterator[str]:
         subprocess.run([*as_pg, f"{PG_BIN}/pg_ctl", "-D", str(data), "-m", "fast", "-w",
                         "stop"], check=False, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A world-writable sticky folder, like ``/tmp``, where another user plants links."""
+    with sticky_folder() as folder:
+        yield folder
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A root-owned file that a planted link points at (:func:`tests._kit.victim_file`)."""
+    return victim_file(tmp_path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,35 +23,11 @@ from cleanslate._output_files import (
     write_output,
 )
 from cleanslate.errors import InputError
-from tests._kit import NOBODY, as_user, sticky_folder
+from tests._kit import NOBODY, PRECIOUS, as_user, untouched
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant as nobody")
 
-PRECIOUS = "root's own data\n"
 
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A world-writable sticky folder, like ``/tmp``."""
-    with sticky_folder() as folder:
-        yield folder
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """A root-owned file, mode 0644, outside the shared folder."""
-    path = tmp_path / "victim"
-    path.mkdir()
-    target = path / "precious.conf"
-    target.write_text(PRECIOUS)
-    target.chmod(0o644)
-    return target
-
-
-def _untouched(path: Path) -> None:
-    info = path.lstat()
-    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
-    assert info.st_uid == 0 and path.read_text() == PRECIOUS
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -87,7 +62,7 @@ def test_a_shared_output_is_0644_less_the_umask(shared: Path) -> None:
     assert stat.S_IMODE((shared / "plot.png").stat().st_mode) == 0o640
 
 
-def test_a_link_planted_by_another_user_is_refused_and_its_target_untouched(
+def test_a_link_planted_by_another_user_is_refused_and_its_targetuntouched(
         shared: Path, victim: Path) -> None:
     link = shared / "result.json"
     as_user(NOBODY, lambda: os.symlink(victim, link))
@@ -98,7 +73,7 @@ def test_a_link_planted_by_another_user_is_refused_and_its_target_untouched(
     assert f"{link} is a symbolic link" in before.value.message and "nobody" in before.value.message
     with pytest.raises(OutputRefused) as at_write:
         write_output(link, "the result\n", where="--json")
-    _untouched(victim)
+    untouched(victim)
     assert os.readlink(link) == str(victim)  # the link itself is left as it was
     kept = at_write.value.kept
     assert kept.parent == shared and kept.read_text() == "the result\n"
@@ -143,7 +118,7 @@ def test_a_folder_link_planted_by_another_user_is_never_written_through(
                     lambda: check_output_folder(link / "png", where="--png")):
         with pytest.raises(InputError, match=r"owned by nobody .* another user may have planted"):
             attempt()
-    _untouched(victim)
+    untouched(victim)
     assert sorted(os.listdir(victim.parent)) == [victim.name]
     assert planted_link(target) is not None and "nobody" in (planted_link(target) or "")
 
@@ -163,7 +138,7 @@ def test_a_link_with_two_names_is_not_followed(shared: Path, victim: Path) -> No
     assert alias.lstat().st_uid == 0 and alias.lstat().st_nlink == 2
     with pytest.raises(InputError, match="with 2 names"):
         write_output(alias / victim.name, "x", where="--json")
-    _untouched(victim)
+    untouched(victim)
 
 
 def test_ones_own_folder_link_is_followed(tmp_path: Path) -> None:
@@ -194,7 +169,7 @@ def test_a_target_that_becomes_a_link_after_the_check_is_refused_at_the_write(
     as_user(NOBODY, lambda: os.symlink(victim, target))  # planted during the work
     with pytest.raises(OutputRefused) as info:
         write_output(target, "an hour of benchmark\n", where="--json")
-    _untouched(victim)
+    untouched(victim)
     assert info.value.kept.read_text() == "an hour of benchmark\n"
 
 

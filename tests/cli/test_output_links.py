@@ -13,40 +13,20 @@ import stat
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests._kit import NOBODY, as_user, sticky_folder
+from tests._kit import NOBODY, as_user, untouched
 from tests.bench.conftest import start_fake_server_process
 from tests.cli.inproc import run_main
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant as nobody")
 
-PRECIOUS = "root's own data\n"
 SMALL = ["--model", "m", "--workload", "random:input_len=8,output_len=4", "--no-live",
          "--concurrency", "1"]
 
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    with sticky_folder() as folder:
-        yield folder
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """A root-owned file, mode 0644, that a planted link points at."""
-    target = tmp_path / "precious.conf"
-    target.write_text(PRECIOUS)
-    target.chmod(0o644)
-    return target
-
-
-def _untouched(path: Path) -> None:
-    assert path.read_text() == PRECIOUS and stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
 def _requests(url: str) -> int:
@@ -66,7 +46,7 @@ def test_bench_json_to_a_planted_link_is_exit_2_before_any_request(
     assert f"--json: refused: {link} is a symbolic link" in res.err and "nobody" in res.err
     assert "Traceback" not in res.err
     assert _requests(url) == 0  # refused before the benchmark, not after it
-    _untouched(victim)
+    untouched(victim)
 
 
 def test_bench_json_to_a_fifo_is_exit_2_without_hanging(
@@ -117,14 +97,14 @@ def test_a_link_planted_during_the_benchmark_is_refused_and_the_result_kept(
     assert planted.is_set()
     assert res.code == 2, res.err
     assert f"refused: {link} is a symbolic link" in res.err and "the result is kept in" in res.err
-    _untouched(victim)
+    untouched(victim)
     kept = [p for p in shared.iterdir() if p.name.endswith(".tmp")]
     assert len(kept) == 1 and str(kept[0]) in res.err
     assert stat.S_IMODE(kept[0].stat().st_mode) == 0o600
     assert json.loads(kept[0].read_text())["levels"][0]["completed"] == 2
 
 
-def test_check_save_baseline_to_a_planted_link_is_exit_2_and_the_file_untouched(
+def test_check_save_baseline_to_a_planted_link_is_exit_2_and_the_fileuntouched(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, shared: Path,
         victim: Path) -> None:
     link = shared / "baseline.json"
@@ -133,7 +113,7 @@ def test_check_save_baseline_to_a_planted_link_is_exit_2_and_the_file_untouched(
                    "--save-baseline", str(link))
     assert res.code == 2, res.err
     assert f"--save-baseline: refused: {link} is a symbolic link" in res.err
-    _untouched(victim)
+    untouched(victim)
 
 
 def test_check_save_baseline_through_a_planted_folder_link_is_exit_2(
@@ -144,7 +124,7 @@ def test_check_save_baseline_through_a_planted_folder_link_is_exit_2(
     res = run_main(capsys, monkeypatch, "check", "--gpu-backend", "none", "--no-default-ports",
                    "--save-baseline", str(link / victim.name))
     assert res.code == 2 and "another user may have planted it" in res.err, res.err
-    _untouched(victim)
+    untouched(victim)
 
 
 def test_check_save_baseline_to_a_normal_path_is_0600_and_loads_back(

@@ -8,32 +8,16 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests._kit import NOBODY, as_user, sticky_folder
+from tests._kit import NOBODY, PRECIOUS, as_user
 from tests.cli.inproc import run_main
 from tests.report.conftest import StudyStore
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant as nobody")
 
-PRECIOUS = "root's own data\n"
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    with sticky_folder() as folder:
-        yield folder
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    target = tmp_path / "precious.conf"
-    target.write_text(PRECIOUS)
-    target.chmod(0o644)
-    return target
 
 
 @pytest.mark.parametrize(("option", "name", "extra"), [
@@ -42,7 +26,7 @@ def victim(tmp_path: Path) -> Path:
     ("--out", "trials.json", []),
     ("--out", "export", ["--format", "json"]),
 ])
-def test_a_planted_link_as_a_report_output_is_exit_2_and_untouched(
+def test_a_planted_link_as_a_report_output_is_exit_2_anduntouched(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         recorded_store: StudyStore, shared: Path, victim: Path, option: str, name: str,
         extra: list[str]) -> None:

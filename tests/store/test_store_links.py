@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cleanslate.errors import InputError
 from cleanslate.store import Store
-from tests._kit import NOBODY, as_user, sticky_folder
+from tests._kit import NOBODY, as_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant as nobody")
 
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant a
 def _own_artifacts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CLEANSLATE_ARTIFACTS", raising=False)
     monkeypatch.delenv("CLEANSLATE_STORE", raising=False)
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    with sticky_folder() as folder:
-        yield folder
 
 
 def _roots_database(tmp_path: Path) -> Path:
