@@ -2,7 +2,9 @@
 
 Endpoints: ``GET /health`` (200 while the process serves, even when the scheduler hangs),
 ``GET /health_generate`` (one token through the scheduler: 200, or 503 after 20 s),
-``GET /v1/models``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /server_info`` and ``GET /get_server_info`` (the configuration in
+effect, SGLang's keys), ``GET /metrics`` (SGLang-named Prometheus text, with
+``--enable-metrics`` only, else 404; :mod:`cleanslate.sim.metrics`), ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream``, ``stream_options.include_usage``, ``max_tokens`` /
 ``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``seed``). What they write (SSE
 framing, chunks, usage, error bodies) is :mod:`cleanslate.wire`'s, as the fake server's is.
@@ -36,12 +38,16 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import IO, Any, TypedDict
 
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
-from cleanslate import wire
+from cleanslate import __version__, wire
 from cleanslate.sim.engine import DEGENERATE_TOKEN_ID, NAN_TOKEN_ID, Engine, SimRequest
+from cleanslate.sim.metrics import CONTENT_TYPE, RequestStats
 from cleanslate.sim.model import SimModel
 from cleanslate.sim.text import (
     DEGENERATE_BYTES,
@@ -98,7 +104,14 @@ class Api:
         engine: Engine,
         ground_truth: IO[str] | None,
         created: int,
+        server_info: Mapping[str, object] | None = None,
+        metrics: CollectorRegistry | None = None,
+        stats: RequestStats | None = None,
     ) -> None:
+        """``server_info``: the static part of ``/server_info`` (the launcher's
+        :func:`~cleanslate.sim.launcher.server_args`); ``metrics``: the registry ``/metrics``
+        writes (``None``: metrics are off, 404); ``stats``: where finished requests are
+        counted for it."""
         self.model_name = model_name
         self.model_path = model_path
         self.stream_interval = stream_interval
@@ -107,12 +120,19 @@ class Api:
         self.gt = ground_truth
         self._ids = itertools.count(1)
         self._created = created
+        self._info = dict(server_info or {})
+        self._metrics = metrics
+        self.stats = stats
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        # SGLang 0.5 serves both; /get_server_info is its deprecated spelling.
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.server_info)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         return app
@@ -146,6 +166,44 @@ class Api:
                 }
             ]
         )
+        return web.json_response(body, headers={"Server": SERVER_HEADER})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text read from the live state; 404 without ``--enable-metrics``."""
+        if self._metrics is None:
+            return web.Response(status=404, text="Not Found",
+                                headers={"Server": SERVER_HEADER})
+        return web.Response(body=generate_latest(self._metrics),
+                            headers={"Content-Type": CONTENT_TYPE, "Server": SERVER_HEADER})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """SGLang's server info: the server arguments (``max_running_requests`` is ``null``
+        when not given), the scheduler's ``max_total_num_tokens`` and ``max_req_input_len``,
+        and one internal state with the limits in effect
+        (``effective_max_running_requests_per_dp``, ``memory_usage``) and
+        ``last_gen_throughput``."""
+        engine = self.engine
+        plan = self.model.memory_plan()
+        capacity = engine.kv_capacity
+        state: dict[str, object] = {
+            **self._info,
+            "last_gen_throughput": engine.gen_throughput,
+            "memory_usage": {
+                "weight": round(plan.weights_mib / 1024, 2),
+                "kvcache": round(plan.kv_cache_mib / 1024, 2),
+                "token_capacity": capacity,
+                "graph": round(plan.graph_mib / 1024, 2),
+            },
+            "effective_max_running_requests_per_dp": engine.max_running,
+        }
+        body = {
+            **self._info,
+            "status": "ready",
+            "max_total_num_tokens": capacity,
+            "max_req_input_len": max(0, min(self.model.s.context_length, capacity) - 1),
+            "internal_states": [state],
+            "version": f"{__version__}+sim",
+        }
         return web.json_response(body, headers={"Server": SERVER_HEADER})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -268,6 +326,9 @@ class Api:
             raise
         finally:
             engine.finish(req)
+            if self.stats is not None:
+                self.stats.finished(req.prompt_tokens, req.generated, req.cached,
+                                    time.monotonic() - arrival_mono, record["status"] != "ok")
             if self.gt is not None:
                 self.gt.write(json.dumps(record) + "\n")
 
@@ -294,8 +355,10 @@ class Api:
             await resp.write(chunks_of.role())
         content = chunks_of.content
         vocab = VOCAB_BYTES
+        stats = self.stats
         chunks = 0
         first = True
+        last_mono = 0.0
         while True:
             toks, done = await req.next_tokens()
             if toks:
@@ -303,8 +366,15 @@ class Api:
                 now = time.time()
                 if first:
                     record["first_token"] = now
-                    record["first_token_mono"] = time.monotonic()
+                    record["first_token_mono"] = last_mono = time.monotonic()
                     first = False
+                    if stats is not None:
+                        stats.ttft.observe(last_mono - record["arrival_mono"])
+                elif stats is not None:
+                    mono = time.monotonic()
+                    gap = mono - last_mono
+                    stats.itl.observe(gap / len(toks), len(toks), gap)
+                    last_mono = mono
                 if done:
                     record["last_token"] = now
                     record["last_token_mono"] = time.monotonic()
@@ -328,8 +398,11 @@ class Api:
 
     async def _whole(self, req: SimRequest, chat: bool, record: GroundTruth) -> web.Response:
         tokens: list[int] = []
+        stats = self.stats
         while True:
             toks, done = await req.next_tokens()
+            if stats is not None and toks and not tokens:
+                stats.ttft.observe(time.monotonic() - record["arrival_mono"])
             tokens.extend(toks)
             if done:
                 break

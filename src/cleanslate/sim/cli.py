@@ -66,8 +66,11 @@ def serve_command(
         int, typer.Option("--cuda-graph-max-bs", min=1, help="Largest batch with a CUDA graph.")
     ] = 160,
     max_running_requests: Annotated[
-        int, typer.Option("--max-running-requests", min=1, help="Batch limit (requests).")
-    ] = 256,
+        int | None,
+        typer.Option("--max-running-requests", min=1,
+                     help="Batch limit (requests; default: chosen from the KV cache, at most "
+                     "256, as /server_info shows)."),
+    ] = None,
     chunked_prefill_size: Annotated[
         int,
         typer.Option("--chunked-prefill-size", help="Prompt tokens per prefill step (-1: off)."),
@@ -140,10 +143,18 @@ def serve_command(
     log_interval: Annotated[
         int, typer.Option("--decode-log-interval", min=1, help="Decode steps between log lines.")
     ] = 40,
+    enable_metrics: Annotated[
+        bool, typer.Option("--enable-metrics",
+                           help="Serve SGLang-named Prometheus metrics at /metrics (else 404).")
+    ] = False,
+    enable_metrics_for_all_schedulers: Annotated[
+        bool, typer.Option("--enable-metrics-for-all-schedulers",
+                           help="One series per TP rank, not rank 0 only (SGLang flag).")
+    ] = False,
 ) -> None:
     from cleanslate.sim.faults import parse_faults
     from cleanslate.sim.launcher import ServeOptions, serve
-    from cleanslate.sim.model import SimSettings
+    from cleanslate.sim.model import REQUEST_POOL_SIZE, SimSettings
 
     faults = parse_faults(fault or [])
     if chunked_prefill_size == 0 or chunked_prefill_size < -1:
@@ -156,7 +167,8 @@ def serve_command(
         mem_fraction_static=mem_fraction_static,
         disable_cuda_graph=disable_cuda_graph,
         cuda_graph_max_bs=cuda_graph_max_bs,
-        max_running_requests=max_running_requests,
+        max_running_requests=(REQUEST_POOL_SIZE if max_running_requests is None
+                              else max_running_requests),
         chunked_prefill_size=chunked_prefill_size,
         context_length=context_length,
         disable_radix_cache=disable_radix_cache,
@@ -181,6 +193,11 @@ def serve_command(
         stream_interval=stream_interval,
         base_gpu_id=base_gpu_id,
         log_interval_steps=log_interval,
+        max_running_requests_given=max_running_requests is not None,
+        enable_metrics=enable_metrics,
+        enable_metrics_for_all_schedulers=enable_metrics_for_all_schedulers,
+        trust_remote_code=trust_remote_code,
+        log_level=log_level,
     )
     code = serve(opts)
     sys.stdout.flush()

@@ -191,6 +191,17 @@ class Engine:
         self._ratio_decay = ((INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO)
                              / NEW_TOKEN_RATIO_DECAY_STEPS)
         self.retracted = 0  # retractions since start (a request retracted twice counts twice)
+        self.retracted_input_tokens = 0  # their prompt tokens, summed over retractions
+        self.retracted_output_tokens = 0  # the tokens they had generated, summed likewise
+        # What a /metrics scrape reads (docs/sim-model.md, "Metrics"): the requests admitted
+        # into the prefill step now running (neither waiting nor running until it ends), the
+        # generation rate and retractions over the last decode-log window, and the prefix
+        # cache's hit rate over the last prefill step, as SGLang's scheduler reports them.
+        self.prefilling: list[SimRequest] = []
+        self.gen_throughput = 0.0
+        self.window_retracted = 0
+        self._retracted_at_window = 0
+        self.cache_hit_rate = 0.0
         self.max_running = max(1, model.s.max_running_requests)
         self.chunk = model.chunk_tokens()
         self.prefix_cache: PrefixCache | None = (
@@ -281,6 +292,8 @@ class Engine:
         # Back to the head of the queue: they arrived before anyone who waits.
         self.waiting.extendleft(reversed(retracted))
         self.retracted += len(retracted)
+        self.retracted_input_tokens += sum(r.prompt_tokens for r in retracted)
+        self.retracted_output_tokens += sum(r.generated for r in retracted)
         decoded = sum(r.generated for r in order)
         max_new = sum(r.max_new for r in order) or 1
         old = self.new_token_ratio
@@ -321,7 +334,11 @@ class Engine:
             if prefill_tokens:
                 last_end = start + model.noisy_seconds(model.prefill_step_ms(prefill_tokens),
                                                           prefill=True)
-                await asyncio.sleep(max(0.0, last_end - loop.time()))
+                self.prefilling = done_prompts
+                try:
+                    await asyncio.sleep(max(0.0, last_end - loop.time()))
+                finally:
+                    self.prefilling = []
                 if self.hung or self.crashed:
                     continue
                 for req in done_prompts:
@@ -354,21 +371,37 @@ class Engine:
                 self._emit(req, nan)
             self._decode_steps += 1
             self._log_tokens += batch
-            if self.log is not None and self._decode_steps % self.log_interval_steps == 0:
+            if self._decode_steps % self.log_interval_steps == 0:
                 self._log_decode(loop.time(), batch, context)
             self._reap()
 
     def _log_decode(self, now: float, batch: int, context: int) -> None:
+        """Close a decode-log window: its generation rate (tokens/s, the ``gen_throughput``
+        gauge) and retractions, and the log line when the engine logs."""
         elapsed = now - self._log_t0 if self._log_t0 else 0.0
         rate = self._log_tokens / elapsed if elapsed > 0 else 0.0
+        self.gen_throughput = rate
+        self.window_retracted = self.retracted - self._retracted_at_window
+        self._retracted_at_window = self.retracted
+        self._log_t0 = now
+        self._log_tokens = 0
+        if self.log is None:
+            return
         usage = (self.kv_capacity - self.kv_free) / self.kv_capacity if self.kv_capacity else 0.0
-        assert self.log is not None
         self.log(
             f"Decode batch. #running-req: {batch}, #token: {context}, token usage: {usage:.2f}, "
             f"gen throughput (token/s): {rate:.2f}, #queue-req: {len(self.waiting)}"
         )
-        self._log_t0 = now
-        self._log_tokens = 0
+
+    def num_running(self) -> int:
+        """Requests holding a batch slot now: the running batch, those admitted into the
+        prefill step in progress, and a prompt being prefilled in chunks (at most
+        ``max-running-requests``; the admission test counts the same three)."""
+        return len(self.running) + len(self.prefilling) + (self.partial is not None)
+
+    def num_used_tokens(self) -> int:
+        """KV cache tokens held now (prompts admitted, tokens generated)."""
+        return self.kv_capacity - self.kv_free
 
     def _emit(self, req: SimRequest, nan: bool) -> None:
         req.state = state = next_state(req.state)
@@ -411,6 +444,7 @@ class Engine:
                 return tokens, done
         future = sum(self._future(r) for r in self.running)
         future += sum(self._future(r) for r in done)
+        hit = fed = 0
         while self.waiting and budget > 0:
             if len(self.running) + len(done) + (self.partial is not None) >= self.max_running:
                 break
@@ -427,6 +461,8 @@ class Engine:
             future += self._future(req)
             # A cached prefix is not computed again: only the rest of the prompt is prefilled.
             take = min(budget, fill - req.cached)
+            hit += req.cached
+            fed += fill
             req.prefilled = req.cached + take
             tokens += take
             budget -= take
@@ -435,4 +471,8 @@ class Engine:
             else:
                 self.partial = req
                 break
+        if fed:
+            # As SGLang's gauge: the share of the prompt tokens admitted in this step that the
+            # prefix cache held.
+            self.cache_hit_rate = hit / fed
         return tokens, done

@@ -38,7 +38,8 @@ from cleanslate.sim.api import Api
 from cleanslate.sim.engine import Engine
 from cleanslate.sim.faults import Faults
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
-from cleanslate.sim.model import CONTEXT_MIB, SimModel, SimSettings
+from cleanslate.sim.metrics import RequestStats, SimCollector, metrics_registry
+from cleanslate.sim.model import CONTEXT_MIB, SimModel, SimSettings, auto_max_running_requests
 from cleanslate.sim.worker import WorkerPlan
 
 WORKER_GRACE_S = 3.0
@@ -64,6 +65,14 @@ class ServeOptions:
     stream_interval: int = 1
     base_gpu_id: int = 0
     log_interval_steps: int = 40
+    #: ``False`` when ``--max-running-requests`` was not given: the sim then chooses the limit
+    #: (:func:`~cleanslate.sim.model.auto_max_running_requests`) and ``/server_info`` says
+    #: ``max_running_requests: null`` beside the ``effective_max_running_requests_per_dp``.
+    max_running_requests_given: bool = True
+    enable_metrics: bool = False
+    enable_metrics_for_all_schedulers: bool = False
+    trust_remote_code: bool = False
+    log_level: str = "info"
 
     @property
     def model_name(self) -> str:
@@ -95,6 +104,9 @@ class Launcher:
             gpu_count = int(config["gpus"])
         self.gpu_count = gpu_count
         settings = replace(opts.settings, gpu_memory_mib=gpu_mib)
+        if not opts.max_running_requests_given:
+            settings = replace(settings,
+                               max_running_requests=auto_max_running_requests(settings))
         self.model = SimModel(settings)
         self.workers: list[_Worker] = []
         self.engine: Engine | None = None
@@ -174,6 +186,13 @@ class Launcher:
             return 1
         if opts.faults.leave_port is not None:
             self._spawn_listener(opts.faults.leave_port)
+        stats = registry = None
+        if opts.enable_metrics:
+            stats = RequestStats()
+            registry = metrics_registry(SimCollector(
+                self.engine, stats, model_name=opts.model_name, tp_size=self.model.s.tp_size,
+                all_schedulers=opts.enable_metrics_for_all_schedulers,
+                context_len=self.model.s.context_length))
         app = Api(
             model_name=opts.model_name,
             model_path=opts.model_path,
@@ -182,6 +201,9 @@ class Launcher:
             engine=self.engine,
             ground_truth=self.gt,
             created=self._created,
+            server_info=server_args(opts, self.model.s),
+            metrics=registry,
+            stats=stats,
         ).app()
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -396,6 +418,50 @@ class Launcher:
                 )
         for t in pending:
             t.cancel()
+
+
+def server_args(opts: ServeOptions, settings: SimSettings) -> dict[str, object]:
+    """The server arguments as SGLang's ``/server_info`` spells them (``ServerArgs`` fields),
+    from what the sim was started with; ``max_running_requests`` is ``None`` when it was not
+    given (the limit in effect is the internal state's). Sim-only settings go under
+    ``simulation``."""
+    return {
+        "model_path": opts.model_path,
+        "tokenizer_path": opts.model_path,
+        "served_model_name": opts.model_name,
+        "host": opts.host,
+        "port": opts.port,
+        "tp_size": settings.tp_size,
+        "dp_size": 1,
+        "pp_size": 1,
+        "mem_fraction_static": settings.mem_fraction_static,
+        "max_running_requests": (settings.max_running_requests
+                                 if opts.max_running_requests_given else None),
+        "max_total_tokens": None,
+        "chunked_prefill_size": settings.chunked_prefill_size,
+        "context_length": settings.context_length,
+        "disable_cuda_graph": settings.disable_cuda_graph,
+        "cuda_graph_max_bs": settings.cuda_graph_max_bs,
+        "disable_radix_cache": settings.disable_radix_cache,
+        "schedule_policy": "fcfs",
+        "page_size": 1,
+        "random_seed": settings.seed,
+        "base_gpu_id": opts.base_gpu_id,
+        "stream_interval": opts.stream_interval,
+        "decode_log_interval": opts.log_interval_steps,
+        "trust_remote_code": opts.trust_remote_code,
+        "log_level": opts.log_level,
+        "enable_metrics": opts.enable_metrics,
+        "enable_metrics_for_all_schedulers": opts.enable_metrics_for_all_schedulers,
+        "enable_dp_attention": False,
+        "api_key": None,
+        "simulation": {
+            "simulated": True,
+            "time_scale": settings.time_scale,
+            "gpu_memory_mib": settings.gpu_memory_mib,
+            "faults": opts.faults.active() or [],
+        },
+    }
 
 
 def serve(opts: ServeOptions) -> int:

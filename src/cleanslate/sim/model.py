@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, cast
 
 #: The default simulated GPU: an H200 (``nvidia-smi`` reports 143771 MiB).
@@ -349,6 +349,21 @@ class SimModel:
         waiting = max(0, concurrency - b)
         ttft = prefill_s * (b + 1) / 2 + waiting * cycle_s / b
         return {"output_throughput": throughput, "ttft_s": ttft, "batch": float(b)}
+
+
+#: The size of the sim's request pool when ``--max-running-requests`` is not given: the most
+#: requests that can run at once (SGLang sizes its pool from the KV capacity and the context
+#: length, 2048 to 4096 requests; the sim keeps the 256 it has always had).
+REQUEST_POOL_SIZE = 256
+
+
+def auto_max_running_requests(settings: SimSettings) -> int:
+    """The batch limit the sim chooses when ``--max-running-requests`` is not given, by
+    SGLang's rule: half the KV cache's tokens, at most the request pool
+    (:data:`REQUEST_POOL_SIZE`), at least 1. The KV cache is sized with the pool's request
+    table (``settings.max_running_requests`` is ignored)."""
+    plan = SimModel(replace(settings, max_running_requests=REQUEST_POOL_SIZE)).memory_plan()
+    return max(1, min(REQUEST_POOL_SIZE, plan.kv_capacity_tokens // 2))
 
 
 def settings_from_flags(flags: Mapping[str, object]) -> SimSettings:
