@@ -57,6 +57,12 @@ from cleanslate.bench._limits import (
     MAX_REPLAY_SPEEDUP,
     MIN_RATE,
 )
+from cleanslate.bench._metric_names import (
+    VOCABULARY,
+    MetricMap,
+    Source,
+    no_metrics,
+)
 from cleanslate.bench._models import (
     LEVEL_METRICS,
     SLO,
@@ -108,6 +114,13 @@ if TYPE_CHECKING:
         run_level,
         run_repeats,
     )
+    from cleanslate.bench._server_metrics import (
+        MetricsObservation,
+        MetricsObserver,
+        ServerMetrics,
+        parse_scrape,
+        summarize,
+    )
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "find_max": "cleanslate.bench._find_max",
@@ -119,6 +132,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                      "run_repeats"), "cleanslate.bench._runner"),
     **dict.fromkeys(("STEADY_FLOOR", "combine", "first_repeat_slow"),
                     "cleanslate.bench._repeats"),
+    **dict.fromkeys(("MetricsObservation", "MetricsObserver", "ServerMetrics", "parse_scrape",
+                     "summarize"), "cleanslate.bench._server_metrics"),
 })
 
 __all__ = [
@@ -140,6 +155,7 @@ __all__ = [
     "SLO",
     "STEADY_FLOOR",
     "TARGET_CI_MIN_REPEATS",
+    "VOCABULARY",
     "WORKLOADS",
     "BenchConfig",
     "BenchResult",
@@ -153,6 +169,9 @@ __all__ = [
     "LevelResult",
     "LiveView",
     "Load",
+    "MetricMap",
+    "MetricsObservation",
+    "MetricsObserver",
     "OpenLoop",
     "Probe",
     "ProbeVerdict",
@@ -160,9 +179,11 @@ __all__ = [
     "RampLoad",
     "RandomWorkload",
     "ReplayLoad",
+    "ServerMetrics",
     "ShareGPTWorkload",
     "SharedPrefixWorkload",
     "SloCheck",
+    "Source",
     "Stats",
     "StopReason",
     "TraceInfo",
@@ -182,8 +203,10 @@ __all__ = [
     "key_values",
     "level_key",
     "make_session",
+    "no_metrics",
     "note_retry",
     "parse_ramp",
+    "parse_scrape",
     "parse_slo_keys",
     "parse_workload",
     "printable",
@@ -193,6 +216,7 @@ __all__ = [
     "run_level",
     "run_repeats",
     "share_target",
+    "summarize",
     "summary_table",
     "trace_config",
     "workload_from_dict",

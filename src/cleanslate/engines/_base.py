@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from cleanslate._types import Registry
+from cleanslate.bench import MetricMap
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
 from cleanslate.engines._flags import Flags, flag_args, option_name
 from cleanslate.errors import InputError
@@ -167,6 +168,16 @@ class EngineAdapter:
     gpu_backend: ClassVar[str | None] = None
     #: a simulation: its numbers come from a model, not from a GPU (reports say so)
     simulated: ClassVar[bool] = False
+    #: how its Prometheus endpoint's names map onto the benchmark's vocabulary
+    #: (``cleanslate.bench.MetricMap``); ``None``: not known, the flavour is found from the
+    #: names the endpoint serves (:func:`metric_maps`); a map whose ``path`` is ``None``: the
+    #: engine has no endpoint
+    metric_map: ClassVar[MetricMap | None] = None
+
+    @property
+    def metrics_path(self) -> str | None:
+        """The path of the engine's metrics endpoint, ``None`` when it has none."""
+        return self.metric_map.path if self.metric_map is not None else "/metrics"
 
     def __init__(
         self,
@@ -393,3 +404,14 @@ def shm_patterns() -> tuple[str, ...]:
     for cls in _REGISTRY.values():
         out.update(dict.fromkeys(cls.leftovers.shm_globs))
     return tuple(out)
+
+
+def metric_maps() -> tuple[MetricMap, ...]:
+    """The metric maps of the registered engines that serve metrics, one per flavour: the
+    candidates for a bare URL, whose flavour is found from the names it serves."""
+    found: dict[str, MetricMap] = {}
+    for name in engine_names():
+        metric_map = engine_class(name).metric_map
+        if metric_map is not None and metric_map.path is not None:
+            found.setdefault(metric_map.flavour, metric_map)
+    return tuple(found.values())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from cleanslate.bench import MetricMap
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_CONFIG, W_OOM, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
@@ -30,6 +31,21 @@ SHORT_OPTIONS = frozenset({
     "sp", "sps", "tb", "tbd", "td", "to", "ts", "ub",
 })
 
+#: llama-server's ``/metrics``, served with ``--metrics``. ``requests_deferred`` are the requests
+#: waiting for a free slot. ``kv_cache_usage_ratio`` is documented for older builds; build 11434
+#: (tests/fixtures/llama.cpp-11434-metrics) serves none, so KV usage is absent there.
+METRICS = MetricMap.build("llamacpp", {
+    "running": ("llamacpp:requests_processing",),
+    "waiting": ("llamacpp:requests_deferred",),
+    "kv_usage": ("llamacpp:kv_cache_usage_ratio",),
+    "generation_tokens": ("llamacpp:tokens_predicted_total",),
+    "prompt_tokens": ("llamacpp:prompt_tokens_total",),
+}, hint="llama-server serves /metrics only when launched with --metrics",
+    unmapped={"preemptions": "llama.cpp has no preemption counter",
+              "prefix_hits": "whether prompt_tokens_total includes prompt_tokens_cached_total "
+                             "is not verified",
+              "waiting_capacity": "no reason label"})
+
 
 @register_engine
 class LlamaCppEngine(EngineAdapter):
@@ -39,6 +55,7 @@ class LlamaCppEngine(EngineAdapter):
     default_model_flag = "-m"
     reserved_flags = ("--port", "--host", "-m", "--model")
     short_options = SHORT_OPTIONS
+    metric_map = METRICS
     leftovers = Leftovers(process_names=("llama-server",), notes="a single process")
     signature = ProcessSignature.compile(
         "llamacpp",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from cleanslate.bench import MetricMap
 from cleanslate.engines._base import EngineAdapter, FlagChange, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
@@ -36,6 +37,25 @@ FLAG_CHANGES = {
     "--enable-dp-attention": FlagChange("0.5.20", "--attn-dp-size N"),
 }
 
+#: SGLang's ``/metrics`` (``python/sglang/srt/metrics/collector.py``): served only when the
+#: server runs with ``--enable-metrics``, and under DP attention only rank 0's scheduler reports
+#: unless ``--enable-metrics-for-all-schedulers``. Retractions are SGLang's preemptions (the
+#: counter ``num_retracted_requests_total``; the older ``num_retracted_reqs`` is a gauge of the
+#: last step, not a count, and is not read). The hit rate comes from ``cached_tokens_total`` over
+#: ``prompt_tokens_total`` in the window, else from the ``cache_hit_rate`` gauge.
+METRICS = MetricMap.build("sglang", {
+    "running": ("sglang:num_running_reqs",),
+    "waiting": ("sglang:num_queue_reqs",),
+    "kv_usage": ("sglang:token_usage",),
+    "preemptions": ("sglang:num_retracted_requests_total",),
+    "prefix_hits": ("sglang:cached_tokens_total",),
+    "prefix_queries": ("sglang:prompt_tokens_total",),
+    "prefix_hit_rate": ("sglang:cache_hit_rate",),
+    "generation_tokens": ("sglang:generation_tokens_total",),
+    "prompt_tokens": ("sglang:prompt_tokens_total",),
+}, hint="SGLang serves /metrics only when launched with --enable-metrics",
+    unmapped={"waiting_capacity": "SGLang does not say why a request waits"})
+
 
 @register_engine
 class SGLangEngine(EngineAdapter):
@@ -43,6 +63,7 @@ class SGLangEngine(EngineAdapter):
     description = "SGLang server (`python -m sglang.launch_server`)"
     default_port = 30000
     default_model_flag = "--model-path"
+    metric_map = METRICS
     reserved_flags = ("--port", "--host", "--model-path", "--model")
     allows_abbrev = True
     flag_changes = FLAG_CHANGES

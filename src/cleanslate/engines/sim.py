@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._flags import Flags
+from cleanslate.engines.sglang import METRICS as SGLANG_METRICS
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 
@@ -47,6 +48,8 @@ class SimEngine(EngineAdapter):
     local_python = True
     gpu_backend = "sim"
     simulated = True
+    # It serves SGLang's names (issue 36 item 5), when launched with --enable-metrics.
+    metric_map = SGLANG_METRICS
 
     def default_launch(self) -> tuple[str, ...]:
         # `-m cleanslate.sim` loads only the simulated engine, not the whole CLI: faster start.

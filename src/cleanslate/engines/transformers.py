@@ -12,6 +12,7 @@ Useful flags: ``device``, ``dtype``, ``continuous-batching``, ``cb-use-cuda-grap
 
 from __future__ import annotations
 
+from cleanslate.bench import no_metrics
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines.signatures import ProcessSignature, program
 
@@ -27,6 +28,8 @@ class TransformersEngine(EngineAdapter):
         "Hugging Face `transformers serve`")
     # Its request models reject unknown fields: ``ignore_eos`` / ``min_tokens`` get HTTP 422.
     accepts_ignore_eos = False
+    # It serves no Prometheus endpoint: the observation says "no engine metrics" once.
+    metric_map = no_metrics("transformers", "transformers serve has no metrics endpoint")
 
     def default_launch(self) -> tuple[str, ...]:
         return ("transformers", "serve")

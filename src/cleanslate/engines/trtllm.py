@@ -7,8 +7,24 @@ the process group alone.
 
 from __future__ import annotations
 
+from cleanslate.bench import MetricMap
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
+
+#: trtllm-serve's ``/prometheus/metrics`` with the ``trtllm_`` prefix
+#: (``tensorrt_llm/metrics/collector.py`` of 2026). Older releases served only request
+#: histograms without a prefix (``request_success_total``): no running, waiting or KV gauge,
+#: and nothing a bare URL can recognise.
+METRICS = MetricMap.build("trtllm", {
+    "running": ("trtllm_num_requests_running",),
+    "waiting": ("trtllm_num_requests_waiting",),
+    "kv_usage": ("trtllm_kv_cache_utilization",),
+    "prefix_hit_rate": ("trtllm_kv_cache_hit_rate",),
+    "generation_tokens": ("trtllm_generation_tokens_total",),
+    "prompt_tokens": ("trtllm_prompt_tokens_total",),
+}, path="/prometheus/metrics",
+    unmapped={"preemptions": "no preemption counter found in its collector",
+              "waiting_capacity": "no reason label"})
 
 
 @register_engine
@@ -16,6 +32,7 @@ class TRTLLMEngine(EngineAdapter):
     name = "trtllm"
     description = "TensorRT-LLM `trtllm-serve`"
     default_port = 8000
+    metric_map = METRICS
     leftovers = Leftovers(
         shm_globs=("nccl-*", "vader*", "psm_*", "sem.mp-*", "trtllm*"),
         process_names=("trtllm-serve", "trtllm-llmapi-launch", "orted", "mpi4py"),

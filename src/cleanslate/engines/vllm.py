@@ -16,11 +16,29 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from cleanslate.bench import MetricMap, Source
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, W_WRAPPER, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+#: vLLM's ``/metrics`` (always on). Current names first; the deprecated ones are read when the
+#: current are absent (``gpu_cache_usage_perc`` became ``kv_cache_usage_perc``, the V1
+#: ``gpu_prefix_cache_*`` counters became ``prefix_cache_*``, V0's hit-rate gauge went away).
+METRICS = MetricMap.build("vllm", {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "waiting_capacity": (Source("vllm:num_requests_waiting_by_reason",
+                                (("reason", "capacity"),)),),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+})
 
 
 @register_engine
@@ -29,6 +47,7 @@ class VLLMEngine(EngineAdapter):
     description = "vLLM OpenAI-compatible server (`vllm serve`)"
     default_port = 8000
     reserved_flags = ("--port", "--host", "--model")
+    metric_map = METRICS
     leftovers = Leftovers(
         # The multimodal processor cache in shm mode (VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME) and
         # the CPU backend's collectives (<ident>-<group>-[<ranks>]-cpushm_<rank>).

