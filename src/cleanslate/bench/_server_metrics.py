@@ -53,6 +53,9 @@ DEFAULT_INTERVAL_S = 0.25
 #: Characters of a reason or a series key kept.
 REASON_CHARS = 200
 SERIES_CHARS = 80
+#: The largest value believed: no request count or token counter comes near it (a million
+#: tokens a second for 30 years is 1e15), and sums of such values stay finite.
+MAX_VALUE = 1e18
 #: Series kept per vocabulary key in one scrape (a hostile endpoint could send millions).
 MAX_SERIES = 64
 
@@ -71,9 +74,9 @@ class MetricSample:
 
     ``series[key][series_key]`` is the value of vocabulary ``key`` in one rank series
     (``series_key`` is ``""`` without rank labels, else ``"dp_rank=0,tp_rank=1"``);
-    ``skipped`` counts the samples left out (NaN, infinite, negative, a fraction above 1, a
-    duplicated series, too many series); ``error`` is why the scrape gave nothing (then
-    ``series`` is empty).
+    ``skipped`` counts the samples left out (NaN, infinite, negative, above
+    :data:`MAX_VALUE`, a fraction above 1, a duplicated series, too many series); ``error`` is
+    why the scrape gave nothing (then ``series`` is empty).
     """
 
     t: float
@@ -160,7 +163,8 @@ def _read_values(sample: MetricSample, key: str,
     skipped = 0
     series = sample.series.setdefault(key, {})
     for labels, value in found:
-        bad = not math.isfinite(value) or value < 0 or (key in FRACTIONS and value > 1)
+        bad = (not math.isfinite(value) or value < 0 or value > MAX_VALUE
+               or (key in FRACTIONS and value > 1))
         series_key = _series_key(labels)
         if bad or series_key in series or len(series) >= MAX_SERIES:
             skipped += 1
