@@ -258,3 +258,18 @@ def test_the_sampling_loop_survives_every_hostile_answer_in_turn() -> None:
         assert summary.running is not None and summary.running.max >= 2
 
     asyncio.run(asyncio.wait_for(go(), 20))
+
+
+def test_a_gzip_bomb_through_a_decompressing_session_is_cut_at_the_cap() -> None:
+    """The benchmark's own session inflates gzip itself: the cap counts inflated bytes."""
+    import aiohttp
+
+    async def go() -> ServerMetrics:
+        async with hostile_server() as url, aiohttp.ClientSession() as session:
+            observer = MetricsObserver(f"{url}/gzip-bomb", (VLLM,), session=session,
+                                       timeout_s=2.0, max_bytes=MIB)
+            await observer.start(loop=False)
+            return (await observer.stop()).summary
+
+    summary = asyncio.run(asyncio.wait_for(go(), 10))
+    assert summary.unreadable == f"body over {MIB} bytes"
