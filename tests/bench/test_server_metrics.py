@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from cleanslate.bench import MetricMap, MetricsObserver, parse_scrape, summarize
+from cleanslate.bench import VOCABULARY, MetricMap, MetricsObserver, parse_scrape, summarize
 from cleanslate.bench._server_metrics import MetricSample
 from cleanslate.engines import engine_class, get_engine, metric_maps
 from tests._kit import free_port
@@ -216,3 +216,13 @@ def test_sglang_without_enable_metrics_is_unreadable_with_the_hint() -> None:
         assert reason is not None and "HTTP 404" in reason and "--enable-metrics" in reason
 
     asyncio.run(go())
+
+
+def test_a_map_with_a_word_outside_the_vocabulary_is_refused_and_every_adapter_fits() -> None:
+    with pytest.raises(ValueError, match="not in the metrics vocabulary: queue_depth"):
+        MetricMap.build("x", {"queue_depth": ("x:queue",)})
+    for candidate in metric_maps():
+        assert candidate.names and candidate.path and candidate.path.startswith("/")
+        assert set(candidate.names) <= set(VOCABULARY)
+        assert not set(candidate.names) & set(candidate.unmapped)
+    assert {m.flavour for m in metric_maps()} == {"vllm", "sglang", "llamacpp", "trtllm"}
