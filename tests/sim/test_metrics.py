@@ -13,12 +13,16 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleanslate.bench import LevelResult
+from cleanslate.sim.engine import SimRequest
+from cleanslate.sim.metrics import RequestStats, SimCollector, metrics_registry
 from cleanslate.sim.model import REQUEST_POOL_SIZE, SimSettings, auto_max_running_requests
 from tests.sim._client import closed_level
 from tests.sim.conftest import SimServers
+from tests.sim.test_retraction import _run, _small_engine
 
 GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
           "sglang:num_used_tokens", "sglang:max_total_num_tokens")
@@ -123,3 +127,21 @@ def test_all_schedulers_gives_one_series_per_tp_rank(sims: SimServers) -> None:
 def test_the_sim_chooses_half_its_kv_cache_at_most_its_request_pool() -> None:
     assert auto_max_running_requests(SimSettings()) == REQUEST_POOL_SIZE == 256
     assert auto_max_running_requests(SimSettings(mem_fraction_static=0.5575)) == 192
+
+
+def test_retractions_are_counted_as_the_scheduler_made_them() -> None:
+    log: list[str] = []
+    engine = _small_engine(log)
+    stats = RequestStats()
+    registry = metrics_registry(SimCollector(engine, stats, model_name="m", tp_size=1,
+                                             all_schedulers=False, context_len=32768))
+    requests = [SimRequest(f"r{i}", 100, 500, 0, True, i + 1) for i in range(12)]
+    _run(engine, requests)
+    values = {s.name: s.value for f in text_string_to_metric_families(
+        generate_latest(registry).decode()) for s in f.samples}
+    logged = sum(int(line.split("#retracted_reqs: ")[1].split(",")[0]) for line in log
+                 if "Retract requests" in line)
+    assert values["sglang:num_retracted_requests_total"] == engine.retracted == logged > 0
+    assert values["sglang:num_retracted_input_tokens_total"] == 100 * engine.retracted
+    assert values["sglang:num_used_tokens"] == 0 and values["sglang:token_usage"] == 0.0
+    assert values["sglang:max_total_num_tokens"] == 3193
