@@ -34,7 +34,7 @@ SSHD = "/usr/sbin/sshd"
 #: Tools a session without ``python3`` keeps (what the fallback probe and the executor use).
 RESTRICTED_TOOLS = (
     "sh", "bash", "timeout", "env", "ps", "ss", "cat", "grep", "ls", "head", "tail", "date",
-    "mkdir", "mv", "chmod", "dirname", "sleep", "id", "tr",
+    "mkdir", "mv", "chmod", "dirname", "sleep", "id", "tr", "stat",
 )
 
 
