@@ -88,8 +88,12 @@ def _kill_at_supervisor(tmp_path: Path, procs: Processes, worker: bool) -> None:
     [run] = recorded_rows(db)
     # Recorded before the supervisor started: the kill left a record, whatever its moment.
     assert run["status"] in ("launching", "starting"), run["status"]
-    orphans = _marked({run["id"]})
-    assert orphans, "the launch's processes should outlive the killed process"
+    # One scan of /proc can miss them while the supervisor daemonizes (the parent has exited,
+    # its child was not listed yet): look again for a while, as a loaded machine needs.
+    until = time.monotonic() + 30
+    while not _marked({run["id"]}) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert _marked({run["id"]}), "the launch's processes should outlive the killed process"
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
                            check=False)
