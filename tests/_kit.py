@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import stat
@@ -25,15 +26,30 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+#: Ports tests serve on: below the kernel's ephemeral range (32768-60999 by default), where a
+#: client connection's local port would otherwise take a test's port between its choice and
+#: its bind (a study's second slot failed with port_in_use so), and clear of the engines'
+#: default ports (8000, 8080, 30000).
+TEST_PORTS = range(20000, 30000)
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports of 127.0.0.1 that were free a moment ago: all ``n`` are held
-    bound together before they are released, so no two are the same."""
+    """``n`` distinct TCP ports of 127.0.0.1 from :data:`TEST_PORTS` that were free a moment
+    ago: all ``n`` are held bound together before they are released, so no two are the
+    same."""
+    pick = random.SystemRandom()
     with contextlib.ExitStack() as stack:
-        found = []
-        for _ in range(n):
+        found: list[int] = []
+        while len(found) < n:
+            port = pick.choice(TEST_PORTS)
+            if port in found:
+                continue
             sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            found.append(int(sock.getsockname()[1]))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            found.append(port)
         return found
 
 
