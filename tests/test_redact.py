@@ -855,3 +855,15 @@ def test_engine_logs_keep_every_line() -> None:
     changed = [line for line in lines if redact_text(line) != line]
     print(f"{len(files)} engine logs, {len(lines)} lines: {len(changed)} changed")
     assert len(lines) > 1000 and changed == []
+
+
+@pytest.mark.parametrize("text", [
+    "BEARER --HF_TOKEN s3cr3tvalue", "Bearer -pw s3cr3tvalue", "BEARER HF_TOKEN: s3cr3tvalue",
+    "BEARER HF_TOKEN = s3cr3tvalue", "BEARER Namespace(HF_TOKEN='s3cr3tvalue', port=1)",
+    "Authorization: s3cr3tvalue:", "Authorization: Bearer s3cr3tvalue", "Bearer s3cr3tvalue",
+])
+def test_a_bare_scheme_word_does_not_hide_a_name_and_keep_its_value(text: str) -> None:
+    """A word "Bearer" before an option or an assignment: hiding the option's name as the
+    credential kept the value after it (found by hypothesis: 'BEARER --HF_TOKEN 000000')."""
+    assert "s3cr3tvalue" not in redact_text(text)
+

@@ -802,12 +802,29 @@ def _redact_text(text: str, extra: frozenset[str]) -> str:
     if _HINTS.search(low):
         text = _redact_programs(text)
     if "authorization" in low or "bearer" in low or "basic" in low:
-        text = _AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
+        text = _AUTH_HEADER.sub(_hide_credentials, text)
     if _SECRET_HINTS.search(low) or any(n.lower() in low for n in extra):
         text = _redact_assignments(text, extra)
         if "set" in low or "config" in low:
             text = _redact_set_names(text, extra)
     return text
+
+
+# What follows a bare "Bearer" or "Basic" (not an Authorization header) that is not their
+# credential but the start of an option or an assignment ("BEARER --HF_TOKEN x", "Bearer
+# HF_TOKEN: x", "Basic f(api_key='x')"): left for the assignment pass, which hides its value
+# (hiding the name here would keep the value).
+_NOT_A_CREDENTIAL = re.compile(r"-{1,2}[A-Za-z]|.*[=:(]\Z", re.S)
+_ASSIGNED_NEXT = re.compile(r"[ \t]*[=:]")
+
+
+def _hide_credentials(m: re.Match[str]) -> str:
+    head = m.group("head")
+    value = m.group(0)[len(head):]
+    if "authorization" not in head.lower() and (
+            _NOT_A_CREDENTIAL.match(value) or _ASSIGNED_NEXT.match(m.string, m.end())):
+        return m.group(0)
+    return m.group("head") + REDACTED
 
 
 def _redact_set_names(text: str, extra: frozenset[str]) -> str:
