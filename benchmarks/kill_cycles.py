@@ -46,6 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests._kit import marked_pids, supervisors_under  # noqa: E402
+
 STUDY = """\
 name: kills
 engine: sim
@@ -105,37 +110,6 @@ def rows(db: Path, table: str) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in conn.execute(f"select data from {table}")]
 
 
-def supervisor_appeared(folder: Path) -> bool:
-    """Whether a run supervisor of this cycle (its script under ``folder``) is running."""
-    needle = str(folder).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if b"supervise.py" in cmdline and needle in cmdline:
-            return True
-    return False
-
-
-def marked(markers: set[str]) -> list[int]:
-    """PIDs whose environment carries one of ``markers`` as ``CLEANSLATE_RUN``."""
-    wanted = {f"CLEANSLATE_RUN={m}".encode() for m in markers}
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = set(fh.read().split(b"\0"))
-        except OSError:
-            continue
-        if env & wanted:
-            out.append(int(entry))
-    return out
 
 
 def optuna_disagreements(db: Path) -> tuple[list[str], int]:
@@ -198,7 +172,7 @@ def run_cycle(index: int, mode: str, rng: random.Random, span: float, every: int
         if at_supervisor:
             deadline = started + 120
             while time.monotonic() < deadline and proc.poll() is None \
-                    and not supervisor_appeared(folder):
+                    and not supervisors_under(folder):
                 time.sleep(0.005)
             cycle.moment = f"supervisor+{delay * 1000:.0f}ms"
         else:
@@ -235,7 +209,7 @@ def run_cycle(index: int, mode: str, rng: random.Random, span: float, every: int
     cycle.quarantined = sum(1 for s in rows(db, "cs_slots") if s.get("state") == "quarantined")
     cycle.disagree, cycle.told = optuna_disagreements(db)
     # A run is named by its record and, from before its launch, by its lease.
-    left = marked({r["id"] for r in rows(db, "cs_runs")}
+    left = marked_pids({r["id"] for r in rows(db, "cs_runs")}
                   | {lease["run_id"] for lease in rows(db, "cs_leases") if lease.get("run_id")})
     cycle.leftovers = len(left)
     for pid in left:  # this benchmark's own runs: end them so the next cycle starts clean

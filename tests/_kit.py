@@ -163,3 +163,35 @@ def untouched(path: Path) -> None:
     assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
     assert info.st_uid == 0 and path.read_text() == PRECIOUS
     assert sorted(os.listdir(path.parent)) == [path.name]
+
+
+def _pids_where(kind: str, test: Callable[[bytes], bool]) -> list[int]:
+    """PIDs of live processes whose ``/proc/PID/<kind>`` passes ``test`` (unreadable: skipped)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/{kind}", "rb") as fh:
+                    if test(fh.read()):
+                        out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def marked_pids(markers: set[str]) -> list[int]:
+    """PIDs whose environment carries one of ``markers`` as ``CLEANSLATE_RUN``."""
+    wanted = {f"CLEANSLATE_RUN={m}".encode() for m in markers}
+    return _pids_where("environ", lambda env: bool(set(env.split(b"\0")) & wanted))
+
+
+def supervisors_under(folder: Path) -> list[int]:
+    """PIDs of run supervisors whose script lies under ``folder``."""
+    needle = str(folder).encode()
+    return _pids_where("cmdline", lambda cmd: b"supervise.py" in cmd and needle in cmd)
+
+
+def naming(text: str) -> list[int]:
+    """PIDs whose command line holds ``text`` (a run's id: its supervisor's script path)."""
+    return _pids_where("cmdline", lambda cmd: text.encode() in cmd)
+

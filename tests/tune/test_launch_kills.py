@@ -26,55 +26,13 @@ from cleanslate.store import Store, TrialRecord, TrialStatus
 from cleanslate.tune.controller import register_study
 from cleanslate.tune.fleet import RESULT_OF_ATTR, reconcile_optuna
 from cleanslate.tune.study import StudySpec
-from tests._kit import free_port, study_yaml
+from tests._kit import free_port, marked_pids, naming, study_yaml, supervisors_under
 from tests.conftest import Processes, recorded_rows
 
 SPACE = {"max-running-requests": [16]}
 
 
-def _supervisor_of(folder: Path) -> int | None:
-    """The PID of a run supervisor whose script is under ``folder`` (``None``: none yet)."""
-    needle = str(folder).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if b"supervise.py" in cmdline and needle in cmdline:
-            return int(entry)
-    return None
 
-
-def _marked(markers: set[str]) -> list[int]:
-    wanted = {f"CLEANSLATE_RUN={m}".encode() for m in markers}
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if set(fh.read().split(b"\0")) & wanted:
-                        out.append(int(entry))
-            except OSError:
-                continue
-    return out
-
-
-def _naming(run_id: str) -> list[int]:
-    """PIDs of live processes whose command line names the run (its supervisor's script lies
-    in the run's folder)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if run_id.encode() in fh.read():
-                        out.append(int(entry))
-            except OSError:
-                continue
-    return out
 
 
 def _described(run_id: str) -> str:
@@ -118,7 +76,7 @@ def _kill_at_supervisor(tmp_path: Path, procs: Processes, worker: bool) -> None:
     victim = procs.start(command, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while _supervisor_of(tmp_path) is None:
+    while not supervisors_under(tmp_path):
         assert victim.poll() is None and time.monotonic() < deadline, "no supervisor appeared"
         time.sleep(0.005)
     victim.send_signal(signal.SIGKILL)  # only the process this test started
@@ -130,18 +88,18 @@ def _kill_at_supervisor(tmp_path: Path, procs: Processes, worker: bool) -> None:
     # its child was not listed yet): look again for a while, as a loaded machine needs. The
     # supervisor's command line names the run's folder.
     until = time.monotonic() + 30
-    while not _naming(run["id"]) and time.monotonic() < until:
+    while not naming(run["id"]) and time.monotonic() < until:
         time.sleep(0.05)
-    assert _naming(run["id"]), "the launch's processes should outlive the killed process"
-    if not _marked({run["id"]}):
+    assert naming(run["id"]), "the launch's processes should outlive the killed process"
+    if not marked_pids({run["id"]}):
         print(_described(run["id"]))  # seen twice in full-suite runs: say what was there
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
                            check=False)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert f"cleaning up run {run['id']}" in rerun.stdout
-    assert not _marked({r["id"] for r in recorded_rows(db)}), "a run's process was left"
-    assert not _naming(run["id"]), _described(run["id"])
+    assert not marked_pids({r["id"] for r in recorded_rows(db)}), "a run's process was left"
+    assert not naming(run["id"]), _described(run["id"])
     results = [t for t in recorded_rows(db, "cs_trials")
                if t["status"] in ("feasible", "infeasible")]
     assert [t["params"]["max-running-requests"] for t in results] == [16]
