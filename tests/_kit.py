@@ -11,7 +11,7 @@ import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,4 +194,20 @@ def supervisors_under(folder: Path) -> list[int]:
 def naming(text: str) -> list[int]:
     """PIDs whose command line holds ``text`` (a run's id: its supervisor's script path)."""
     return _pids_where("cmdline", lambda cmd: text.encode() in cmd)
+
+
+@contextlib.asynccontextmanager
+async def served(app: Any, **runner: Any) -> AsyncIterator[str]:
+    """Serve the aiohttp application ``app`` on a free port of 127.0.0.1 and yield its base URL
+    (``runner``: options of ``aiohttp.web.AppRunner``); cleaned up afterwards."""
+    from aiohttp import web
+
+    site_runner = web.AppRunner(app, **runner)
+    await site_runner.setup()
+    port = free_port()
+    await web.TCPSite(site_runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await site_runner.cleanup()
 

@@ -18,7 +18,7 @@ from aiohttp import web
 from cleanslate.bench import VOCABULARY, MetricMap, MetricsObserver, parse_scrape, summarize
 from cleanslate.bench._server_metrics import MetricSample
 from cleanslate.engines import engine_class, get_engine, metric_maps
-from tests._kit import free_port
+from tests._kit import free_port, served
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engine-metrics"
 VLLM = engine_class("vllm").metric_map
@@ -176,14 +176,8 @@ async def serve(routes: dict[str, str]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("GET", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 def test_a_bare_url_finds_trtllm_on_its_own_path_and_the_loop_samples() -> None:

@@ -22,7 +22,7 @@ from aiohttp import web
 from cleanslate.bench import MetricsObserver, ServerMetrics
 from cleanslate.bench._server_metrics import REASON_CHARS
 from cleanslate.engines import engine_class, metric_maps
-from tests._kit import free_port
+from tests._kit import served
 
 VLLM = engine_class("vllm").metric_map
 assert VLLM is not None
@@ -191,14 +191,8 @@ async def hostile_server(extra: dict[str, Handler] | None = None) -> AsyncIterat
     for name, case in CASES.items():
         app.router.add_get(f"/{name}/metrics", case.handler)
     app.router.add_get("/ok/metrics", text(GOOD))
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app, handler_cancellation=True, shutdown_timeout=0.1) as url:
+        yield url
 
 
 def test_there_are_thirty_or_more_hostile_cases() -> None:
