@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,8 @@ def test_vllm_launch_override_for_the_cpu_build_puts_the_model_after_model() -> 
 @pytest.mark.parametrize(
     ("engine", "expected"),
     [
-        ("sglang", ["python", "-m", "sglang.launch_server", "--model-path", "M", "--port", "7"]),
+        ("sglang", ["python", "-m", "sglang.launch_server", "--model-path", "M", "--port", "7",
+                    "--enable-metrics"]),
         ("transformers", ["transformers", "serve", "M", "--port", "7"]),
         ("trtllm", ["trtllm-serve", "M", "--port", "7"]),
         ("llamacpp", ["llama-server", "-m", "M", "--port", "7"]),
@@ -86,6 +88,7 @@ def test_vllm_launch_override_for_the_cpu_build_puts_the_model_after_model() -> 
                 "M",
                 "--port",
                 "7",
+                "--enable-metrics",
             ],
         ),
     ],
@@ -95,7 +98,7 @@ def test_model_and_port_placement(engine: str, expected: list[str]) -> None:
 
 
 def test_default_ports_and_host() -> None:
-    assert get_engine("sglang").build_argv("M")[-2:] == ["--port", "30000"]
+    assert get_engine("sglang").build_argv("M")[-3:-1] == ["--port", "30000"]
     assert get_engine("llamacpp").default_port == 8080
     assert get_engine("vllm").build_argv("M", 9, host="0.0.0.0")[-2:] == ["--host", "0.0.0.0"]
     assert get_engine("sglang", python="/opt/py").launch_prefix[0] == "/opt/py"
@@ -108,8 +111,48 @@ def test_sim_flags_are_sglang_style() -> None:
     )
     assert argv == [
         "py", "-m", "cleanslate.sim", "serve", "--model-path", "sim", "--port", "8000",
-        "--tp-size", "2", "--disable-cuda-graph", "--fault", "nan", "--fault", "slow-release=3",
+        "--enable-metrics", "--tp-size", "2", "--disable-cuda-graph", "--fault", "nan",
+        "--fault", "slow-release=3",
     ]  # fmt: skip
+    # the user's `enable-metrics: false` turns the sim's /metrics off; the sim has no DP
+    # attention, so never the all-schedulers flag
+    off = get_engine("sim", python="py").build_argv("sim", 8000, {"enable-metrics": False})
+    assert off == ["py", "-m", "cleanslate.sim", "serve", "--model-path", "sim", "--port", "8000"]
+    assert "--enable-metrics-for-all-schedulers" not in get_engine("sim").build_argv(
+        "sim", 1, {"enable-dp-attention": True})
+
+
+ALL = "--enable-metrics-for-all-schedulers"
+
+
+@pytest.mark.parametrize(
+    ("flags", "tail"),
+    [
+        ({}, ["--enable-metrics"]),
+        ({"tp-size": 2}, ["--enable-metrics", "--tp-size", "2"]),
+        # DP attention: every scheduler reports, not rank 0 alone
+        ({"enable-dp-attention": True}, ["--enable-metrics", ALL, "--enable-dp-attention"]),
+        ({"attn-dp-size": 4}, ["--enable-metrics", ALL, "--attn-dp-size", "4"]),
+        ({"--attention-data-parallel-size": 2},
+         ["--enable-metrics", ALL, "--attention-data-parallel-size", "2"]),
+        ({"attn-dp-size": 1}, ["--enable-metrics", "--attn-dp-size", "1"]),
+        ({"enable-dp-attention": False}, ["--enable-metrics"]),
+        # the user's word wins: off, on among his flags, or the all-schedulers flag off
+        ({"enable-metrics": False}, []),
+        ({"enable_metrics": None}, []),
+        ({"enable-metrics": False, "attn-dp-size": 2}, ["--attn-dp-size", "2"]),
+        ({"enable-metrics": True}, ["--enable-metrics"]),
+        ({"attn-dp-size": 2, ALL: False}, ["--enable-metrics", "--attn-dp-size", "2"]),
+        ({"attn-dp-size": 2, "enable-metrics-for-all-schedulers": True},
+         ["--enable-metrics", "--attn-dp-size", "2", ALL]),
+    ],
+)
+def test_sglang_launches_with_metrics_unless_told_not_to(
+    flags: dict[str, Any], tail: list[str]
+) -> None:
+    argv = get_engine("sglang", python="py").build_argv("M", 30000, flags)
+    assert argv == ["py", "-m", "sglang.launch_server", "--model-path", "M", "--port", "30000",
+                    *tail]  # fmt: skip
 
 
 @pytest.mark.parametrize(

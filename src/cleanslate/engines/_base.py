@@ -225,7 +225,8 @@ class EngineAdapter:
         *,
         host: str | None = None,
     ) -> list[str]:
-        """The full argv: launch prefix, model, ``--port P`` (default port if ``None``), flags.
+        """The full argv: launch prefix, model, ``--port P`` (default port if ``None``), the
+        adapter's :meth:`implied_args`, flags.
 
         Raises :class:`InputError` when a flag repeats something the adapter places itself
         (the port, the host, the model): give those as ``port:`` / ``host:`` / ``model:``.
@@ -239,7 +240,14 @@ class EngineAdapter:
         argv = [*self.launch_prefix, *self._model_args(model), self.port_flag, str(int(port))]
         if host is not None:
             argv += [self.host_flag, host]
-        return argv + flag_args(flags, self.short_options)
+        return argv + self.implied_args(flags) + flag_args(flags, self.short_options)
+
+    def implied_args(self, flags: Flags | None) -> list[str]:
+        """Arguments the adapter adds to every launch, placed before the user's ``flags``
+        (so they show in the launch command): SGLang's ``--enable-metrics``. A flag the user
+        names himself (``enable-metrics: false`` included) is never implied. The base adds
+        none."""
+        return []
 
     def option_name(self, key: str) -> str:
         """How this engine spells the flag key ``key`` on its command line."""

@@ -14,6 +14,11 @@ Flags: SGLang's parser takes a unique prefix of a long option (``--tp 2`` is ``-
 so the validator does too, and refuses an ambiguous one as SGLang does. :data:`FLAG_CHANGES`
 gives version-aware messages for flags the seeds of this project used that later versions
 renamed (0.5.20 removed the ``--nsa-*`` backends and made ``--cuda-graph-max-bs`` ambiguous).
+
+Metrics: SGLang serves ``/metrics`` only when launched with ``--enable-metrics``, so the adapter
+adds it to every launch command unless the flags name it (``enable-metrics: false`` leaves the
+endpoint off), and adds ``--enable-metrics-for-all-schedulers`` under DP attention
+(``enable-dp-attention: true`` or ``attn-dp-size`` > 1), where only rank 0 would report.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import ClassVar
 from cleanslate.bench import MetricMap
 from cleanslate.engines._base import EngineAdapter, FlagChange, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
+from cleanslate.engines._flags import Flags, FlagValue
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 #: Flags that SGLang renamed, deprecated or removed (from 0.5.23's parser and changelog).
@@ -55,6 +61,50 @@ METRICS = MetricMap.build("sglang", {
     "prompt_tokens": ("sglang:prompt_tokens_total",),
 }, hint="SGLang serves /metrics only when launched with --enable-metrics",
     unmapped={"waiting_capacity": "SGLang does not say why a request waits"})
+
+
+ENABLE_METRICS = "--enable-metrics"
+ALL_SCHEDULERS = "--enable-metrics-for-all-schedulers"
+#: The flags that turn DP attention on: the older switch, and the size that replaced it
+#: (0.5.20; a size of 1 is no DP attention).
+_DP_SWITCH = "enable-dp-attention"
+_DP_SIZES = ("attn-dp-size", "attention-data-parallel-size")
+
+
+def _given(flags: Flags | None) -> dict[str, FlagValue]:
+    """The user's flags by their bare name (``--enable_metrics`` -> ``enable-metrics``)."""
+    return {str(key).strip().lstrip("-").replace("_", "-"): value
+            for key, value in (flags or {}).items()}
+
+
+def dp_attention(flags: Flags | None) -> bool:
+    """Whether ``flags`` turn on SGLang's DP attention: ``enable-dp-attention: true``, or an
+    ``attn-dp-size`` above 1."""
+    given = _given(flags)
+    if given.get(_DP_SWITCH) not in (None, False, "false", "False", 0):
+        return True
+    for name in _DP_SIZES:
+        try:
+            if int(str(given.get(name, 1))) > 1:
+                return True
+        except ValueError:
+            continue  # the engine's own parser says what is wrong with it
+    return False
+
+
+def metrics_args(flags: Flags | None, *, all_schedulers: bool = True) -> list[str]:
+    """``--enable-metrics`` unless ``flags`` name it (``enable-metrics: false`` turns the
+    endpoint off; ``true`` passes it among the user's flags), and, with ``all_schedulers``
+    under DP attention, ``--enable-metrics-for-all-schedulers`` (else only DP rank 0's
+    scheduler reports) unless named too or metrics are off."""
+    given = _given(flags)
+    named = "enable-metrics" in given
+    if named and given["enable-metrics"] in (None, False):
+        return []
+    args = [] if named else [ENABLE_METRICS]
+    if all_schedulers and dp_attention(flags) and ALL_SCHEDULERS.lstrip("-") not in given:
+        args.append(ALL_SCHEDULERS)
+    return args
 
 
 @register_engine
@@ -91,3 +141,8 @@ class SGLangEngine(EngineAdapter):
 
     def default_launch(self) -> tuple[str, ...]:
         return (self.python, "-m", "sglang.launch_server")
+
+    def implied_args(self, flags: Flags | None) -> list[str]:
+        """``--enable-metrics`` (SGLang serves ``/metrics`` only with it) and, under DP
+        attention, ``--enable-metrics-for-all-schedulers``: see :func:`metrics_args`."""
+        return metrics_args(flags)

@@ -3,8 +3,10 @@
 A real multi-process OpenAI-compatible server that needs no GPU (``docs/sim-model.md``). Its flags
 are SGLang-style (``tp-size``, ``mem-fraction-static``, ``disable-cuda-graph``,
 ``max-running-requests``, ``chunked-prefill-size``, ``fault: NAME[=ARG]``); its workers rename
-themselves ``sim::scheduler_TP<n>``. ``python`` defaults to the interpreter running cleanslate,
-which is the right one locally; on a remote host the executor's ``python`` is used.
+themselves ``sim::scheduler_TP<n>``. Like SGLang's adapter, it launches with
+``--enable-metrics`` unless the flags say ``enable-metrics: false``. ``python`` defaults to the
+interpreter running cleanslate, which is the right one locally; on a remote host the executor's
+``python`` is used.
 
 Its GPU memory is simulated: the workers record it in a ledger directory named by
 ``CLEANSLATE_SIM_GPU_DIR`` (:mod:`cleanslate.sim.ledger`), which the ``sim`` GPU backend reads.
@@ -21,6 +23,7 @@ from pathlib import Path
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._flags import Flags
 from cleanslate.engines.sglang import METRICS as SGLANG_METRICS
+from cleanslate.engines.sglang import metrics_args
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 
@@ -50,6 +53,12 @@ class SimEngine(EngineAdapter):
     simulated = True
     # It serves SGLang's names (issue 36 item 5), when launched with --enable-metrics.
     metric_map = SGLANG_METRICS
+
+    def implied_args(self, flags: Flags | None) -> list[str]:
+        """``--enable-metrics`` unless the flags name it (``enable-metrics: false``: no
+        ``/metrics``), as SGLang's adapter; the sim has no DP attention, so never the
+        all-schedulers flag."""
+        return metrics_args(flags, all_schedulers=False)
 
     def default_launch(self) -> tuple[str, ...]:
         # `-m cleanslate.sim` loads only the simulated engine, not the whole CLI: faster start.
