@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 
-from cleanslate.bench import BenchConfig, ClosedLoop, LevelResult, RandomWorkload, run_level
+from cleanslate.bench import (
+    BenchConfig,
+    ClosedLoop,
+    Harness,
+    LevelResult,
+    RandomWorkload,
+    run_level,
+)
 from cleanslate.bench._runner import make_session
 from tests._kit import free_port
 
@@ -94,7 +101,7 @@ def test_metrics_match_the_sim_ground_truth(procs: Any, tmp_path: Path) -> None:
         async with make_session(config) as session:
             for c in (4, 16):
                 before = len(truth.read_text().splitlines()) if truth.exists() else 0
-                level = await run_level(config, ClosedLoop(concurrency=c), session=session)
+                level = await run_level(config, ClosedLoop(concurrency=c), Harness(session=session))
                 await asyncio.sleep(0.3)  # the log line is written as the request ends
                 out.append((level, before, len(truth.read_text().splitlines())))
         return out

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from cleanslate.bench import BenchConfig, LevelResult, run_benchmark
+from cleanslate.bench import BenchConfig, Harness, LevelResult, run_benchmark
 from cleanslate.bench._client import RequestRecord
 from cleanslate.bench._summary import LOST, LevelRun, level_result
 from cleanslate.testing.fake_openai import fake_openai_thread
@@ -111,7 +111,7 @@ def test_requests_in_flight_when_a_level_ends_are_counted_as_aborted(
             stop = asyncio.Event()
             asyncio.get_running_loop().call_later(0.3, stop.set)
             result = await run_benchmark(_config(url, _shape(shape, tmp_path, slow=True)),
-                                         stop=stop)
+                                         Harness(stop=stop))
             level = result.levels[0]
             await asyncio.sleep(0.1)  # a request still running would be sent or recorded now
             return level, stats.requests, len(asyncio.all_tasks()) - 1

@@ -131,18 +131,24 @@ def test_a_counter_that_goes_down_is_a_restart_from_zero() -> None:
     assert summary.counter_resets == 1
 
 
-def test_the_window_takes_gauges_inside_it_and_counters_from_the_scrape_before_it() -> None:
+def test_the_window_takes_gauges_inside_it_and_counters_over_the_whole_level() -> None:
     running = [50, 1, 2, 3, 90]
     generated = [0, 10, 20, 30, 1000]
     samples = [parse_scrape(sglang_text({(0, 0): r}, g), (SGLANG,), float(i))[0]
                for i, (r, g) in enumerate(zip(running, generated, strict=True))]
     summary = summarize(samples, flavour="sglang", url="u", window=(0.5, 3.0))
-    assert summary.samples == 3
-    assert summary.running is not None
+    assert (summary.samples, summary.window_samples) == (5, 3)
+    assert summary.running is not None and summary.gauge_window == "steady"
     assert (summary.running.mean, summary.running.max) == (2.0, 3.0)
-    assert summary.generation_tokens == 30  # from t=0 (before the window) to t=3
-    empty = summarize(samples, flavour="sglang", url="u", window=(10.0, 11.0))
-    assert empty.unreadable == "no scrape inside the window"
+    # from the baseline (t=0) to the final scrape (t=4): what the level did, preemptions
+    # and tokens after the steady window included
+    assert summary.generation_tokens == 1000
+    # no scrape inside the window: the gauges of the whole level, said so
+    whole = summarize(samples, flavour="sglang", url="u", window=(10.0, 11.0))
+    assert whole.gauge_window == "level" and whole.running is not None
+    assert whole.running.max == 90 and whole.unreadable is None
+    none = summarize([], flavour="sglang", url="u", window=(0.0, 1.0))
+    assert none.unreadable == "no scrape answered"
 
 
 def test_transformers_has_no_metrics_and_says_so_once_without_a_request() -> None:

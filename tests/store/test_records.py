@@ -173,13 +173,15 @@ def test_a_trial_finds_its_best_level() -> None:
     assert trial.model_copy(update={"best_level": None}).metric("output_throughput") is None
 
 
-def test_a_launching_run_is_written_as_version_3_and_refused_by_a_version_2_reader(
+def test_a_launching_run_is_written_as_the_current_version_and_refused_by_an_older_reader(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``launching`` is a status a reader of version 2 cannot parse: it must see version 3
-    and refuse the row (an input error naming the store), never misread it."""
+    """``launching`` is a status a reader of version 2 cannot parse, and version 4's fields
+    (what watched a level, the configuration in effect) a reader of 3 would drop: the row
+    says its version and an older reader refuses it (an input error naming the store),
+    never misreads it."""
     run = RunRecord.from_document({**recorded_run(), "status": "launching"})
     document = run.to_document()
-    assert document["schema_version"] == 3 and document["status"] == "launching"
-    monkeypatch.setattr(_records, "SCHEMA_VERSION", 2)
-    with pytest.raises(NewerSchemaError, match="schema version 3"):
+    assert document["schema_version"] == 4 and document["status"] == "launching"
+    monkeypatch.setattr(_records, "SCHEMA_VERSION", 3)
+    with pytest.raises(NewerSchemaError, match="schema version 4"):
         RunRecord.from_document(document)

@@ -61,6 +61,7 @@ from cleanslate.bench._metric_names import (
     VOCABULARY,
     MetricMap,
     Source,
+    engine_total,
     no_metrics,
 )
 from cleanslate.bench._models import (
@@ -78,7 +79,31 @@ from cleanslate.bench._models import (
     Stats,
     check_workload_files,
 )
+from cleanslate.bench._observe import (
+    Harness,
+    LevelContext,
+    LevelEnd,
+    LevelObserver,
+    Observed,
+    ObserveOptions,
+    ObserverFactory,
+    observers_for,
+)
+from cleanslate.bench._observed import GaugeStats, GpuTelemetry, ServerMetrics
 from cleanslate.bench._ramp import RampLoad, WindowResult, parse_ramp
+from cleanslate.bench._sample_files import (
+    SampleFile,
+    SampleFiles,
+    observed_folder,
+    read_sample_files,
+)
+from cleanslate.bench._server_config import (
+    ConfigDifference,
+    ServerConfig,
+    read_server_config,
+    requested_flags,
+)
+from cleanslate.bench._server_config import Flavour as ConfigFlavour
 from cleanslate.bench._trace import TraceInfo, TraceWorkload
 from cleanslate.bench._workloads import (
     WORKLOADS,
@@ -105,7 +130,14 @@ if TYPE_CHECKING:
         request_context,
         trace_config,
     )
-    from cleanslate.bench._live import LiveView, summary_table
+    from cleanslate.bench._live import (
+        LiveView,
+        gpu_totals,
+        live_readings,
+        observation_notes,
+        observed_cells,
+        summary_table,
+    )
     from cleanslate.bench._repeats import STEADY_FLOOR, combine, first_repeat_slow
     from cleanslate.bench._runner import (
         LevelProgress,
@@ -117,14 +149,15 @@ if TYPE_CHECKING:
     from cleanslate.bench._server_metrics import (
         MetricsObservation,
         MetricsObserver,
-        ServerMetrics,
         parse_scrape,
         summarize,
     )
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "find_max": "cleanslate.bench._find_max",
-    **dict.fromkeys(("LiveView", "detail_tables", "summary_table"), "cleanslate.bench._live"),
+    **dict.fromkeys(("LiveView", "detail_tables", "gpu_totals", "live_readings",
+                     "observation_notes", "observed_cells", "summary_table"),
+                    "cleanslate.bench._live"),
     "printable": "cleanslate.bench._client",
     **dict.fromkeys(("fresh_session", "is_stale", "note_retry", "request_context",
                      "trace_config"), "cleanslate.bench._keepalive"),
@@ -132,7 +165,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                      "run_repeats"), "cleanslate.bench._runner"),
     **dict.fromkeys(("STEADY_FLOOR", "combine", "first_repeat_slow"),
                     "cleanslate.bench._repeats"),
-    **dict.fromkeys(("MetricsObservation", "MetricsObserver", "ServerMetrics", "parse_scrape",
+    **dict.fromkeys(("MetricsObservation", "MetricsObserver", "parse_scrape",
                      "summarize"), "cleanslate.bench._server_metrics"),
 })
 
@@ -163,8 +196,16 @@ __all__ = [
     "CapacitySLO",
     "CapacitySearch",
     "ClosedLoop",
+    "ConfigDifference",
+    "ConfigFlavour",
     "ConversationWorkload",
     "Endpoint",
+    "GaugeStats",
+    "GpuTelemetry",
+    "Harness",
+    "LevelContext",
+    "LevelEnd",
+    "LevelObserver",
     "LevelProgress",
     "LevelResult",
     "LiveView",
@@ -172,6 +213,9 @@ __all__ = [
     "MetricMap",
     "MetricsObservation",
     "MetricsObserver",
+    "ObserveOptions",
+    "Observed",
+    "ObserverFactory",
     "OpenLoop",
     "Probe",
     "ProbeVerdict",
@@ -179,6 +223,9 @@ __all__ = [
     "RampLoad",
     "RandomWorkload",
     "ReplayLoad",
+    "SampleFile",
+    "SampleFiles",
+    "ServerConfig",
     "ServerMetrics",
     "ShareGPTWorkload",
     "SharedPrefixWorkload",
@@ -195,23 +242,33 @@ __all__ = [
     "check_workload_files",
     "combine",
     "detail_tables",
+    "engine_total",
     "find_max",
     "first_repeat_slow",
     "fresh_session",
     "generate",
+    "gpu_totals",
     "is_stale",
     "key_values",
     "level_key",
+    "live_readings",
     "make_session",
     "no_metrics",
     "note_retry",
+    "observation_notes",
+    "observed_cells",
+    "observed_folder",
+    "observers_for",
     "parse_ramp",
     "parse_scrape",
     "parse_slo_keys",
     "parse_workload",
     "printable",
+    "read_sample_files",
+    "read_server_config",
     "register_workload",
     "request_context",
+    "requested_flags",
     "run_benchmark",
     "run_level",
     "run_repeats",

@@ -9,10 +9,8 @@ the pooled requests (:func:`cleanslate.bench.combine`), up to ``max_extensions``
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 import numpy as np
 
 from cleanslate.bench._capacity import (
@@ -25,15 +23,14 @@ from cleanslate.bench._capacity import (
     probe_from_level,
 )
 from cleanslate.bench._models import BenchConfig, ClosedLoop, LevelResult, OpenLoop
+from cleanslate.bench._observe import Harness
 from cleanslate.bench._repeats import combine
 from cleanslate.bench._runner import (
-    ProgressHook,
     _measure,
     level_seed,
     load_tokenizer,
     make_session,
 )
-from cleanslate.bench._tokens import Tokenizer
 from cleanslate.bench._workloads import generate
 
 #: Watches the server after each measurement: ``(cause, detail)`` when it crashed, else
@@ -74,31 +71,32 @@ def probe_requests(config: BenchConfig, search: CapacitySearch,
 async def find_max(
     config: BenchConfig,
     search: CapacitySearch,
+    harness: Harness | None = None,
     *,
-    session: aiohttp.ClientSession | None = None,
-    tokenizer: Tokenizer | None = None,
     warmup: int = 0,
-    stop: asyncio.Event | None = None,
     max_extensions: int = DEFAULT_MAX_EXTENSIONS,
     check_server: ServerCheck | None = None,
     on_probe: Callable[[Probe], None] | None = None,
-    on_progress: ProgressHook | None = None,
 ) -> CapacityResult:
     """Drive ``search`` to its end against ``config``'s server and return its answer.
 
     ``config``: the server, workload and client settings (its ``loads`` are ignored but for an
     open loop's arrival process, ``slo`` and ``limits`` are set from the search's SLO).
-    ``warmup`` requests go before the first probe. ``check_server`` says after every
-    measurement whether the server crashed (default: a level that ended early).
-    ``on_probe`` receives each probe as it is decided."""
+    ``harness``: the run's pool, tokenizer, live view, stop event and observers (every probe
+    is observed like a level). ``warmup`` requests go before the first probe.
+    ``check_server`` says after every measurement whether the server crashed (default: a
+    level that ended early). ``on_probe`` receives each probe as it is decided."""
+    harness = harness or Harness()
+    tokenizer = harness.tokenizer
     if tokenizer is None and config.tokenizer:
         tokenizer = load_tokenizer(config.tokenizer)
-    if session is None:
+    if harness.session is None:
         async with make_session(config) as own:
-            return await find_max(config, search, session=own, tokenizer=tokenizer,
-                                  warmup=warmup, stop=stop, max_extensions=max_extensions,
-                                  check_server=check_server, on_probe=on_probe,
-                                  on_progress=on_progress)
+            return await find_max(config, search, harness.with_session(own, tokenizer),
+                                  warmup=warmup, max_extensions=max_extensions,
+                                  check_server=check_server, on_probe=on_probe)
+    harness = harness.with_session(harness.session, tokenizer)
+    stop = harness.stop
     check = check_server or partial_is_crash
     template = next((x for x in config.loads if isinstance(x, OpenLoop)), None)
     base = config.model_copy(update={"slo": search.slo.per_request(),
@@ -124,8 +122,8 @@ async def find_max(
             prompts = generate(one.workload, one.prompts_for(load),
                                seed=level_seed(seed, load.label), tokenizer=tokenizer)
             level, sample = await _measure(
-                one, load, session, tokenizer, prompts,
-                warmup if index == 0 and extension == 0 else 0, on_progress, stop, reference,
+                one, load, harness, prompts,
+                warmup if index == 0 and extension == 0 else 0, reference,
                 tag=load.label if extension == 0 else f"{load.label} extension {extension}")
             measured.append(level)
             samples.append(sample)

@@ -41,7 +41,10 @@ from cleanslate.bench._limits import (
     MIN_BURSTINESS,
     MIN_RATE,
 )
+from cleanslate.bench._observe import ObserveOptions
+from cleanslate.bench._observed import GpuTelemetry, ServerMetrics
 from cleanslate.bench._ramp import RampLoad, WindowResult
+from cleanslate.bench._server_config import ServerConfig
 from cleanslate.bench._trace import TraceInfo, TraceWorkload, check_replay, replay_span_s
 from cleanslate.bench._workloads import WorkloadSpec, generate
 from cleanslate.errors import InputError
@@ -258,6 +261,9 @@ class BenchConfig(_Frozen):
         default=0.01, ge=0, le=1,
         description="a level whose share of failed requests is above this is not a "
         "throughput result (valid: false)")
+    observe: ObserveOptions = Field(
+        default_factory=ObserveOptions, description="what watches each level: the engine's "
+        "metrics and the GPUs, how often (--observe-interval, --no-observe)")
     limits: dict[str, float] = Field(
         default_factory=dict,
         description="per-request latency limits by key (p99_ttft_ms: 8000): each level "
@@ -536,6 +542,12 @@ class LevelResult(_Frozen):
         "repeats; serialized flat as KEY_ci_low, KEY_ci_high, KEY_cv")
     repeats: tuple[LevelResult, ...] = Field(
         default=(), description="each repeat's own result, in order (empty for one)")
+    server_metrics: ServerMetrics | None = Field(
+        default=None, description="the engine's own metrics over the level (None: not "
+        "observed); with repeats, pooled over them")
+    gpu: tuple[GpuTelemetry, ...] | None = Field(
+        default=None, description="telemetry of each GPU in the run's scope over the level "
+        "(None: not observed)")
 
     def interval(self, key: str) -> tuple[float | None, float | None]:
         """The 95 % interval of a metric key over the repeats (``(None, None)`` without)."""
@@ -642,9 +654,16 @@ class BenchResult(_Frozen):
     target_ci_pct: float | None = None
     max_error_rate: float = 0.01
     limits: dict[str, float] = Field(default_factory=dict)
+    observe: ObserveOptions | None = Field(
+        default=None, description="what watched each level (None: a result from before "
+        "levels were observed)")
     trace: TraceInfo | None = Field(
         default=None, description="a trace workload's file, format, column mapping and "
         "selection")
+    server_config: ServerConfig | None = Field(
+        default=None, description="the configuration the server said it runs with, read "
+        "once before the first level, and how it differs from the flags asked (None: not "
+        "read: --no-observe, or a result from before it was)")
 
     @property
     def failed(self) -> bool:

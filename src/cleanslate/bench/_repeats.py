@@ -28,6 +28,7 @@ from cleanslate.bench._models import (
     LevelResult,
     Stats,
 )
+from cleanslate.bench._observed import merge_gpu, merge_server_metrics
 from cleanslate.stats import Interval, t_interval
 
 #: A closed-loop level whose steady window is under this share of its duration is flagged
@@ -296,6 +297,8 @@ def combine(repeats: Sequence[LevelResult], samples: Sequence[Mapping[str, np.nd
             warnings.append(f"the target interval of ± {target_pct:g} % of the output "
                             f"throughput was not reached in {len(repeats)} repeats ({got})")
     out["warnings"] = tuple(warnings)
+    out["server_metrics"] = merge_server_metrics([r.server_metrics for r in repeats])
+    out["gpu"] = merge_gpu([r.gpu for r in repeats])
     out["seed"] = None
     out["n_repeats"] = len(repeats)
     out["ci"] = ci

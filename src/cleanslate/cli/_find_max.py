@@ -379,20 +379,22 @@ def _now() -> str:
 # --- the run ----------------------------------------------------------------------------------
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
                   on_probe: object) -> CapacityResult:
-    from cleanslate.bench import LiveView, find_max
+    from cleanslate.bench import Harness, LiveView, find_max
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-    kwargs = {"warmup": plan.warmup, "stop": stop, "max_extensions": plan.max_extensions,
+    kwargs = {"warmup": plan.warmup, "max_extensions": plan.max_extensions,
               "on_probe": on_probe, "check_server": None if plan.server_log is None
               else log_check(plan.server_log, plan.engine)}
     if live is None:
-        return await find_max(config, plan.search, **kwargs)  # type: ignore[arg-type]
+        return await find_max(config, plan.search, Harness(stop=stop),
+                              **kwargs)  # type: ignore[arg-type]
     with LiveView(live) as view:
-        return await find_max(config, plan.search, on_progress=view.on_progress,
+        return await find_max(config, plan.search,
+                              Harness(on_progress=view.on_progress, stop=stop),
                               **kwargs)  # type: ignore[arg-type]
 
 

@@ -40,7 +40,7 @@ from cleanslate.errors import ExitCode, InputError
 from cleanslate.inputs import check_input_file
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
-    from cleanslate.bench import SLO, BenchConfig, BenchResult, WorkloadSpec
+    from cleanslate.bench import SLO, BenchConfig, BenchResult, SampleFiles, WorkloadSpec
 
 
 def parse_slo(text: str | None) -> SLO:
@@ -144,6 +144,8 @@ class BenchOptions:
     max_error_rate: float = 0.01
     ramp: str | None = None
     replay: str | None = None
+    observe: bool = True
+    observe_interval: float = 0.25
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -251,6 +253,21 @@ def bench(
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token", show_default=False)
     ] = None,
     live: Annotated[bool, typer.Option(help="live view on a terminal")] = True,
+    observe: Annotated[
+        bool,
+        typer.Option(help="watch each level: scrape the engine's Prometheus metrics (running, "
+                     "waiting, KV usage, preemptions) and sample the GPUs"),
+    ] = True,
+    observe_interval: Annotated[
+        float,
+        typer.Option(help="seconds between the observers' samples (0.05 to 60)"),
+    ] = 0.25,
+    observe_dir: Annotated[
+        Path | None,
+        typer.Option(help="write the observers' raw samples here, one JSON Lines file per "
+                     "level [default: beside --json FILE, in FILE.observed/; none without "
+                     "--json FILE]", show_default=False),
+    ] = None,
     repeats: Annotated[
         int | None,
         typer.Option(help="measure each level N times (seeds SEED, SEED+1, ...) and report "
@@ -339,7 +356,7 @@ def bench(
         endpoint=endpoint, tokenizer=tokenizer, slo=slo, request_timeout=request_timeout,
         read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, repeats=repeats,
         target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp,
-        replay=replay)
+        replay=replay, observe=observe, observe_interval=observe_interval)
     search = SearchOptions(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
@@ -351,14 +368,15 @@ def bench(
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
                          hint="add --find-max concurrency (or rate) with --slo, or leave "
                          f"{given[0]} out")
-    from cleanslate.bench import detail_tables, summary_table
+    from cleanslate.bench import detail_tables, observation_notes, summary_table
 
     config = build_config(opts)
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
+    samples = _sample_files(config, json_out, observe_dir)
     show_live = live and not to_stdout and console_err.is_terminal
-    result = asyncio.run(_run(config, show_live))
+    result = asyncio.run(_run(config, show_live, samples))
     document = json.dumps(result.model_dump(mode="json"), indent=2)
     if json_out is not None and not to_stdout:
         write_result(Path(json_out), document + "\n", option="--json")
@@ -366,6 +384,10 @@ def bench(
     human.print(summary_table(result))
     for table in detail_tables(result):
         human.print(table)
+    for note in observation_notes(result):
+        console_err.print(Text(note, style="dim"))
+    for line in result.server_config.lines() if result.server_config is not None else ():
+        human.print(Text(f"server config: {line}"), soft_wrap=True)
     for warning in (*result.warnings, *(w for lv in result.levels for w in lv.warnings)):
         console_err.print(f"[yellow]warning:[/] {escape(warning)}")
     for lv in result.levels:
@@ -381,6 +403,8 @@ def bench(
     if to_stdout:
         sys.stdout.write(document + "\n")
         sys.stdout.flush()
+    if samples is not None:
+        _samples_written(samples)
     if result.failed:
         human.print(f"[bold red]{_failure(result)}[/]: see the levels above")
         raise typer.Exit(ExitCode.FAILED)
@@ -463,8 +487,45 @@ def _find_max_command(
     raise typer.Exit(code)
 
 
-async def _run(config: BenchConfig, show_live: bool) -> BenchResult:
-    from cleanslate.bench import LiveView, run_benchmark
+def _sample_files(config: BenchConfig, json_out: str | None,
+                  observe_dir: Path | None) -> SampleFiles | None:
+    """Where the observers' raw samples go (``docs/bench.md``, "Raw samples"): ``--observe-dir``,
+    else beside ``--json FILE`` in ``FILE.observed/``, else nowhere (``--json -`` and no
+    ``--json``: the summaries are in the result; nothing is written unasked). Checked now,
+    before the run."""
+    from cleanslate.bench import SampleFiles, observed_folder
+
+    if not config.observe.enabled:
+        if observe_dir is not None:
+            raise InputError("--observe-dir with --no-observe: nothing would be observed",
+                             where="--observe-dir", hint="leave one of them out")
+        return None
+    if observe_dir is not None:
+        files = SampleFiles(observe_dir, where="--observe-dir")
+    elif json_out is not None and json_out != "-":
+        files = SampleFiles(observed_folder(json_out), where="--json")
+    else:
+        return None
+    files.check()
+    return files
+
+
+def _samples_written(samples: SampleFiles) -> None:
+    """Say where the samples went; a file refused at the write (a link put where it was to
+    go) makes the run exit 2 once its result is written and shown."""
+    if samples.written:
+        console_err.print(Text(f"observers' samples: {len(samples.written)} file(s) in "
+                               f"{samples.folder}", style="dim"))
+    if samples.problems:
+        raise InputError(f"{len(samples.problems)} samples file(s) not written: "
+                         + "; ".join(samples.problems[:3]), where=samples.where,
+                         hint="the result itself is written; remove what is in the way "
+                         "and run again")
+
+
+async def _run(config: BenchConfig, show_live: bool,
+               samples: SampleFiles | None = None) -> BenchResult:
+    from cleanslate.bench import Harness, LiveView, run_benchmark
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -472,9 +533,10 @@ async def _run(config: BenchConfig, show_live: bool) -> BenchResult:
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     if not show_live:
-        return await run_benchmark(config, stop=stop)
+        return await run_benchmark(config, Harness(stop=stop, on_samples=samples))
     with LiveView(console_err) as view:
-        return await run_benchmark(config, on_progress=view.on_progress, stop=stop)
+        return await run_benchmark(config, Harness(on_progress=view.on_progress, stop=stop,
+                                                   on_samples=samples))
 
 
 def build_config(opts: BenchOptions) -> BenchConfig:
@@ -573,6 +635,7 @@ def build_config(opts: BenchOptions) -> BenchConfig:
                 "repeats": repeats,
                 "target_ci_pct": target_ci,
                 "max_error_rate": o.max_error_rate,
+                "observe": {"enabled": o.observe, "interval_s": o.observe_interval},
             }
         )
     except ValidationError as exc:
@@ -629,6 +692,7 @@ _OPTIONS = {
     "repeats": "--repeats",
     "target_ci_pct": "--target-ci",
     "max_error_rate": "--max-error-rate",
+    "interval_s": "--observe-interval",
 }
 
 

@@ -23,6 +23,7 @@ from typing import Any, Self
 
 from pydantic import Field, field_validator
 
+from cleanslate.bench import ServerConfig
 from cleanslate.errors import CleanslateError
 from cleanslate.models import Frozen
 from cleanslate.teardown import TeardownReport
@@ -30,12 +31,14 @@ from cleanslate.verdict.check import CheckReport
 
 #: The layout of the documents this cleanslate writes. 1: before versions were recorded;
 #: 2: records typed (the same JSON, with ``schema_version``); 3: a run may be ``launching``
-#: (recorded before its supervisor starts), a status a reader of version 2 cannot parse.
-SCHEMA_VERSION = 3
+#: (recorded before its supervisor starts), a status a reader of version 2 cannot parse;
+#: 4: a trial's levels carry what watched them (``server_metrics``, ``gpu``) and a run its
+#: ``server_config``, which a reader of version 3 would drop without a word.
+SCHEMA_VERSION = 4
 
 #: ``UPGRADES[n]`` turns a stored document of version ``n`` into one of version ``n + 1``.
-#: Versions 1 -> 2 and 2 -> 3 changed nothing in the JSON of older documents (3 only added a
-#: status value), so there is none yet.
+#: Versions 1 -> 2, 2 -> 3 and 3 -> 4 changed nothing in the JSON of older documents (3 added a
+#: status value, 4 fields with defaults), so there is none yet.
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
@@ -133,6 +136,8 @@ class RunRecord(Record):
     ``verdict_before`` is the check before the launch, ``verdict_after`` the verification after
     the teardown (``None``: not verified). ``teardown`` is what the teardown did; its own
     ``verify`` is kept once, as ``verdict_after``, and is always ``None`` here.
+    ``server_config`` is the configuration the engine said it runs with, read once it was
+    ready, beside the flags asked for (``None``: not read, or a record from before it was).
     """
 
     id: str
@@ -174,6 +179,7 @@ class RunRecord(Record):
     user: str | None = None
     uid: int | None = None
     cgroup_id: int | None = None
+    server_config: ServerConfig | None = None
 
     @field_validator("teardown")
     @classmethod

@@ -71,6 +71,7 @@ from cleanslate.bench import (
     CapacitySLO,
     ClosedLoop,
     LevelResult,
+    ObserveOptions,
     ReplayLoad,
     check_workload_files,
     workload_from_dict,
@@ -371,6 +372,9 @@ class StudySpec(ServerFields):
     lease_timeout_s: float = Field(default=60.0, ge=1, le=86_400,
                                    description="a lease without a heartbeat this long expires")
     statistics: Statistics = Field(default_factory=Statistics)
+    observe: ObserveOptions = Field(
+        default_factory=ObserveOptions, description="what watches each level of every trial: "
+        "the engine's metrics (its own names) and the run's GPUs; enabled, interval_s")
 
     @field_validator("name")
     @classmethod
@@ -545,6 +549,7 @@ class StudySpec(ServerFields):
                 ClosedLoop(concurrency=self.capacity.start),),
             num_prompts=self.requests_per_level, duration_s=self.duration_s_per_level,
             seed=self.seed, slo=slo, ignore_eos=ignore_eos,
+            observe=self.observe.model_copy(update={"engine": self.engine}),
         )
 
     def replay_loads(self) -> tuple[ReplayLoad, ...]:

@@ -26,6 +26,7 @@ from typing import Any
 from cleanslate.bench import (
     CapacityResult,
     ClosedLoop,
+    Harness,
     LevelResult,
     Probe,
     ProbeVerdict,
@@ -501,6 +502,12 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
         "findings_after": findings_after, "finished_at": time.time()}))
 
 
+def trial_harness(stop: asyncio.Event | None) -> Harness:
+    """What every level of a trial brings: the stop event; the engine's metrics are watched
+    as the study's ``observe`` says (:meth:`StudySpec.bench_config`)."""
+    return Harness(stop=stop)
+
+
 async def _levels(
     executor: Executor, spec: StudySpec, config: ServeConfig, run: RunRecord,
     phases: dict[str, float], say: Say, stop: asyncio.Event | None, *,
@@ -530,6 +537,7 @@ async def _climb(
     if seed is not None:
         bench = bench.model_copy(update={"seed": seed})
     loads = list(bench.loads)
+    harness = trial_harness(stop)
     warmup = spec.warmup_requests()
     # One more measurement of a configuration runs its best level alone (after the warm-up):
     # its value is the objective there.
@@ -549,7 +557,7 @@ async def _climb(
             break
         say(f"level {load.label}")
         t0 = time.monotonic()
-        level = await run_level(bench, load, warmup=warmup if index == 0 else 0, stop=stop,
+        level = await run_level(bench, load, harness, warmup=warmup if index == 0 else 0,
                                 reference=levels[0] if levels else None)
         phases[f"level_{load.label}_s"] = round(time.monotonic() - t0, 3)
         levels.append(level)
@@ -605,7 +613,7 @@ async def _climb(
             say(f"{load.label}: {', '.join(straddling)} not settled by one sample: measuring "
                 "the level once more")
             again = await run_level(bench.model_copy(update={"seed": bench.seed + 1}), load,
-                                    stop=stop, reference=levels[0])
+                                    harness, reference=levels[0])
             phases[f"level_{load.label}_again_s"] = round(time.monotonic() - t0, 3)
             pooled = pool_counts(level, again)
             attained = slo_attainment(level, shares, spec.statistics.confidence, counts=pooled)
@@ -744,7 +752,8 @@ async def _capacity_levels(
 
         say(f"capacity search from c={spec.capacity.start} (tolerance "
             f"{spec.capacity.tolerance:.0%}, at most {spec.capacity.max_probes} probes)")
-        result = await find_max(bench, search, warmup=spec.warmup_requests(), stop=stop,
+        result = await find_max(bench, search, trial_harness(stop),
+                                warmup=spec.warmup_requests(),
                                 max_extensions=spec.capacity.max_extensions,
                                 check_server=check_server, on_probe=on_probe)
     levels = [p.level for p in result.probes if p.level is not None]
