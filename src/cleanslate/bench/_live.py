@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from time import perf_counter
 from types import TracebackType
 
@@ -10,6 +12,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from cleanslate.bench._client import printable
 from cleanslate.bench._models import BenchResult, LevelResult
 from cleanslate.bench._runner import LevelProgress
 
@@ -54,20 +57,127 @@ class LiveView:
         table.add_row("output", f"{p.output_tokens / elapsed:,.0f} tok/s  ({p.chunks[0]:,} chunks)")
         table.add_row("rate", rate)
         table.add_row("errors", escape(errors))
+        seen = live_readings(p.watching)
+        if seen:
+            table.add_row("server", escape(seen))
         return Group(table)
+
+
+def live_readings(observers: Sequence[object]) -> str:
+    """The newest readings of a level's observers as one line for the live view: running and
+    waiting requests, KV usage, GPU utilization and power. An observer offers them through an
+    optional ``latest()`` returning ``{reading: value}`` (``running``, ``waiting`` in
+    requests; ``kv_usage`` a fraction; ``gpu_util_pct`` in percent, ``power_w`` in watts) or
+    ``{"unreadable": reason}``; one without ``latest()`` shows nothing. Empty when no reading
+    is known yet."""
+    values: dict[str, float] = {}
+    reasons: list[str] = []
+    for observer in observers:
+        latest = getattr(observer, "latest", None)
+        if not callable(latest):
+            continue
+        try:
+            got = latest()
+        except Exception:  # a reading is a courtesy: never the live view's end
+            continue
+        if not isinstance(got, Mapping):
+            continue
+        for name, value in got.items():
+            if name == "unreadable" and isinstance(value, str):
+                reasons.append(value)
+            elif isinstance(value, int | float) and math.isfinite(value):
+                values[str(name)] = float(value)
+    parts: list[str] = []
+    if "running" in values or "waiting" in values:
+        parts.append(f"running {_fmt(values.get('running'), '.0f')}  "
+                     f"waiting {_fmt(values.get('waiting'), '.0f')}")
+    if "kv_usage" in values:
+        parts.append(f"KV {values['kv_usage']:.0%}")
+    if "gpu_util_pct" in values or "power_w" in values:
+        parts.append(f"GPU {_fmt(values.get('gpu_util_pct'), '.0f')} % / "
+                     f"{_fmt(values.get('power_w'), ',.0f')} W")
+    if not parts and reasons:
+        parts.append(f"unreadable: {printable(reasons[0], 80)}")
+    return "  ".join(parts)
+
+
+def observed_cells(lv: LevelResult, metrics: bool = True, gpu: bool = True) -> list[str]:
+    """The observers' cells of one level's row (see :func:`summary_table`): ``running``,
+    ``waiting``, ``KV %`` with ``metrics``, ``GPU % / W`` with ``gpu``."""
+    cells: list[str] = []
+    sm = lv.server_metrics
+    if metrics:
+        ok = sm is not None and sm.unreadable is None and sm.note is None
+        for gauge in (sm.running if sm and ok else None, sm.waiting if sm and ok else None):
+            cells.append("-" if gauge is None else f"{gauge.mean:,.0f}/{gauge.max:,.0f}")
+        kv = sm.kv_usage if sm is not None and ok else None
+        cells.append("-" if kv is None else f"{kv.mean:.0%}/{kv.max:.0%}")
+    if gpu:
+        util, power = gpu_totals(lv)
+        cells.append("-" if util is None and power is None else
+                     f"{_fmt(util, '.0f')} / {_fmt(power, ',.0f')}")
+    return cells
+
+
+def gpu_totals(lv: LevelResult) -> tuple[float | None, float | None]:
+    """A level's GPUs in two figures: the mean utilization over its readable GPUs (percent)
+    and the sum of their mean power (watts); ``None`` where no GPU gave the reading."""
+    readable = [g for g in lv.gpu or () if g.unreadable is None]
+    utils = [g.utilization_pct.mean for g in readable if g.utilization_pct is not None]
+    powers = [g.power_w.mean for g in readable if g.power_w is not None]
+    return (sum(utils) / len(utils) if utils else None,
+            sum(powers) if powers else None)
+
+
+def observation_notes(result: BenchResult) -> list[str]:
+    """What the observers could not give, each said once: ``no engine metrics`` (an engine
+    without an endpoint: a note, not a failure), the reason engine metrics or a GPU were
+    unreadable, with the levels it held for."""
+    notes: dict[str, list[str]] = {}
+    for lv in result.levels:
+        sm = lv.server_metrics
+        if sm is not None and sm.note is not None:
+            notes.setdefault(f"engine metrics: {sm.note}", []).append(lv.label)
+        elif sm is not None and sm.unreadable is not None:
+            notes.setdefault(f"engine metrics unreadable: {sm.unreadable}", []).append(lv.label)
+        for g in lv.gpu or ():
+            if g.unreadable is not None:
+                notes.setdefault(f"GPU {g.index} unreadable: {g.unreadable}",
+                                 []).append(lv.label)
+            elif g.note is not None:
+                notes.setdefault(f"GPU {g.index}: {g.note}", []).append(lv.label)
+    out = []
+    for text, labels in notes.items():
+        where = ("every level" if len(labels) == len(result.levels) and len(labels) > 1
+                 else ", ".join(labels))
+        out.append(f"{text} ({where})")
+    return out
 
 
 def summary_table(result: BenchResult) -> Table:
     """One row per level: the figures a user reads first. A level of several repeats shows
     ``mean ± half-width`` of the 95 % interval (the ``n`` column says how many repeats); a
     level that is not a throughput result says ``(invalid)``, one whose steady window was
-    short ``(not steady)``."""
+    short ``(not steady)``.
+
+    What the observers saw, in columns only when some level has it: ``running`` and
+    ``waiting`` (requests, ``mean/max`` over the steady window), ``KV %`` (``mean/max``) from
+    ``LevelResult.server_metrics``; ``GPU % / W`` (mean utilization over the GPUs / their
+    summed mean power) from ``LevelResult.gpu``. A level without them shows ``-``; why is in
+    :func:`observation_notes`, said once."""
     table = Table(title=escape(f"{result.model} @ {result.url} ({result.endpoint})"))
     with_slo = not result.slo.is_empty()
     repeated = any(lv.n_repeats > 1 for lv in result.levels)
     cols = ["level", *(["n"] if repeated else []), "ok", "err", "s", "req/s", "out tok/s",
             "TTFT ms p50/p99", "TPOT ms p50/p99"]
     cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "steady", "cpu"]
+    metrics = any(lv.server_metrics is not None and lv.server_metrics.unreadable is None
+                  and lv.server_metrics.note is None for lv in result.levels)
+    gpu = any(gpu_totals(lv) != (None, None) for lv in result.levels)
+    if metrics:
+        cols += ["running", "waiting", "KV %"]
+    if gpu:
+        cols += ["GPU % / W"]
     for col in cols:
         table.add_column(col, justify="right" if col != "level" else "left")
     for lv in result.levels:
@@ -94,6 +204,7 @@ def summary_table(result: BenchResult) -> Table:
             cells.append(_pm(lv, "request_goodput", lv.request_goodput, ".2f"))
         cells.append("-" if lv.steady_share is None else f"{lv.steady_share:.0%}")
         cells.append(f"{lv.client_cpu_util:.0%}")
+        cells += observed_cells(lv, metrics, gpu)
         table.add_row(*cells)
     return table
 

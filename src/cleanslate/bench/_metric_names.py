@@ -116,3 +116,21 @@ Kind = Literal["gauge", "counter"]
 def kind_of(key: str) -> Kind:
     """``gauge`` or ``counter`` for a vocabulary key."""
     return "counter" if key in COUNTERS else "gauge"
+
+
+def engine_total(key: str, series: dict[str, float]) -> float | None:
+    """The engine-wide value of vocabulary ``key`` from its rank series (``series_key`` ->
+    value, as a sample keeps them: ``""`` or ``"dp_rank=0,tp_rank=1"``): series that are
+    separate schedulers (:data:`SUM_LABELS`) add up, series that differ only in tensor or
+    pipeline rank describe one batch (the largest counts); fractions (:data:`FRACTIONS`) are
+    the mean over schedulers. ``None`` without a series."""
+    if not series:
+        return None
+    groups: dict[str, float] = {}
+    for series_key, value in series.items():
+        group = ",".join(part for part in series_key.split(",")
+                         if part.split("=", 1)[0] in SUM_LABELS)
+        groups[group] = max(groups.get(group, value), value)
+    if key in FRACTIONS:
+        return sum(groups.values()) / len(groups)
+    return sum(groups.values())

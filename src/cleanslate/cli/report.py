@@ -98,8 +98,9 @@ def _format(fmt: str | None, out: Path | None) -> str | None:
 
 
 def report(
-    study: Annotated[str, typer.Argument(metavar="STUDY",
-                                         help="The study's name (the `name:` of its file).")],
+    study: Annotated[str | None, typer.Argument(
+        metavar="[STUDY]", help="The study's name (the `name:` of its file); or --bench.",
+        show_default=False)] = None,
     store_url: StoreOption = None,
     compare: Annotated[list[str] | None, typer.Option(
         "--compare", metavar="OTHER_STUDY",
@@ -115,9 +116,25 @@ def report(
         help="Export the trials as CSV or JSON to stdout (or --out).")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="FILE", help="Write the export here instead of stdout.")] = None,
+    bench: Annotated[Path | None, typer.Option(
+        "--bench", metavar="FILE",
+        help="Report on a `bench --json FILE` result instead of a study: its levels with the "
+             "engine metrics and GPU telemetry, and a panel per level over time from the "
+             "samples beside it (FILE.observed/).")] = None,
+    observed: Annotated[Path | None, typer.Option(
+        "--observed", metavar="DIR",
+        help="With --bench: the observers' samples folder [default: FILE.observed]",
+        show_default=False)] = None,
 ) -> None:
     """Report on a study: its trials sorted by the objective, the best configuration and its
-    launch command; plots, an HTML page, CSV/JSON exports on request."""
+    launch command; plots, an HTML page, CSV/JSON exports on request. With --bench, on one
+    benchmark run instead."""
+    if bench is not None or observed is not None:
+        _bench_report(study, compare, bench, observed, png=png, html=html, fmt=fmt, out=out)
+        return
+    if study is None:
+        raise InputError("no study to report on", where="STUDY",
+                         hint="give the study's name, or --bench FILE for a bench result")
     from cleanslate.report import (
         comparison_table,
         load_report,
@@ -174,6 +191,68 @@ def report(
         else:
             _write("--out", out, text)
             wrote(out)
+
+
+def _bench_report(study: str | None, compare: list[str] | None, bench: Path | None,
+                  observed: Path | None, *, png: Path | None, html: Path | None,
+                  fmt: str | None, out: Path | None) -> None:
+    """``report --bench FILE``: the levels table with what the observers saw, a panel per
+    level (``--png DIR``: ``level-<label>.png``; ``--html``), a flat export per level."""
+    from cleanslate.bench import observation_notes, summary_table
+    from cleanslate.report import (
+        bench_csv,
+        bench_json,
+        level_plots,
+        load_bench_report,
+        render_bench_html,
+    )
+
+    if bench is None:
+        raise InputError("--observed goes with --bench", where="--observed",
+                         hint="add --bench FILE (the bench result the samples belong to)")
+    if study is not None or compare:
+        raise InputError("--bench reports on a bench result, not a study",
+                         where="STUDY" if study is not None else "--compare",
+                         hint="leave out the study (or --bench)")
+    export = _format(fmt, out)
+    for option, path, folder in (("--png", png, True), ("--html", html, False),
+                                 ("--out", out, False)):
+        if path is not None:
+            _check_output(path, option, folder=folder)
+    loaded = load_bench_report(bench, observed)
+    to_stdout = export is not None and out is None
+    screen = console_err if to_stdout else console
+    if not to_stdout:
+        screen.print(summary_table(loaded.result))
+        cap = loaded.cap
+        screen.print(Text("running cap in effect: " + (f"{cap[0]:g} ({cap[1]})" if cap
+                                                        else "not recorded")))
+    for note in observation_notes(loaded.result):
+        console_err.print(Text(note, style="dim"))
+    if loaded.samples_note:
+        console_err.print(Text(loaded.samples_note, style="yellow"))
+    for f in loaded.files:
+        if f.problem:
+            console_err.print(Text(f"{f.label} ({f.key}): {f.problem}", style="yellow"))
+    if png is not None or html is not None:
+        plots = level_plots(loaded)
+        if png is not None:
+            _write("--png", png, None)
+            for plot in plots:
+                path = png / f"{plot.name}.png"
+                _write("--png", path, plot.png, shared=True)
+                screen.print(Text(f"wrote {path}"), highlight=False)
+        if html is not None:
+            _write("--html", html, render_bench_html(loaded, plots=plots))
+            screen.print(Text(f"wrote {html}"), highlight=False)
+    if export is not None:
+        text = bench_csv(loaded) if export == "csv" else bench_json(loaded)
+        if out is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            _write("--out", out, text)
+            screen.print(Text(f"wrote {out}"), highlight=False)
 
 
 __all__ = ["report"]

@@ -2,11 +2,25 @@
 
 Everything is drawn from a :class:`StudyReport` that :func:`load_report` reads from the store
 (``cs_studies``, ``cs_trials``, ``cs_runs``, ``cs_leases``, ``cs_slots``, ``cs_hosts``).
-matplotlib is imported only by the plotting functions.
+A single benchmark run (``report --bench``) is a :class:`BenchReport` that
+:func:`load_bench_report` reads from a ``bench --json`` file and the observers' samples beside
+it. matplotlib is imported only by the plotting functions.
 """
 
 from __future__ import annotations
 
+from cleanslate.report._bench import (
+    BenchReport,
+    Timeline,
+    bench_csv,
+    bench_json,
+    level_figure,
+    level_plots,
+    load_bench_report,
+    observed_fields,
+    render_bench_html,
+    running_cap,
+)
 from cleanslate.report._capacity import bracket_text, capacity_document, findings_text
 from cleanslate.report._console import (
     comparison_table,
@@ -39,6 +53,7 @@ __all__ = [
     "HEIGHT",
     "LEVEL_COLUMNS",
     "WIDTH",
+    "BenchReport",
     "Difference",
     "Effect",
     "Plot",
@@ -46,7 +61,10 @@ __all__ = [
     "SlotSummary",
     "Standing",
     "StudyReport",
+    "Timeline",
     "TrialView",
+    "bench_csv",
+    "bench_json",
     "bracket_text",
     "capacity_document",
     "comparison_table",
@@ -54,13 +72,19 @@ __all__ = [
     "differences_table",
     "findings_text",
     "hosts_table",
+    "level_figure",
+    "level_plots",
+    "load_bench_report",
     "load_report",
+    "observed_fields",
     "pareto",
     "print_differences",
     "print_report",
     "print_table",
+    "render_bench_html",
     "render_html",
     "render_plots",
+    "running_cap",
     "safe_url",
     "shared_configs",
     "slots_table",

@@ -1,0 +1,526 @@
+"""The report of one benchmark run (``cleanslate report --bench OUT.json``): its levels with
+what the observers saw, a panel per measured level over time, one HTML page, CSV/JSON.
+
+Inputs: the ``bench --json`` result and the observers' raw samples written beside it
+(``OUT.json.observed/``, :mod:`cleanslate.bench._sample_files`; another folder with
+``--observed DIR``). The summaries (``server_metrics``, ``gpu``) come from the result; the
+panels from the samples. A missing samples folder is said, not failed: the table and exports
+still come from the result.
+
+A level's panel (:func:`level_figure`), against seconds since the level's first sample (the
+observers' baseline, taken just before the first request):
+
+1. output tokens/s: the increase of the engine's own ``generation_tokens`` counter over a
+   trailing window of 10 % of the level (at least 1 s; :func:`trailing_rate`), a counter that
+   went down read as a restart;
+2. running and waiting requests (the engine's totals over its schedulers), with the cap on the
+   running batch drawn when the configuration in effect says it (:func:`running_cap`);
+3. KV-cache usage, percent;
+4. GPU utilization (percent, the mean over the GPUs) and power (watts, their sum), from the
+   GPU observer's samples.
+
+A panel part without samples says so in words instead of an empty axis.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cleanslate import __version__
+from cleanslate.bench import (
+    BenchResult,
+    LevelResult,
+    SampleFile,
+    engine_total,
+    observed_folder,
+    read_sample_files,
+)
+from cleanslate.errors import InputError
+from cleanslate.report._data import safe_url
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from cleanslate.report._plots import Plot
+
+#: Panels drawn at most (a find-max run with many probes and extensions); the rest are named.
+MAX_PANELS = 32
+PANEL_WIDTH, PANEL_HEIGHT = 1000, 760
+
+#: Keys of the configuration in effect that cap the running batch, by engine: SGLang and the
+#: sim ``max_running_requests``, vLLM ``max_num_seqs``, llama.cpp ``parallel`` (its slots).
+CAP_KEYS = ("max_running_requests", "effective_max_running_requests_per_dp", "max_num_seqs",
+            "parallel", "n_parallel", "total_slots")
+
+_GAUGE_FIELDS = ("running", "waiting", "waiting_capacity", "kv_usage")
+_SERVER_FIELDS = ("preemptions", "prefix_cache_hit_rate", "generation_tokens",
+                  "prompt_tokens", "counter_resets", "samples", "window_samples",
+                  "failed_scrapes", "skipped_values")
+_GPU_GAUGES = ("utilization_pct", "sm_active_pct", "memory_used_mib", "power_w",
+               "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_mib_s", "pcie_tx_mib_s",
+               "temperature_c")
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def observed_fields(level: LevelResult) -> dict[str, object]:
+    """A level's observer summaries flattened into columns: ``server_metrics.<gauge>_mean``
+    / ``_max`` (``running``, ``waiting``, ``waiting_capacity``, ``kv_usage``), its counters and
+    counts, ``flavour``, ``unreadable``, ``note``; per GPU ``gpu<index>.<gauge>_mean`` /
+    ``_max``, ``energy_j``, ``joules_per_output_token``, ``unreadable``. Empty when the
+    level was not observed."""
+    row: dict[str, object] = {}
+    sm = level.server_metrics
+    if sm is not None:
+        p = "server_metrics."
+        row[p + "flavour"] = sm.flavour
+        for name in _GAUGE_FIELDS:
+            g = getattr(sm, name)
+            row[f"{p}{name}_mean"] = g.mean if g is not None else None
+            row[f"{p}{name}_max"] = g.max if g is not None else None
+        for name in _SERVER_FIELDS:
+            row[p + name] = getattr(sm, name)
+        row[p + "unreadable"] = sm.unreadable
+        row[p + "note"] = sm.note
+    for gpu in level.gpu or ():
+        p = f"gpu{gpu.index}."
+        row[p + "name"] = gpu.name
+        for name in _GPU_GAUGES:
+            g = getattr(gpu, name)
+            row[f"{p}{name}_mean"] = g.mean if g is not None else None
+            row[f"{p}{name}_max"] = g.max if g is not None else None
+        row[p + "energy_j"] = gpu.energy_j
+        row[p + "joules_per_output_token"] = gpu.joules_per_output_token
+        row[p + "unreadable"] = gpu.unreadable
+    return row
+
+
+@dataclass
+class Timeline:
+    """One measurement's samples as series against seconds since its first sample."""
+
+    label: str
+    metrics_t: list[float] = field(default_factory=list)
+    running: list[float | None] = field(default_factory=list)
+    waiting: list[float | None] = field(default_factory=list)
+    kv_pct: list[float | None] = field(default_factory=list)
+    throughput: list[tuple[float, float]] = field(default_factory=list)
+    gpu_t: list[float] = field(default_factory=list)
+    gpu_util: list[float | None] = field(default_factory=list)
+    gpu_power: list[float | None] = field(default_factory=list)
+    failed_scrapes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def has_metrics(self) -> bool:
+        return any(v is not None for v in (*self.running, *self.waiting, *self.kv_pct))
+
+    @property
+    def has_gpu(self) -> bool:
+        return any(v is not None for v in (*self.gpu_util, *self.gpu_power))
+
+
+def _series(sample: Mapping[str, Any], key: str) -> dict[str, float]:
+    series = sample.get("series")
+    values = series.get(key) if isinstance(series, Mapping) else None
+    if not isinstance(values, Mapping):
+        return {}
+    out: dict[str, float] = {}
+    for k, raw in values.items():
+        value = _num(raw)
+        if value is not None and value >= 0:
+            out[str(k)] = value
+    return out
+
+
+def _gpu_rows(sample: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A GPU sample's per-GPU readings: its ``gpus`` list, or the sample itself (one GPU)."""
+    gpus = sample.get("gpus")
+    if isinstance(gpus, list):
+        return [g for g in gpus if isinstance(g, Mapping)]
+    return [sample]
+
+
+def timelines(files: Sequence[SampleFile]) -> list[Timeline]:
+    """One :class:`Timeline` per measured label, in the order the files were written; each
+    label's time starts at its earliest sample of any observer."""
+    by_label: dict[str, list[SampleFile]] = {}
+    for f in files:
+        by_label.setdefault(f.label, []).append(f)
+    out: list[Timeline] = []
+    for label, group in by_label.items():
+        line = Timeline(label)
+        times = [s["t"] for f in group for s in f.samples]
+        t0 = min(times) if times else 0.0
+        for f in group:
+            if f.problem is not None:
+                line.problems.append(f"{f.key}: {f.problem}")
+            if f.key == "server_metrics":
+                _add_metrics(line, f.samples, t0)
+            elif f.key == "gpu":
+                _add_gpu(line, f.samples, t0)
+        out.append(line)
+    return out
+
+
+#: The throughput line is the counter's increase over a trailing window of this share of the
+#: level (at least :data:`MIN_RATE_WINDOW_S`): engines count a request's tokens in steps
+#: (the sim when it finishes), so scrape-to-scrape increases are spikes, not a rate.
+RATE_WINDOW_SHARE = 0.1
+MIN_RATE_WINDOW_S = 1.0
+
+
+def trailing_rate(points: Sequence[tuple[float, float]],
+                  window_s: float) -> list[tuple[float, float]]:
+    """``(t, rate)`` of a counter's ``(t, value)`` points: at each point, its increase since
+    the earliest point at most ``window_s`` before it over the time between them. A value
+    lower than the one before is a restart: the points before it are not used past it."""
+    out: list[tuple[float, float]] = []
+    start = 0
+    for i, (t, value) in enumerate(points):
+        if i and value < points[i - 1][1]:
+            start = i
+        j = start
+        while j < i and points[j][0] < t - window_s:
+            j += 1
+        if j == i and j > start:
+            j -= 1
+        if j < i and t > points[j][0]:
+            out.append((t, (value - points[j][1]) / (t - points[j][0])))
+    return out
+
+
+def _add_metrics(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float) -> None:
+    counter: list[tuple[float, float]] = []
+    for s in samples:
+        if s.get("error") is not None:
+            line.failed_scrapes += 1
+            continue
+        t = float(s["t"]) - t0
+        line.metrics_t.append(t)
+        line.running.append(engine_total("running", _series(s, "running")))
+        line.waiting.append(engine_total("waiting", _series(s, "waiting")))
+        kv = engine_total("kv_usage", _series(s, "kv_usage"))
+        line.kv_pct.append(None if kv is None else 100 * kv)
+        generated = engine_total("generation_tokens", _series(s, "generation_tokens"))
+        if generated is not None:
+            counter.append((t, generated))
+    if counter:
+        span = counter[-1][0] - counter[0][0]
+        line.throughput = trailing_rate(counter, max(MIN_RATE_WINDOW_S,
+                                                     RATE_WINDOW_SHARE * span))
+
+
+def _add_gpu(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float) -> None:
+    for s in samples:
+        rows = _gpu_rows(s)
+        utils = [u for r in rows if (u := _num(r.get("utilization_pct"))) is not None]
+        powers = [w for r in rows if (w := _num(r.get("power_w"))) is not None]
+        line.gpu_t.append(float(s["t"]) - t0)
+        line.gpu_util.append(sum(utils) / len(utils) if utils else None)
+        line.gpu_power.append(sum(powers) if powers else None)
+
+
+def running_cap(document: Mapping[str, Any]) -> tuple[float, str] | None:
+    """The cap on the running batch from the configuration in effect recorded with the run
+    (``server_config.in_effect``, ``docs/bench.md``), with the key it came from; ``None`` when
+    the run has none (then no line is drawn: the client's concurrency is not the server's
+    cap)."""
+    config = document.get("server_config")
+    if not isinstance(config, Mapping):
+        return None
+    in_effect = config.get("in_effect")
+    if not isinstance(in_effect, Mapping):
+        return None
+    for key in CAP_KEYS:
+        value = _num(in_effect.get(key))
+        if value is not None and value > 0:
+            return value, key
+    return None
+
+
+@dataclass
+class BenchReport:
+    """A bench result and its observers' samples, as :func:`load_bench_report` read them.
+    ``samples_note``: why there are no samples (no folder, an unreadable index)."""
+
+    path: Path
+    result: BenchResult
+    document: dict[str, Any]
+    folder: Path
+    files: list[SampleFile] = field(default_factory=list)
+    samples_note: str | None = None
+
+    @property
+    def cap(self) -> tuple[float, str] | None:
+        return running_cap(self.document)
+
+    def timelines(self) -> list[Timeline]:
+        return timelines(self.files)
+
+
+def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
+    """Read a ``bench --json`` result (an :class:`InputError` naming the file when it is not
+    one) and the samples in ``observed`` (default: beside it, ``OUT.json.observed``)."""
+    from pydantic import ValidationError
+
+    from cleanslate.inputs import read_input
+
+    raw = read_input(path, kind="other", where="--bench")
+    try:
+        document = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InputError(f"{path} is not JSON", where="--bench",
+                         hint="give the file `cleanslate bench --json FILE` wrote") from None
+    if not isinstance(document, dict) or "levels" not in document:
+        raise InputError(f"{path} is not a bench result (it has no levels)", where="--bench",
+                         hint="give the file `cleanslate bench --json FILE` wrote")
+    known = {k: v for k, v in document.items() if k in BenchResult.model_fields}
+    try:
+        result = BenchResult.model_validate(known)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(p) for p in first.get("loc", ()))
+        raise InputError(f"{path} is not a bench result this cleanslate reads: {at}: "
+                         f"{first.get('msg', 'invalid')}", where="--bench") from None
+    folder = observed if observed is not None else observed_folder(path)
+    report = BenchReport(path, result, document, folder)
+    if not folder.exists():
+        report.samples_note = (f"no samples folder {folder.name}: the panels need the "
+                               "observers' samples (bench --json FILE writes them beside it)")
+        return report
+    try:
+        report.files = read_sample_files(folder)
+    except InputError as exc:
+        report.samples_note = f"samples not read: {exc.message}"
+    return report
+
+
+# -- exports -----------------------------------------------------------------------------------
+
+_LEVEL_HEAD = ("label", "completed", "failed", "duration", "request_throughput",
+               "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+               "p99_tpot_ms")
+
+
+def level_row(level: LevelResult) -> dict[str, object]:
+    """One level as a flat row: its headline figures, then :func:`observed_fields`."""
+    row: dict[str, object] = {
+        "label": level.label, "completed": level.completed, "failed": level.failed,
+        "duration": level.duration, "request_throughput": level.request_throughput,
+        "output_throughput": level.output_throughput,
+        "median_ttft_ms": level.ttft_ms.median, "p99_ttft_ms": level.ttft_ms.p99,
+        "median_tpot_ms": level.tpot_ms.median, "p99_tpot_ms": level.tpot_ms.p99}
+    row.update(observed_fields(level))
+    return row
+
+
+def bench_csv(report: BenchReport) -> str:
+    """One CSV row per level; the observer columns are the union over the levels."""
+    from cleanslate.report._export import csv_cell
+
+    rows = [level_row(lv) for lv in report.result.levels]
+    columns = list(_LEVEL_HEAD)
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
+    return out.getvalue()
+
+
+def bench_json(report: BenchReport) -> str:
+    """``{"bench", "url", "model", "cap", "levels": [flat rows], "samples": [files]}``."""
+    cap = report.cap
+    doc = {"bench": str(report.path), "url": safe_url(report.result.url),
+           "model": report.result.model,
+           "running_cap": {"value": cap[0], "key": cap[1]} if cap else None,
+           "levels": [level_row(lv) for lv in report.result.levels],
+           "samples": [{"label": f.label, "key": f.key, "file": f.file,
+                        "samples": len(f.samples), "problem": f.problem}
+                       for f in report.files],
+           "samples_note": report.samples_note}
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+# -- the panels --------------------------------------------------------------------------------
+
+def _say(ax: Axes, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes,
+            fontsize=10, color="#555555")
+
+
+def level_figure(line: Timeline, cap: tuple[float, str] | None,
+                 level: LevelResult | None = None) -> Figure:
+    """The four-part panel of one measured level (see the module docstring)."""
+    from cleanslate.report._plots import _figure
+
+    fig = _figure(PANEL_WIDTH, PANEL_HEIGHT)
+    axes = fig.subplots(4, 1, sharex=True)
+    title = line.label
+    if level is not None:
+        title += f": {level.output_throughput:,.0f} output tok/s over the level"
+    fig.suptitle(title, fontsize=12, x=0.01, ha="left")
+    ax = axes[0]
+    if line.throughput:
+        ax.plot([t for t, _ in line.throughput], [v for _, v in line.throughput],
+                color="#1f4e9a", lw=1.4)
+        ax.set_ylim(bottom=0)
+    else:
+        _say(ax, "no engine token counter in the samples")
+    ax.set_ylabel("output tok/s\n(engine)")
+    ax = axes[1]
+    if line.has_metrics:
+        ax.step(line.metrics_t, [math.nan if v is None else v for v in line.running],
+                where="post", color="#2e7d32", lw=1.4, label="running")
+        ax.step(line.metrics_t, [math.nan if v is None else v for v in line.waiting],
+                where="post", color="#c62828", lw=1.4, label="waiting")
+        if cap is not None:
+            ax.axhline(cap[0], color="#333333", ls="--", lw=1.0,
+                       label=f"cap {cap[0]:g} ({cap[1]}, in effect)")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper right", fontsize=8, frameon=False)
+    else:
+        _say(ax, "no engine metrics in the samples"
+             + (f" ({line.failed_scrapes} failed scrapes)" if line.failed_scrapes else ""))
+    ax.set_ylabel("requests")
+    ax = axes[2]
+    if any(v is not None for v in line.kv_pct):
+        ax.plot(line.metrics_t, [math.nan if v is None else v for v in line.kv_pct],
+                color="#6a1b9a", lw=1.4)
+        ax.set_ylim(0, 105)
+    else:
+        _say(ax, "no KV-cache usage in the samples")
+    ax.set_ylabel("KV cache %")
+    ax = axes[3]
+    if line.has_gpu:
+        ax.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_util],
+                color="#ef6c00", lw=1.4, label="utilization %")
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("GPU %")
+        power = ax.twinx()
+        power.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_power],
+                   color="#455a64", lw=1.2, ls="--", label="power W")
+        power.set_ylabel("W")
+        power.set_ylim(bottom=0)
+        ax.legend(handles=[*ax.get_lines(), *power.get_lines()], loc="lower right",
+                  fontsize=8, frameon=False)
+    else:
+        _say(ax, "no GPU telemetry in the samples")
+        ax.set_ylabel("GPU")
+    axes[3].set_xlabel("seconds since the level's first sample")
+    for a in axes:
+        a.grid(alpha=0.3)
+    if line.problems:
+        fig.supxlabel("; ".join(line.problems)[:200], x=0.01, ha="left", fontsize=8,
+                      color="#b71c1c")
+    return fig
+
+
+def level_plots(report: BenchReport) -> list[Plot]:
+    """One :class:`Plot` per measured level (at most :data:`MAX_PANELS`), named
+    ``level-<label>``."""
+    import matplotlib
+
+    from cleanslate.report._plots import Plot, _png, _slug
+
+    levels = {lv.label: lv for lv in report.result.levels}
+    cap = report.cap
+    out: list[Plot] = []
+    with matplotlib.rc_context({"text.parse_math": False}):
+        for line in report.timelines()[:MAX_PANELS]:
+            stem = _slug(line.label)
+            caption = ("Over the level: output tokens/s from the engine's generation counter "
+                       "(over a trailing 10 % of the level); "
+                       "running and waiting requests"
+                       + (f", the dashed line the cap in effect ({cap[1]} {cap[0]:g})"
+                          if cap else " (no cap recorded)")
+                       + "; KV-cache usage; GPU utilization and power.")
+            out.append(Plot(f"level-{stem}", f"Level {line.label}", caption,
+                            _png(level_figure(line, cap, levels.get(line.label)))))
+    return out
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_bench_html(report: BenchReport, *, plots: list[Plot] | None = None,
+                      generated_at: float | None = None) -> str:
+    """One self-contained page for a bench run: its levels with the observers' summaries,
+    what they could not read, and a panel per measured level (the same page rules as a
+    study's: inline CSS and PNGs, every text escaped)."""
+    from cleanslate.bench import observation_notes, observed_cells
+    from cleanslate.report._html import _CSS, _e, _plots_html, _table, _when
+
+    plots = level_plots(report) if plots is None else plots
+    r = report.result
+    now = generated_at if generated_at is not None else _dt.datetime.now(_dt.UTC).timestamp()
+    headers = ["level", "ok", "err", "out tok/s", "TTFT ms p50/p99", "TPOT ms p50/p99",
+               "running mean/max", "waiting mean/max", "KV % mean/max", "GPU % / W"]
+    rows = [[_e(lv.label), str(lv.completed), str(lv.failed),
+             f"{lv.output_throughput:,.0f}",
+             f"{_fmt(lv.ttft_ms.median, '.1f')}/{_fmt(lv.ttft_ms.p99, '.1f')}",
+             f"{_fmt(lv.tpot_ms.median, '.1f')}/{_fmt(lv.tpot_ms.p99, '.1f')}",
+             *(_e(c) for c in observed_cells(lv))] for lv in r.levels]
+    cap = report.cap
+    notes = observation_notes(r)
+    if report.samples_note:
+        notes.append(report.samples_note)
+    notes += [f"{f.label} ({f.key}): {f.problem}" for f in report.files if f.problem]
+    shown = len(plots)
+    measured = len(report.timelines())
+    if measured > shown:
+        notes.append(f"{measured - shown} more measured levels not drawn (at most "
+                     f"{MAX_PANELS} panels)")
+    meta = (f'<p class="meta"><b>{_e(r.model)}</b> at <code>{_e(safe_url(r.url))}</code> '
+            f"({_e(r.endpoint)}), {_e(r.started_at)} to {_e(r.finished_at)}, cleanslate "
+            f"{_e(r.version)}; running cap in effect: "
+            + (f"<b>{cap[0]:g}</b> ({_e(cap[1])})" if cap else "not recorded") + "</p>")
+    body = (f"<h1>cleanslate bench report: {_e(report.path.name)}</h1>{meta}"
+            f"<h2>Levels</h2>"
+            + _table(headers, rows, numeric=set(range(1, len(headers))))
+            + "".join(f'<p class="meta">{_e(n)}</p>' for n in notes)
+            + "<h2>Over each level</h2>" + (_plots_html(plots) or
+                                            '<p class="meta">no panels: no samples</p>'))
+    footer = (f"<footer>Generated by cleanslate {_e(__version__)} on {_e(_when(now))}. "
+              f"Reproduce: <code>cleanslate report --bench {_e(report.path.name)} --html "
+              "FILE</code></footer>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<link rel="icon" href="data:,">'
+            f"<title>cleanslate bench report: {_e(report.path.name)}</title>"
+            f"<style>{_CSS}</style></head><body>{body}{footer}</body></html>\n")
+
+
+__all__ = [
+    "BenchReport",
+    "Timeline",
+    "bench_csv",
+    "bench_json",
+    "level_figure",
+    "level_plots",
+    "level_row",
+    "load_bench_report",
+    "observed_fields",
+    "render_bench_html",
+    "running_cap",
+    "timelines",
+]
