@@ -84,7 +84,7 @@ def printable(text: str, limit: int = VALUE_CHARS) -> str:
 
 
 def _reason(text: str) -> str:
-    return printable(text, REASON_CHARS) or "unreadable"
+    return printable(redact_text(text), REASON_CHARS) or "unreadable"
 
 
 class ConfigDifference(Frozen):
@@ -379,7 +379,9 @@ def parse_vllm_log(text: str) -> _Collected:
     """Settings from a vLLM log: the last ``non-default args: {...}`` line (as vLLM parsed the
     command line; read with :func:`ast.literal_eval`, never evaluated) and the last ``with
     config: ...`` line's top-level ``key=value`` pairs whose value is a plain word (its nested
-    configs are left out). Lines longer than :data:`MAX_LINE_CHARS` are skipped."""
+    configs are left out; ``torch.bfloat16`` read as ``bfloat16``), which win over the
+    arguments (they are what the engine resolved). Lines longer than :data:`MAX_LINE_CHARS`
+    are skipped."""
     got = _Collected()
     args_line = config_line = None
     version = None
@@ -437,6 +439,8 @@ def _config_pairs(line: str) -> Iterable[tuple[str, Scalar]]:
             yield key, raw[1:-1]
         elif raw in ("None", "True", "False"):
             yield key, {"None": None, "True": True, "False": False}[raw]
+        elif raw.startswith("torch."):  # dtype=torch.bfloat16 is the flag's bfloat16
+            yield key, raw.removeprefix("torch.")
         else:
             yield key, _number(raw)
 
@@ -673,6 +677,8 @@ async def read_server_config(
                 got, why = await _read_llamacpp(session, base)
             else:
                 got, why = await _read_vllm(session, base, log_text)
+            if got is not None and not got.values:
+                got, why = None, f"no setting readable in what {name} answered"
             if got is not None:
                 found = name
                 break

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import typer
 from pydantic import BaseModel, ConfigDict, field_serializer
 
-from cleanslate.bench import WorkloadSpec
+from cleanslate.bench import ServerConfig, WorkloadSpec
 from cleanslate.doctor.snapshot import HostSnapshot
 from cleanslate.engines import FlagValue, SmokeResult
 from cleanslate.store import RunRecord, RunStatus, TrialRecord
@@ -69,6 +69,7 @@ class ServeStarted(Document):
     smoke: SmokeResult | None
     flag_validation: str
     host_snapshot: HostSnapshot | None = None
+    server_config: ServerConfig | None = None
 
     @classmethod
     def of(cls, run: RunRecord, outcome: StartOutcome) -> ServeStarted:
@@ -79,7 +80,7 @@ class ServeStarted(Document):
             cgroup_note=outcome.cgroup_note, boot_id=run.boot_id, machine_id=run.machine_id,
             verdict_before=run.verdict_before, phases=outcome.phases, smoke=outcome.smoke,
             flag_validation=outcome.validation_note or "checked",
-            host_snapshot=outcome.host_snapshot,
+            host_snapshot=outcome.host_snapshot, server_config=run.server_config,
         )
 
 

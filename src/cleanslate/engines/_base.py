@@ -13,6 +13,8 @@ An adapter knows, for one inference server:
   helper process names);
 - how to read its log after a failure (:meth:`classify_log`);
 - how to list its flags (:meth:`help_argv`) so they can be validated before any GPU time is spent;
+- how to read the configuration it actually runs with (:meth:`read_config`: where it says so,
+  :attr:`config_flavour`, and how its flags are named there);
 - what its runs need besides the argv: the environment (:meth:`prepare_env`), the interpreter on
   another host (:attr:`local_python`), the GPU backend that sees its memory
   (:attr:`gpu_backend`), and whether it starts from the user's argv template
@@ -37,13 +39,18 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from cleanslate._types import Registry
-from cleanslate.bench import MetricMap
+from cleanslate.bench import MetricMap, ServerConfig, read_server_config, requested_flags
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
 from cleanslate.engines._flags import Flags, flag_args, option_name
 from cleanslate.errors import InputError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from cleanslate.bench import ConfigFlavour
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,20 @@ class EngineAdapter:
     #: names the endpoint serves (:func:`metric_maps`); a map whose ``path`` is ``None``: the
     #: engine has no endpoint
     metric_map: ClassVar[MetricMap | None] = None
+    #: where the engine says which configuration is in effect (``cleanslate.bench``'s
+    #: :func:`~cleanslate.bench.read_server_config`): ``sglang`` (``/server_info``), ``vllm``
+    #: (``/metrics``' cache config, ``/v1/models``, its log), ``llamacpp`` (``/props``),
+    #: ``none`` (no such endpoint: :attr:`config_note` is said once), or ``None``: found from
+    #: what answers
+    config_flavour: ClassVar[ConfigFlavour | None] = None
+    config_note: ClassVar[str | None] = None
+    #: flag keys (without dashes, ``-`` as ``_``) whose setting the engine reports under
+    #: another name, beyond the flavour's own (llama.cpp's ``np`` is ``total_slots``)
+    config_aliases: ClassVar[Mapping[str, str]] = {}
+    #: flag keys that are not settings the engine reports (the sim's ``fault``)
+    config_ignore: ClassVar[tuple[str, ...]] = ()
+    #: whether :meth:`read_config` wants the head of the server's log (vLLM's arguments)
+    config_from_log: ClassVar[bool] = False
 
     @property
     def metrics_path(self) -> str | None:
@@ -288,6 +309,22 @@ class EngineAdapter:
     def help_argv(self) -> list[str] | None:
         """The command that prints the engine's options, or ``None`` when there is none."""
         return [*self.launch_prefix, "--help"]
+
+    # -- the configuration in effect -----------------------------------------------------------
+
+    async def read_config(self, session: aiohttp.ClientSession | None, base_url: str, *,
+                          flags: Flags | None = None,
+                          log_text: str | None = None) -> ServerConfig:
+        """What the server at ``base_url`` says it runs with, against ``flags`` (the flags it
+        was launched with, spelled as on its command line in ``requested``). ``log_text``:
+        the head of its log, for an engine that says its arguments there
+        (:attr:`config_from_log`). ``session``: the caller's pool (``None``: one of its own).
+        Never raises except on cancellation: what cannot be read is ``unreadable``."""
+        return await read_server_config(
+            session, base_url, flavour=self.config_flavour, engine=self.name,
+            requested=requested_flags(flags, self.option_name), log_text=log_text,
+            abbrev=self.allows_abbrev, aliases=self.config_aliases,
+            ignore=self.config_ignore, note=self.config_note)
 
     # -- environment ------------------------------------------------------------------------------
 

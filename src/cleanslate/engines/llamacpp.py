@@ -56,6 +56,8 @@ class LlamaCppEngine(EngineAdapter):
     reserved_flags = ("--port", "--host", "-m", "--model")
     short_options = SHORT_OPTIONS
     metric_map = METRICS
+    # /props: total_slots (-np) and one slot's context
+    config_flavour = "llamacpp"
     leftovers = Leftovers(process_names=("llama-server",), notes="a single process")
     signature = ProcessSignature.compile(
         "llamacpp",

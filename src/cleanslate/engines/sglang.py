@@ -114,6 +114,8 @@ class SGLangEngine(EngineAdapter):
     default_port = 30000
     default_model_flag = "--model-path"
     metric_map = METRICS
+    # /server_info: the arguments, and the request cap in effect when it chose one itself
+    config_flavour = "sglang"
     reserved_flags = ("--port", "--host", "--model-path", "--model")
     allows_abbrev = True
     flag_changes = FLAG_CHANGES

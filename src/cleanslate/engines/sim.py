@@ -53,6 +53,9 @@ class SimEngine(EngineAdapter):
     simulated = True
     # It serves SGLang's names (issue 36 item 5), when launched with --enable-metrics.
     metric_map = SGLANG_METRICS
+    # and SGLang's /server_info, from its model's state; faults are not settings
+    config_flavour = "sglang"
+    config_ignore = ("fault",)
 
     def implied_args(self, flags: Flags | None) -> list[str]:
         """``--enable-metrics`` unless the flags name it (``enable-metrics: false``: no

@@ -30,6 +30,8 @@ class TransformersEngine(EngineAdapter):
     accepts_ignore_eos = False
     # It serves no Prometheus endpoint: the observation says "no engine metrics" once.
     metric_map = no_metrics("transformers", "transformers serve has no metrics endpoint")
+    config_flavour = "none"
+    config_note = "transformers serve does not say its configuration"
 
     def default_launch(self) -> tuple[str, ...]:
         return ("transformers", "serve")

@@ -33,6 +33,9 @@ class TRTLLMEngine(EngineAdapter):
     description = "TensorRT-LLM `trtllm-serve`"
     default_port = 8000
     metric_map = METRICS
+    # its server answers no /server_info or /props that cleanslate reads
+    config_flavour = "none"
+    config_note = "TensorRT-LLM's server does not say its configuration"
     leftovers = Leftovers(
         shm_globs=("nccl-*", "vader*", "psm_*", "sem.mp-*", "trtllm*"),
         process_names=("trtllm-serve", "trtllm-llmapi-launch", "orted", "mpi4py"),

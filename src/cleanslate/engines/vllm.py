@@ -48,6 +48,9 @@ class VLLMEngine(EngineAdapter):
     default_port = 8000
     reserved_flags = ("--port", "--host", "--model")
     metric_map = METRICS
+    # vllm:cache_config_info on /metrics, /v1/models, and its log's "non-default args" line
+    config_flavour = "vllm"
+    config_from_log = True
     leftovers = Leftovers(
         # The multimodal processor cache in shm mode (VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME) and
         # the CPU backend's collectives (<ident>-<group>-[<ranks>]-cpushm_<rank>).

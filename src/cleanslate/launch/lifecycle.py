@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cleanslate.bench import ServerConfig
 from cleanslate.doctor.snapshot import HostSnapshot, snapshot_host
 from cleanslate.engines import (
     EngineAdapter,
@@ -47,7 +48,14 @@ from cleanslate.launch.launcher import (
     register_secrets,
     scrubber_for,
 )
-from cleanslate.launch.ready import classify_run_log, log_tail, run_file, run_state, wait_ready
+from cleanslate.launch.ready import (
+    classify_run_log,
+    log_tail,
+    read_run_file,
+    run_file,
+    run_state,
+    wait_ready,
+)
 from cleanslate.probe.gpu.base import GpuBackend, backend_names, get_backend, resolve_backend
 from cleanslate.probe.snapshot import Snapshot
 from cleanslate.redact import redact_argv
@@ -362,6 +370,11 @@ async def _ready_and_smoke(executor: Executor, store: Store, adapter: EngineAdap
                            exclusions)
     run = run.model_copy(update={"status": "ready", "ready_at": time.time()})
     store.save_run(run)
+    t0 = time.monotonic()
+    run = run.model_copy(update={"server_config": await read_run_config(
+        executor, adapter, run, config.flags, base_url)})
+    phases["config_s"] = round(time.monotonic() - t0, 3)
+    store.save_run(run)
 
     smoke = None
     if config.smoke:
@@ -386,6 +399,27 @@ async def _ready_and_smoke(executor: Executor, store: Store, adapter: EngineAdap
     run = run.model_copy(update={"phases": phases})
     store.save_run(run)
     return StartOutcome(run=run, ok=True, smoke=smoke, validation_note=note, phases=phases)
+
+
+#: Bytes of the head of a run's log read for the engine's arguments (vLLM says them in its first
+#: lines; its whole start-up log on CPU was 14 KB).
+CONFIG_LOG_BYTES = 256 * 1024
+
+
+async def read_run_config(executor: Executor, adapter: EngineAdapter, run: RunRecord,
+                          flags: Mapping[str, Any] | None, base_url: str) -> ServerConfig:
+    """The configuration the run's engine says it runs with (:meth:`EngineAdapter.read_config`)
+    against the run's ``flags``, through ``base_url`` (the executor's forward for a remote
+    run); for an engine that says its arguments in its log, the head of the run's own log,
+    scrubbed of the run's secrets. Never raises except on cancellation."""
+    log_text = None
+    if adapter.config_from_log:
+        try:
+            head = await read_run_file(executor, run, "server.log", max_bytes=CONFIG_LOG_BYTES)
+        except OSError:
+            head = b""
+        log_text = scrubber_for(run.id)(head.decode(errors="replace")) or None
+    return await adapter.read_config(None, base_url, flags=flags, log_text=log_text)
 
 
 async def _abandon_launch(executor: Executor, run_id: str, gpu_backend: str,
