@@ -151,7 +151,7 @@ def _read_lines(path: Path) -> tuple[tuple[dict[str, Any], ...], str | None]:
     try:
         raw = read_input(path, kind="other")
     except InputError as exc:
-        return (), exc.message
+        return (), f"{path.name}: {exc.message}"
     samples: list[dict[str, Any]] = []
     for number, line in enumerate(raw.splitlines(), 1):
         if not line.strip():

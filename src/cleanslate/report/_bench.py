@@ -146,12 +146,27 @@ def _series(sample: Mapping[str, Any], key: str) -> dict[str, float]:
     return out
 
 
+#: A GPU reading's names in the samples file: the GPU observer's short ones first
+#: (``bench._gpu``: ``util``, ``pw``), then the summary's.
+_UTIL_NAMES = ("util", "utilization_pct")
+_POWER_NAMES = ("pw", "power_w")
+
+
 def _gpu_rows(sample: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """A GPU sample's per-GPU readings: its ``gpus`` list, or the sample itself (one GPU)."""
+    """A GPU sample's per-GPU readings: its ``gpus`` list, or the sample itself (the GPU
+    observer writes one line per GPU and reading, ``{"gpu": index, "t": ..., ...}``)."""
     gpus = sample.get("gpus")
     if isinstance(gpus, list):
         return [g for g in gpus if isinstance(g, Mapping)]
     return [sample]
+
+
+def _reading(row: Mapping[str, Any], names: Sequence[str]) -> float | None:
+    for name in names:
+        value = _num(row.get(name))
+        if value is not None:
+            return value
+    return None
 
 
 def timelines(files: Sequence[SampleFile]) -> list[Timeline]:
@@ -225,11 +240,21 @@ def _add_metrics(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float
 
 
 def _add_gpu(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float) -> None:
+    """GPU readings taken at one time (one line per GPU, the same ``t``) become one point:
+    the mean utilization and the summed power of the GPUs that gave them."""
+    ticks: dict[float, tuple[list[float], list[float]]] = {}
     for s in samples:
-        rows = _gpu_rows(s)
-        utils = [u for r in rows if (u := _num(r.get("utilization_pct"))) is not None]
-        powers = [w for r in rows if (w := _num(r.get("power_w"))) is not None]
-        line.gpu_t.append(float(s["t"]) - t0)
+        utils, powers = ticks.setdefault(float(s["t"]), ([], []))
+        for row in _gpu_rows(s):
+            if row.get("err") is not None:
+                continue
+            util, power = _reading(row, _UTIL_NAMES), _reading(row, _POWER_NAMES)
+            if util is not None:
+                utils.append(util)
+            if power is not None:
+                powers.append(power)
+    for t, (utils, powers) in sorted(ticks.items()):
+        line.gpu_t.append(t - t0)
         line.gpu_util.append(sum(utils) / len(utils) if utils else None)
         line.gpu_power.append(sum(powers) if powers else None)
 
