@@ -51,7 +51,7 @@ def sims(tmp_path: Path) -> Iterator[SimServers]:
 
 
 def kinds(config: ServerConfig) -> dict[str, str]:
-    return {d.key: d.kind for d in config.differences}
+    return {d.setting: d.kind for d in config.differences}
 
 
 # -- the sim, launched with and without the cap ---------------------------------------------------
@@ -84,13 +84,21 @@ def test_the_sims_cap_asked_is_the_cap_in_effect(sims: SimServers) -> None:
 
 def test_the_sim_says_the_cap_it_chose_when_none_was_asked(sims: SimServers) -> None:
     free = sims.start()
-    chosen = asyncio.run(get_engine("sim").read_config(None, free.url, flags={"tp-size": 1}))
+
+    async def read() -> tuple[ServerConfig, ServerConfig]:
+        return (await get_engine("sim").read_config(None, free.url, flags={"tp-size": 1}),
+                await read_server_config(None, free.url))
+
+    chosen, bare = asyncio.run(read())
     # not asked: the sim chose (half its KV tokens, at most its pool of 256)
     assert chosen.in_effect["max_running_requests"] == 256
     assert chosen.sources["tp_size"] == "GET /server_info"
     assert kinds(chosen) == {"max_running_requests": "engine_chose",
                              "max_total_num_tokens": "engine_chose"}
     assert "max_running_requests: not asked for; the engine chose 256" in chosen.lines()
+    # a bare URL: nothing known of what was asked, but the engine says it chose (null asked)
+    assert not bare.requested_known and bare.requested == {}
+    assert kinds(bare) == kinds(chosen)
 
 
 def test_a_bench_reads_the_config_once_from_a_bare_url(sims: SimServers) -> None:
@@ -101,8 +109,10 @@ def test_a_bench_reads_the_config_once_from_a_bare_url(sims: SimServers) -> None
     result = asyncio.run(run_benchmark(config))
     found = result.server_config
     assert found is not None and found.flavour == "sglang" and found.engine == "sim"
-    assert found.requested == {} and found.in_effect["max_running_requests"] == 4
-    assert kinds(found)["max_running_requests"] == "engine_chose"  # nothing was asked
+    assert found.requested == {} and not found.requested_known
+    assert found.in_effect["max_running_requests"] == 4
+    # the cap was given on its command line (its argument is 4, not null): not its choice
+    assert kinds(found) == {"max_total_num_tokens": "engine_chose"}
     quiet = config.model_copy(update={"observe": ObserveOptions(enabled=False)})
     assert asyncio.run(run_benchmark(quiet)).server_config is None
 
@@ -166,7 +176,8 @@ def test_vllm_read_through_a_server_answering_the_real_captures() -> None:
     assert found == {"max_num_seqs": "not_reported", "num_gpu_blocks": "engine_chose"}
     assert "--max-num-seqs 2 asked; the engine does not report max_num_seqs" in own.lines()
     assert bare.flavour == "vllm" and bare.requested == {}
-    assert kinds(bare) == {"max_model_len": "engine_chose", "num_gpu_blocks": "engine_chose"}
+    # a bare URL without the log: whether --max-model-len was given is not known
+    assert kinds(bare) == {"num_gpu_blocks": "engine_chose"}
 
 
 # -- llama.cpp: /props of build 11434 ----------------------------------------------------------

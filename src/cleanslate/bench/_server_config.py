@@ -90,13 +90,14 @@ def _reason(text: str) -> str:
 class ConfigDifference(Frozen):
     """One way the configuration in effect is not what was asked (see the module docstring).
 
-    ``key``: the engine's name for the setting (``max_running_requests``); ``flag``: the option
+    ``setting``: the engine's name for it (``max_running_requests``; not ``key``, a name the
+    store's redaction masks); ``flag``: the option
     as asked (``--max-running-requests``), ``None`` for ``engine_chose``; ``asked`` and
     ``in_effect``: the two values (``None`` where there is none); ``source``: where the value
     in effect was read."""
 
     kind: DifferenceKind
-    key: str
+    setting: str
     flag: str | None = None
     asked: Scalar = None
     in_effect: Scalar = None
@@ -105,11 +106,11 @@ class ConfigDifference(Frozen):
     def describe(self) -> str:
         """One line for people: ``--max-num-seqs 2 asked, 256 in effect``."""
         if self.kind == "engine_chose":
-            return f"{self.key}: not asked for; the engine chose {_show(self.in_effect)}"
-        asked = f"{self.flag or self.key} {_show(self.asked)}"
+            return f"{self.setting}: not asked for; the engine chose {_show(self.in_effect)}"
+        asked = f"{self.flag or self.setting} {_show(self.asked)}"
         if self.kind == "not_reported":
-            return f"{asked} asked; the engine does not report {self.key}"
-        return f"{asked} asked, {_show(self.in_effect)} in effect ({self.key})"
+            return f"{asked} asked; the engine does not report {self.setting}"
+        return f"{asked} asked, {_show(self.in_effect)} in effect ({self.setting})"
 
 
 def _show(value: Scalar) -> str:
@@ -125,9 +126,11 @@ def _show(value: Scalar) -> str:
 class ServerConfig(Frozen):
     """What a server was asked to run with and what it says it runs with.
 
-    ``requested``: the flags as given to the engine (``{"--max-running-requests": 64}``;
-    empty for a bare URL). ``in_effect``: the engine's settings under its own names
-    (``max_running_requests``), scalars only; ``sources[key]`` says where each was read
+    ``requested``: the flags as given to the engine (``{"--max-running-requests": 64}``);
+    ``requested_known``: whether they are known (a launch), not a bare URL's (then
+    ``requested`` is empty and a limit is said chosen only where the engine says so).
+    ``in_effect``: the engine's settings under its own names (``max_running_requests``),
+    scalars only; ``sources[key]`` says where each was read
     (``GET /server_info``, ``vllm:cache_config_info``, ``log: non-default args``).
     ``differences``: see :class:`ConfigDifference`. ``unreadable``: why nothing could be read
     (``None`` when something was); ``note``: said once and not a failure (an engine without a
@@ -138,6 +141,7 @@ class ServerConfig(Frozen):
     engine: str | None = None
     flavour: Flavour | None = None
     requested: dict[str, Scalar] = Field(default_factory=dict)
+    requested_known: bool = False
     in_effect: dict[str, Scalar] = Field(default_factory=dict)
     sources: dict[str, str] = Field(default_factory=dict)
     differences: tuple[ConfigDifference, ...] = ()
@@ -223,19 +227,24 @@ def _same(asked: Scalar, effect: Scalar) -> bool:
     return math.isclose(a_num, e_num, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def compare(requested: Mapping[str, Scalar], in_effect: Mapping[str, Scalar],
+def compare(requested: Mapping[str, Scalar] | None, in_effect: Mapping[str, Scalar],
             sources: Mapping[str, str], *, aliases: Mapping[str, str] | None = None,
-            chosen: Sequence[str] = (), abbrev: bool = False,
+            limits: Sequence[str] = (), said_chosen: Iterable[str] = (), abbrev: bool = False,
             ignore: Iterable[str] = ()) -> tuple[ConfigDifference, ...]:
     """The differences between ``requested`` (flags as asked) and ``in_effect``.
 
     A flag's key is :func:`flag_key` of it, then ``aliases`` (the engine's own name for it:
     llama.cpp's ``np`` is ``total_slots``); with ``abbrev`` a unique prefix of an in-effect
-    key counts (SGLang takes ``--tp`` for ``--tp-size``). ``chosen``: limits the engine
-    chooses when not asked; each present in ``in_effect`` and not asked for is an
-    ``engine_chose``. ``ignore``: flag keys that are not settings (``fault``, ``enable_metrics``
-    of a reader that cannot see them)."""
+    key counts (SGLang takes ``--tp`` for ``--tp-size``). ``limits``: the settings the engine
+    chooses when not asked; one in ``in_effect`` and not asked for is an ``engine_chose``
+    when the engine says it chose it (``said_chosen``: SGLang's ``max_running_requests``
+    argument ``null``) or when ``requested`` is known (a launch: what was not passed was
+    not asked). ``requested`` ``None``: not known (a bare URL): only what the engine says it
+    chose is reported. ``ignore``: flag keys that are not settings (the sim's ``fault``)."""
     aliases = aliases or {}
+    said = set(said_chosen)
+    known = requested is not None
+    requested = requested or {}
     skip = set(ignore)
     out: list[ConfigDifference] = []
     asked_keys: set[str] = set()
@@ -250,14 +259,16 @@ def compare(requested: Mapping[str, Scalar], in_effect: Mapping[str, Scalar],
                 key = found[0]
         asked_keys.add(key)
         if key not in in_effect:
-            out.append(ConfigDifference(kind="not_reported", key=key, flag=flag, asked=asked))
+            out.append(ConfigDifference(kind="not_reported", setting=key, flag=flag,
+                                        asked=asked))
         elif not _same(asked, in_effect[key]):
-            out.append(ConfigDifference(kind="differs", key=key, flag=flag, asked=asked,
+            out.append(ConfigDifference(kind="differs", setting=key, flag=flag, asked=asked,
                                         in_effect=in_effect[key], source=sources.get(key)))
-    for key in chosen:
-        if key not in asked_keys and in_effect.get(key) is not None:
-            out.append(ConfigDifference(kind="engine_chose", key=key, in_effect=in_effect[key],
-                                        source=sources.get(key)))
+    for key in limits:
+        if key in asked_keys or in_effect.get(key) is None or not (known or key in said):
+            continue
+        out.append(ConfigDifference(kind="engine_chose", setting=key, in_effect=in_effect[key],
+                                    source=sources.get(key)))
     return tuple(out)
 
 
@@ -269,6 +280,8 @@ class _Collected:
         self.sources: dict[str, str] = {}
         self.dropped = 0
         self.note: str | None = None
+        #: limits the engine says it chose itself (not given on its command line)
+        self.said_chosen: set[str] = set()
 
     def put(self, key: Any, value: Any, source: str, *, override: bool = True) -> None:
         if not isinstance(key, str) or not _KEY.match(key):
@@ -356,9 +369,13 @@ def parse_server_info(doc: Mapping[str, Any], source: str) -> _Collected:
         if isinstance(cap, int) and not isinstance(cap, bool):
             got.put("max_running_requests", cap,
                     f"{source} internal_states[0].effective_max_running_requests_per_dp")
-        for key in ("last_gen_throughput",):
-            if key in state:
-                got.put(key, state[key], f"{source} internal_states[0]")
+            if "max_running_requests" in doc and doc["max_running_requests"] is None:
+                got.said_chosen.add("max_running_requests")
+        if "last_gen_throughput" in state:
+            got.put("last_gen_throughput", state["last_gen_throughput"],
+                    f"{source} internal_states[0]")
+    if "max_total_tokens" in doc and doc["max_total_tokens"] is None:
+        got.said_chosen.add("max_total_num_tokens")
     # a None argument that nothing resolved says nothing about what is in effect
     for key in [k for k, v in got.values.items() if v is None]:
         del got.values[key]
@@ -408,6 +425,8 @@ def parse_vllm_log(text: str) -> _Collected:
         if isinstance(args, dict):
             for key, value in args.items():
                 got.put(key, value, "log: non-default args", override=False)
+            if "max_model_len" not in args:  # not given: vLLM took it from the model
+                got.said_chosen.add("max_model_len")
     return got
 
 
@@ -473,6 +492,8 @@ def parse_cache_config(metrics_text: str) -> _Collected:
                     if isinstance(value, str):
                         value = _number(value)
                     got.put(key, value, "vllm:cache_config_info")
+                if sample.labels.get("num_gpu_blocks_override") == "None":
+                    got.said_chosen.add("num_gpu_blocks")  # sized from the memory left
             break
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         got.dropped += 1
@@ -600,6 +621,7 @@ async def _read_vllm(session: aiohttp.ClientSession, base: str, log_text: str | 
         for key, value in cache.values.items():
             got.values[key] = value
             got.sources[key] = cache.sources[key]
+        got.said_chosen |= cache.said_chosen
     doc, models_why = await _json_at(session, base + "/v1/models")
     if doc is not None:
         models = parse_models(doc)
@@ -655,9 +677,10 @@ async def read_server_config(
     import aiohttp
 
     base = base_url.rstrip("/")
-    asked = dict(requested or {})
+    known: dict[str, Any] = {"url": base, "requested": dict(requested or {}),
+                             "requested_known": requested is not None}
     if flavour == "none":
-        return ServerConfig(url=base, engine=engine, flavour="none", requested=asked,
+        return ServerConfig(**known, engine=engine, flavour="none",
                             note=note or "the engine has no configuration endpoint")
     if session is None:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S * 4)
@@ -665,10 +688,10 @@ async def read_server_config(
             return await read_server_config(
                 own, base_url, flavour=flavour, engine=engine, requested=requested,
                 log_text=log_text, abbrev=abbrev, aliases=aliases, ignore=ignore, note=note)
-    order: Sequence[str] = (flavour,) if flavour else ("sglang", "llamacpp", "vllm")
+    order: Sequence[Flavour] = (flavour,) if flavour else ("sglang", "llamacpp", "vllm")
     reasons: list[str] = []
     got: _Collected | None = None
-    found: str | None = None
+    found: Flavour | None = None
     try:
         for name in order:
             if name == "sglang":
@@ -685,21 +708,20 @@ async def read_server_config(
             reasons.append(f"{name}: {why}")
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError) as exc:
         # a parser met a shape no test thought of: still an answer, never a traceback
-        return ServerConfig(url=base, engine=engine, flavour=flavour, requested=asked,
+        return ServerConfig(**known, engine=engine, flavour=flavour,
                             unreadable=_reason(f"{type(exc).__name__}: {exc}"))
     if got is None or found is None:
-        return ServerConfig(url=base, engine=engine, flavour=flavour, requested=asked,
+        return ServerConfig(**known, engine=engine, flavour=flavour,
                             unreadable=_reason("; ".join(reasons) or "nothing answered"))
     if engine is None and found == "sglang" and (
             str(got.values.get("version", "")).endswith("+sim")):
         engine = "sim"
-    own_aliases, chosen = _RULES[found]
-    differences = compare(asked, got.values, got.sources,
-                          aliases={**own_aliases, **(aliases or {})}, chosen=chosen,
-                          abbrev=abbrev, ignore=ignore)
-    return ServerConfig(url=base, engine=engine, flavour=found,  # type: ignore[arg-type]
-                        requested=asked, in_effect=got.values, sources=got.sources,
-                        differences=differences, note=got.note)
+    own_aliases, limits = _RULES[found]
+    differences = compare(requested, got.values, got.sources,
+                          aliases={**own_aliases, **(aliases or {})}, limits=limits,
+                          said_chosen=got.said_chosen, abbrev=abbrev, ignore=ignore)
+    return ServerConfig(**known, engine=engine, flavour=found, in_effect=got.values,
+                        sources=got.sources, differences=differences, note=got.note)
 
 
 __all__ = [
