@@ -37,6 +37,7 @@ from cleanslate.report import (
 from cleanslate.report._bench import level_row, timelines, trailing_rate
 from tests.bench.conftest import fake_server
 from tests.conftest import run_cli
+from tests.report.conftest import StudyStore
 from tests.sim._client import MODEL
 from tests.sim.conftest import SimServers
 
@@ -169,3 +170,28 @@ def test_a_panel_per_level_from_a_real_sim_bench(sims: SimServers, tmp_path: Pat
     assert html.count("data:image/png;base64,") == 2 and "running mean/max" in html
     doc = json.loads(export.read_text())
     assert [lv["server_metrics.running_max"] for lv in doc["levels"]] == [2, 4]
+
+
+def test_the_study_csv_carries_the_best_levels_observer_summaries(
+        recorded_store: StudyStore) -> None:
+    import dataclasses
+
+    from cleanslate.report import load_report, to_csv
+    from cleanslate.store import Store
+
+    report = load_report(Store(recorded_store.url), "quickstart")
+    plain = list(csv.DictReader(io.StringIO(to_csv([report]))))
+    assert not any(k.startswith(("server_metrics.", "gpu0.")) for k in plain[0])
+    best = report.best
+    assert best is not None and best.record.best_level is not None
+    levels = tuple(lv.model_copy(update={"server_metrics": METRICS, "gpu": GPUS})
+                   if lv.label == best.record.best_level else lv for lv in best.record.levels)
+    seen = dataclasses.replace(best, record=best.record.model_copy(update={"levels": levels}))
+    trials = tuple(seen if t.number == best.number else t for t in report.trials)
+    rows = list(csv.DictReader(io.StringIO(to_csv([dataclasses.replace(report,
+                                                                        trials=trials)]))))
+    row = next(r for r in rows if int(r["number"]) == best.number)
+    assert row["server_metrics.running_max"] == "64.0" and row["gpu1.power_w_mean"] == "710.0"
+    assert list(row)[-4:] == ["verdict_before", "verdict_after", "run_id", "launch_command"]
+    other = next(r for r in rows if int(r["number"]) != best.number)
+    assert other["server_metrics.running_max"] == ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from cleanslate.report._bench import (
     BenchReport,
     Timeline,
-    bench_csv,
     bench_json,
     level_figure,
     level_plots,
@@ -44,7 +43,7 @@ from cleanslate.report._data import (
     safe_url,
     shared_configs,
 )
-from cleanslate.report._export import study_document, to_csv, to_json
+from cleanslate.report._export import bench_csv, study_document, to_csv, to_json
 from cleanslate.report._html import render_html
 from cleanslate.report._plots import HEIGHT, WIDTH, Plot, render_plots, write_pngs
 from cleanslate.report._stats import Difference, Standing, difference, standing, welch

@@ -24,9 +24,7 @@ A panel part without samples says so in words instead of an empty axis.
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -336,7 +334,7 @@ def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
 
 # -- exports -----------------------------------------------------------------------------------
 
-_LEVEL_HEAD = ("label", "completed", "failed", "duration", "request_throughput",
+LEVEL_HEAD = ("label", "completed", "failed", "duration", "request_throughput",
                "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
                "p99_tpot_ms")
 
@@ -351,22 +349,6 @@ def level_row(level: LevelResult) -> dict[str, object]:
         "median_tpot_ms": level.tpot_ms.median, "p99_tpot_ms": level.tpot_ms.p99}
     row.update(observed_fields(level))
     return row
-
-
-def bench_csv(report: BenchReport) -> str:
-    """One CSV row per level; the observer columns are the union over the levels."""
-    from cleanslate.report._export import csv_cell
-
-    rows = [level_row(lv) for lv in report.result.levels]
-    columns = list(_LEVEL_HEAD)
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
-    return out.getvalue()
 
 
 def bench_json(report: BenchReport) -> str:
@@ -536,9 +518,9 @@ def render_bench_html(report: BenchReport, *, plots: list[Plot] | None = None,
 
 
 __all__ = [
+    "LEVEL_HEAD",
     "BenchReport",
     "Timeline",
-    "bench_csv",
     "bench_json",
     "level_figure",
     "level_plots",

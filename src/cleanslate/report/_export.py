@@ -6,7 +6,9 @@ import csv
 import io
 import json
 import math
+import re
 
+from cleanslate.report._bench import LEVEL_HEAD, BenchReport, level_row, observed_fields
 from cleanslate.report._capacity import CSV_COLUMNS, capacity_document, csv_fields
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
@@ -29,6 +31,8 @@ from cleanslate.report._documents import (
 _HEAD = ("study", "number", "status", "cause", "detail", "value", "ci_low", "ci_high",
          "n_replicates", "standing", "best_level")
 _TAIL = ("verdict_before", "verdict_after", "run_id", "launch_command")
+#: The observer columns of a trial's best level (:func:`trial_row`).
+_OBSERVED = re.compile(r"(server_metrics|gpu\d+)\.")
 
 
 #: What a spreadsheet reads as the start of a formula (OWASP's "CSV injection"): a text cell
@@ -54,7 +58,9 @@ def csv_cell(value: object) -> str | int | float:
 
 def trial_row(report: StudyReport, trial: TrialView) -> dict[str, object]:
     """One trial as a flat row, column to value (each made a cell by :func:`csv_cell`):
-    parameters as ``param.<flag>``, metrics of its best level."""
+    parameters as ``param.<flag>``, metrics of its best level and what its observers saw
+    there (:func:`~cleanslate.report._bench.observed_fields`: ``server_metrics.*``,
+    ``gpu<index>.*``)."""
     r = trial.record
     found = trial.interval(report.confidence)
     row: dict[str, object] = {"study": report.name, "number": r.number, "status": r.status,
@@ -70,6 +76,9 @@ def trial_row(report: StudyReport, trial: TrialView) -> dict[str, object]:
         row[f"param.{name}"] = r.params.get(name)
     for key, _, _ in LEVEL_COLUMNS:
         row[key] = trial.metric(key)
+    best = trial.best
+    if best is not None:
+        row.update(observed_fields(best))
     row.update({"verdict_before": r.verdict_before, "verdict_after": r.verdict_after,
                 "run_id": r.run_id, "launch_command": trial.launch_command})
     return row
@@ -82,14 +91,33 @@ def to_csv(reports: list[StudyReport]) -> str:
     for report in reports:
         params += [f"param.{n}" for n in report.factors if f"param.{n}" not in params]
     capacity = list(CSV_COLUMNS) if any(r.capacity for r in reports) else []
-    columns = [*_HEAD, *capacity, *params, *(k for k, _, _ in LEVEL_COLUMNS), *_TAIL]
+    rows = [trial_row(report, trial) for report in reports for trial in report.sorted_trials()]
+    observed: list[str] = []
+    for row in rows:  # the best level's observer summaries, only when some trial has them
+        observed += [k for k in row if _OBSERVED.match(k) and k not in observed]
+    columns = [*_HEAD, *capacity, *params, *(k for k, _, _ in LEVEL_COLUMNS), *observed,
+               *_TAIL]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writerow({k: csv_cell(k) for k in columns})  # a flag's name is text too
-    for report in reports:
-        for trial in report.sorted_trials():
-            row = trial_row(report, trial)
-            writer.writerow({k: csv_cell(row.get(k)) for k in columns})
+    for row in rows:
+        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
+    return out.getvalue()
+
+
+def bench_csv(report: BenchReport) -> str:
+    """A bench run's levels, one CSV row each (:func:`~cleanslate.report._bench.level_row`):
+    the headline figures, then the observer summaries flattened (the union over the
+    levels)."""
+    rows = [level_row(lv) for lv in report.result.levels]
+    columns = list(LEVEL_HEAD)
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
     return out.getvalue()
 
 
