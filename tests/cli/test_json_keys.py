@@ -28,7 +28,8 @@ RECORDED = Path(__file__).parent / "data" / "json_keys.json"
 FREE_FORM = {"phases", "flags", "params", "env", "errors", "level_verdicts", "evidence",
              "error_details", "best_params", "spec", "fixed", "space", "baseline", "slo",
              "workload", "extra_body", "headers", "held", "by_kind", "errors_by_kind",
-             "limit_counts", "limits", "host_effects", "slo_checks"}
+             "limit_counts", "limits", "host_effects", "slo_checks", "requested", "in_effect",
+             "sources"}
 
 
 def key_paths(doc: Any, prefix: str = "") -> set[str]:
