@@ -123,6 +123,7 @@ from cleanslate.bench._workloads import (
 if TYPE_CHECKING:
     from cleanslate.bench._client import printable
     from cleanslate.bench._find_max import find_max
+    from cleanslate.bench._gpu import GPU_SOURCES, GpuObserver, gpu_observer, local_gpus
     from cleanslate.bench._keepalive import (
         fresh_session,
         is_stale,
@@ -155,6 +156,8 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "find_max": "cleanslate.bench._find_max",
+    **dict.fromkeys(("GPU_SOURCES", "GpuObserver", "gpu_observer", "local_gpus"),
+                    "cleanslate.bench._gpu"),
     **dict.fromkeys(("LiveView", "detail_tables", "gpu_totals", "live_readings",
                      "observation_notes", "observed_cells", "summary_table"),
                     "cleanslate.bench._live"),
@@ -177,6 +180,7 @@ __all__ = [
     "DEFAULT_MAX_PROBES",
     "DEFAULT_START",
     "DEFAULT_TOLERANCE",
+    "GPU_SOURCES",
     "LEVEL_METRICS",
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
@@ -201,6 +205,7 @@ __all__ = [
     "ConversationWorkload",
     "Endpoint",
     "GaugeStats",
+    "GpuObserver",
     "GpuTelemetry",
     "Harness",
     "LevelContext",
@@ -247,11 +252,13 @@ __all__ = [
     "first_repeat_slow",
     "fresh_session",
     "generate",
+    "gpu_observer",
     "gpu_totals",
     "is_stale",
     "key_values",
     "level_key",
     "live_readings",
+    "local_gpus",
     "make_session",
     "no_metrics",
     "note_retry",

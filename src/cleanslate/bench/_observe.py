@@ -187,6 +187,14 @@ def observers_for(options: ObserveOptions | None, *,
     made: list[ObserverFactory] = []
     if options.metrics:
         made.append(metrics_observer(options, maps))
+    if options.gpus and options.gpu_source != "off":
+        # GPUs named in the options are this machine's (``bench --gpus``); a run on another
+        # host brings its own observer in ``extra`` (``tune``'s trial).
+        from cleanslate.bench._gpu import gpu_observer
+
+        gpu = gpu_observer(None, options.gpus, options.gpu_source)
+        if gpu is not None:
+            made.append(gpu)
     return (*made, *extra)
 
 

@@ -63,7 +63,10 @@ class GpuTelemetry(Frozen):
     over time where the GPU has no counter) and ``joules_per_output_token`` divides it by the
     tokens the client received. ``clock_events`` are the active clock-event (throttle)
     reasons seen in any sample, with the share of samples each was active in; ``xid_events``
-    the new Xid errors. ``unreadable``: why this GPU gave nothing."""
+    the new Xid errors. ``unreadable``: why this GPU gave nothing, or why it stopped answering
+    during the level (what was read before is kept); ``note``: what is approximate (energy
+    integrated from power, samples that failed, values not believed). ``source``: ``nvml``,
+    ``nvidia-smi``, ``sim``, or ``auto`` (the host sampler: NVML else ``nvidia-smi``)."""
 
     index: int
     uuid: str | None = None
@@ -87,6 +90,8 @@ class GpuTelemetry(Frozen):
     pcie_tx_mib_s: GaugeStats | None = None
     temperature_c: GaugeStats | None = None
     xid_events: tuple[int, ...] = ()
+    sampler_cpu_ms: float | None = Field(
+        default=None, description="the sampler's CPU time per sample (all its GPUs), ms")
     unreadable: str | None = None
     note: str | None = None
 
@@ -104,6 +109,11 @@ def _merged_gauge(parts: Sequence[tuple[GaugeStats | None, int]]) -> GaugeStats 
 def _summed(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def merge_server_metrics(parts: Sequence[ServerMetrics | None]) -> ServerMetrics | None:
@@ -211,6 +221,7 @@ def merge_gpu(parts: Sequence[tuple[GpuTelemetry, ...] | None]
                                         and len(tokens) == len(readable) else None),
             "clock_events": {k: v / sum(weights) for k, v in sorted(events.items())},
             "xid_events": tuple(x for g in readable for x in g.xid_events),
+            "sampler_cpu_ms": _mean([g.sampler_cpu_ms for g in readable]),
         }))
     return tuple(merged)
 

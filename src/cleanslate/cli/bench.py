@@ -146,6 +146,8 @@ class BenchOptions:
     replay: str | None = None
     observe: bool = True
     observe_interval: float = 0.25
+    gpus: str | None = None
+    gpu_source: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -262,6 +264,16 @@ def bench(
         float,
         typer.Option(help="seconds between the observers' samples (0.05 to 60)"),
     ] = 0.25,
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="GPU indices of this machine to sample during each level (0,1), or "
+                     "none [default: the GPUs NVML sees here when --url is on this machine, "
+                     "else none]", show_default=False),
+    ] = None,
+    gpu_source: Annotated[
+        str,
+        typer.Option(help="where GPU telemetry comes from: auto, nvml, nvidia-smi, sim or off"),
+    ] = "auto",
     observe_dir: Annotated[
         Path | None,
         typer.Option(help="write the observers' raw samples here, one JSON Lines file per "
@@ -356,7 +368,8 @@ def bench(
         endpoint=endpoint, tokenizer=tokenizer, slo=slo, request_timeout=request_timeout,
         read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, repeats=repeats,
         target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp,
-        replay=replay, observe=observe, observe_interval=observe_interval)
+        replay=replay, observe=observe, observe_interval=observe_interval, gpus=gpus,
+        gpu_source=gpu_source)
     search = SearchOptions(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
@@ -635,7 +648,8 @@ def build_config(opts: BenchOptions) -> BenchConfig:
                 "repeats": repeats,
                 "target_ci_pct": target_ci,
                 "max_error_rate": o.max_error_rate,
-                "observe": {"enabled": o.observe, "interval_s": o.observe_interval},
+                "observe": {"enabled": o.observe, "interval_s": o.observe_interval,
+                            **_gpu_options(o)},
             }
         )
     except ValidationError as exc:
@@ -654,6 +668,31 @@ def build_config(opts: BenchOptions) -> BenchConfig:
                                            if isinstance(x, ReplayLoad)],
                          where="--dataset" if o.dataset is not None else "--workload")
     return config
+
+
+def _gpu_options(o: BenchOptions) -> dict[str, Any]:
+    """``--gpus`` and ``--gpu-source`` as the observe options' fields (the default GPUs are
+    found only when the levels are observed)."""
+    from cleanslate.bench import GPU_SOURCES, local_gpus
+
+    if o.gpu_source not in GPU_SOURCES:
+        raise InputError(f"unknown GPU telemetry source {o.gpu_source!r}", where="--gpu-source",
+                         hint="choose one of " + ", ".join(GPU_SOURCES))
+    if not o.observe or o.gpu_source == "off":
+        return {"gpus": None, "gpu_source": o.gpu_source}
+    if o.gpus is None:
+        return {"gpus": local_gpus(o.url, o.gpu_source) or None, "gpu_source": o.gpu_source}
+    text = o.gpus.strip().lower()
+    if text in ("none", ""):
+        return {"gpus": None, "gpu_source": o.gpu_source}
+    try:
+        chosen = tuple(dict.fromkeys(int(p) for p in text.split(",")))
+    except ValueError:
+        raise InputError(f"{o.gpus!r} is not a list of GPU indices", where="--gpus",
+                         hint="write 0 or 0,1 or none") from None
+    if any(g < 0 or g > 1023 for g in chosen):
+        raise InputError(f"{o.gpus!r}: a GPU index is 0 to 1023", where="--gpus")
+    return {"gpus": chosen, "gpu_source": o.gpu_source}
 
 
 def _workload_spec(o: BenchOptions) -> WorkloadSpec:

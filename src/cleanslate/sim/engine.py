@@ -49,6 +49,19 @@ from cleanslate.sim.model import (
 )
 from cleanslate.sim.text import natural_length, next_state, token_of
 
+#: The simulated GPU's largest SM clock (an H200's), MHz.
+MAX_SM_CLOCK_MHZ = 1980
+#: The share of the SMs a prefill step keeps busy (compute-bound)...
+PREFILL_SM_ACTIVE = 0.9
+#: ... and a decode step's: a small batch reads the weights with few SMs busy; the share grows
+#: with the batch until this many sequences saturate it.
+SATURATING_BATCH = 256
+
+
+def decode_sm_active(batch: int) -> float:
+    """The share of SMs a decode step of ``batch`` sequences keeps busy (0.3 to 0.9)."""
+    return 0.3 + 0.6 * min(1.0, batch / SATURATING_BATCH)
+
 NAN_TOKEN_ID = -1
 #: The token of a degenerate request (``degenerate-after``): ``!``.
 DEGENERATE_TOKEN_ID = -2
@@ -216,6 +229,17 @@ class Engine:
         self.crashed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # What the simulated GPUs' telemetry is made of (cleanslate.sim.telemetry): seconds
+        # spent in steps, those weighted by how much of the GPU a step keeps busy, the step in
+        # progress, and the tokens prefilled and generated.
+        self.busy_s = 0.0
+        self.active_s = 0.0
+        self._step: tuple[float, float, float] | None = None  # (start, seconds, weight)
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        #: a throttled clock (``throttle-clock``) makes every step this much longer
+        self.slowdown = (MAX_SM_CLOCK_MHZ / faults.throttle_clock
+                         if faults.throttle_clock else 1.0)
 
     # --- requests ----------------------------------------------------------------------------
     def submit(self, req: SimRequest, probe: bool = False) -> None:
@@ -332,13 +356,17 @@ class Engine:
 
             prefill_tokens, done_prompts = self._build_prefill()
             if prefill_tokens:
-                last_end = start + model.noisy_seconds(model.prefill_step_ms(prefill_tokens),
-                                                          prefill=True)
+                step = self.slowdown * model.noisy_seconds(model.prefill_step_ms(prefill_tokens),
+                                                           prefill=True)
+                last_end = start + step
                 self.prefilling = done_prompts
+                self._step = (start, step, PREFILL_SM_ACTIVE)
                 try:
                     await asyncio.sleep(max(0.0, last_end - loop.time()))
                 finally:
                     self.prefilling = []
+                    self._end_step()
+                self.prefill_tokens += prefill_tokens
                 if self.hung or self.crashed:
                     continue
                 for req in done_prompts:
@@ -363,8 +391,14 @@ class Engine:
             self.kv_free -= batch
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO,
                                        self.new_token_ratio - self._ratio_decay)
-            last_end = start + model.noisy_seconds(model.decode_step_ms(batch, context))
-            await asyncio.sleep(max(0.0, last_end - loop.time()))
+            step = self.slowdown * model.noisy_seconds(model.decode_step_ms(batch, context))
+            last_end = start + step
+            self._step = (start, step, decode_sm_active(batch))
+            try:
+                await asyncio.sleep(max(0.0, last_end - loop.time()))
+            finally:
+                self._end_step()
+            self.decode_tokens += batch
             if self.hung or self.crashed:
                 continue
             for req in self.running:
@@ -374,6 +408,25 @@ class Engine:
             if self._decode_steps % self.log_interval_steps == 0:
                 self._log_decode(loop.time(), batch, context)
             self._reap()
+
+    def _end_step(self) -> None:
+        if self._step is not None:
+            _, seconds, weight = self._step
+            self.busy_s += seconds
+            self.active_s += seconds * weight
+            self._step = None
+
+    def busy_at(self, now: float) -> tuple[float, float]:
+        """Seconds spent in steps since the start, and those weighted by the share of the
+        GPU's SMs a step keeps busy, up to ``now`` (loop time; the step in progress counted
+        up to ``now``)."""
+        busy, active = self.busy_s, self.active_s
+        if self._step is not None:
+            start, seconds, weight = self._step
+            part = min(seconds, max(0.0, now - start))
+            busy += part
+            active += part * weight
+        return busy, active
 
     def _log_decode(self, now: float, batch: int, context: int) -> None:
         """Close a decode-log window: its generation rate (tokens/s, the ``gen_throughput``

@@ -27,6 +27,9 @@
                             core died: vllm PR #52178), its in-flight requests cut off
 ``degenerate-after=N``      requests admitted after the first N write only ``!`` tokens, while
                             ``/health`` and ``/v1/models`` still answer 200 (vllm#53480)
+``throttle-clock=MHZ``      the simulated GPUs run their SM clock at MHZ instead of 1980 while
+                            busy, report the clock-event reason ``hw_thermal_slowdown`` and a
+                            hot GPU, and every step takes 1980/MHZ times as long
 ==========================  ============================================================
 
 Requests count from the server's start, the smoke test's included; ``/health_generate`` probes
@@ -52,6 +55,7 @@ FAULT_NAMES = (
     "slow-start",
     "exit-after",
     "degenerate-after",
+    "throttle-clock",
 )
 
 
@@ -71,6 +75,7 @@ class Faults:
     slow_start: float | None = None
     exit_after: int | None = None
     degenerate_after: int | None = None
+    throttle_clock: int | None = None
 
     def active(self) -> list[str]:
         """The faults that are on, spelled as on the command line."""
@@ -95,6 +100,7 @@ _ARG_KIND: dict[str, type] = {
     "slow-start": float,
     "exit-after": int,
     "degenerate-after": int,
+    "throttle-clock": int,
 }
 _OPTIONAL_ARG = {"orphan-grandchild": 2048, "nan": 0}
 
@@ -139,5 +145,8 @@ def parse_faults(specs: list[str] | tuple[str, ...]) -> Faults:
             ) from None
         if value < 0:
             raise InputError(f"fault {name!r}: the value must not be negative", where="--fault")
+        if name == "throttle-clock" and not 100 <= value <= 1980:
+            raise InputError(f"fault {name!r}: the clock must be 100 to 1980 MHz",
+                             where="--fault")
         values[name] = value
     return Faults(**{k.replace("-", "_"): v for k, v in values.items()})  # type: ignore[arg-type]

@@ -40,6 +40,7 @@ from cleanslate.sim.faults import Faults
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
 from cleanslate.sim.metrics import RequestStats, SimCollector, metrics_registry
 from cleanslate.sim.model import CONTEXT_MIB, SimModel, SimSettings, auto_max_running_requests
+from cleanslate.sim.telemetry import TelemetryWriter
 from cleanslate.sim.worker import WorkerPlan
 
 WORKER_GRACE_S = 3.0
@@ -211,6 +212,11 @@ class Launcher:
         await site.start()
         self.engine.start()
         self._watchers = [loop.create_task(self._watch(w)) for w in self.workers]
+        telemetry: TelemetryWriter | None = None
+        if self.ledger_dir:
+            telemetry = TelemetryWriter(self.ledger_dir, gpus, self.engine, port=opts.port,
+                                        throttle_mhz=opts.faults.throttle_clock, now=loop.time)
+            telemetry_task = loop.create_task(telemetry.run())
         log(
             f"max_total_num_tokens={plan.kv_capacity_tokens}, "
             f"max_running_requests={self.model.s.max_running_requests}, "
@@ -220,6 +226,9 @@ class Launcher:
         log(f"Uvicorn running on http://{opts.host}:{opts.port} (simulated engine)")
         log("The server is fired up and ready to roll! (simulation)")
         await self.done.wait()
+        if telemetry is not None:
+            telemetry_task.cancel()
+            telemetry.remove()
         with contextlib.suppress(Exception):
             self.sock.close()
         await self._stop_workers()

@@ -30,6 +30,7 @@ from cleanslate.bench import (
     LevelResult,
     Probe,
     ProbeVerdict,
+    gpu_observer,
     printable,
     run_level,
     share_target,
@@ -502,10 +503,19 @@ async def _abandon(executor: Executor, store: Store, spec: StudySpec, record: Tr
         "findings_after": findings_after, "finished_at": time.time()}))
 
 
-def trial_harness(stop: asyncio.Event | None) -> Harness:
+def trial_harness(stop: asyncio.Event | None, executor: Executor | None = None,
+                  spec: StudySpec | None = None, run: RunRecord | None = None) -> Harness:
     """What every level of a trial brings: the stop event; the engine's metrics are watched
-    as the study's ``observe`` says (:meth:`StudySpec.bench_config`)."""
-    return Harness(stop=stop)
+    as the study's ``observe`` says (:meth:`StudySpec.bench_config`), and the run's GPUs
+    (the run's, else the study's) on its host through ``executor`` (unless the study's
+    ``observe`` names GPUs itself, or turns GPU telemetry off)."""
+    gpus = (run.gpus if run is not None and run.gpus else None) or (
+        spec.gpus if spec is not None else None)
+    observe = spec.observe if spec is not None else None
+    if executor is None or not gpus or observe is None or observe.gpus is not None:
+        return Harness(stop=stop)
+    factory = gpu_observer(executor, gpus, observe.gpu_source)
+    return Harness(stop=stop, observers=(factory,) if factory is not None else ())
 
 
 async def _levels(
@@ -537,7 +547,7 @@ async def _climb(
     if seed is not None:
         bench = bench.model_copy(update={"seed": seed})
     loads = list(bench.loads)
-    harness = trial_harness(stop)
+    harness = trial_harness(stop, executor, spec, run)
     warmup = spec.warmup_requests()
     # One more measurement of a configuration runs its best level alone (after the warm-up):
     # its value is the objective there.
@@ -752,7 +762,7 @@ async def _capacity_levels(
 
         say(f"capacity search from c={spec.capacity.start} (tolerance "
             f"{spec.capacity.tolerance:.0%}, at most {spec.capacity.max_probes} probes)")
-        result = await find_max(bench, search, trial_harness(stop),
+        result = await find_max(bench, search, trial_harness(stop, executor, spec, run),
                                 warmup=spec.warmup_requests(),
                                 max_extensions=spec.capacity.max_extensions,
                                 check_server=check_server, on_probe=on_probe)
