@@ -59,6 +59,14 @@ SERIES_CHARS = 80
 MAX_VALUE = 1e18
 #: Series kept per vocabulary key in one scrape (a hostile endpoint could send millions).
 MAX_SERIES = 64
+#: The parse limits of one scrape, in characters, of the lines whose names a map reads: a
+#: longer line, and the lines past the total, are skipped and counted (``skipped``), never
+#: parsed. vLLM 0.32's such lines are 10 of at most 93 characters (728 in all); 64 data-parallel
+#: ranks are ~80 K. The parser takes ~8.5 us a line and ~65 us per KiB of label on this
+#: machine's CPU, so a hostile answer costs at most ~30 ms of CPU a scrape, not seconds (a
+#: 10,000-series answer took 110 ms, a 1 MB label 80 ms, before these limits).
+MAX_LINE_CHARS = 4096
+MAX_PARSED_CHARS = 128 * 1024
 
 NO_ENGINE_METRICS = "no engine metrics"
 
@@ -76,7 +84,8 @@ class MetricSample:
     ``series[key][series_key]`` is the value of vocabulary ``key`` in one rank series
     (``series_key`` is ``""`` without rank labels, else ``"dp_rank=0,tp_rank=1"``);
     ``skipped`` counts the samples left out (NaN, infinite, negative, above
-    :data:`MAX_VALUE`, a fraction above 1, a duplicated series, too many series); ``error`` is
+    :data:`MAX_VALUE`, a fraction above 1, a duplicated series, too many series, a line past
+    the parse limits :data:`MAX_LINE_CHARS` and :data:`MAX_PARSED_CHARS`); ``error`` is
     why the scrape gave nothing (then ``series`` is empty).
     """
 
@@ -120,10 +129,19 @@ def parse_scrape(text: str, maps: Sequence[MetricMap], t: float = 0.0
     # which ~20 are read (8.4 ms to parse it all, on this machine's CPU, 4 times a second),
     # and garbage in lines nobody reads does not spoil the reading.
     wanted = tuple(sorted(frozenset().union(*(m.sample_names for m in maps))))
-    kept = "\n".join(line for line in text.split("\n") if line.startswith(wanted))
+    kept: list[str] = []
+    size = dropped = 0
+    for line in text.split("\n"):
+        if not line.startswith(wanted):
+            continue
+        if len(line) > MAX_LINE_CHARS or size + len(line) >= MAX_PARSED_CHARS:
+            dropped += 1
+            continue
+        kept.append(line)
+        size += len(line) + 1
     raw: list[tuple[str, dict[str, str], float]] = []
     try:
-        for family in text_string_to_metric_families(kept + "\n"):
+        for family in text_string_to_metric_families("\n".join(kept) + "\n"):
             for s in family.samples:
                 raw.append((s.name, dict(s.labels), s.value))
     except Exception as exc:  # the parser raises several types on hostile text
@@ -131,9 +149,10 @@ def parse_scrape(text: str, maps: Sequence[MetricMap], t: float = 0.0
     chosen = detect_flavour({name for name, _, _ in raw}, maps)
     if chosen is None:
         known = ", ".join(m.flavour for m in maps)
+        over = f" ({dropped} lines over the parse limits skipped)" if dropped else ""
         return MetricSample(t, error=_reason(
-            f"none of the metric names of {known}")), None
-    sample = MetricSample(t)
+            f"none of the metric names of {known}{over}")), None
+    sample = MetricSample(t, skipped=dropped)
     by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
     for name, labels, value in raw:
         by_name.setdefault(name, []).append((labels, value))
@@ -273,40 +292,51 @@ async def fetch_text(session: aiohttp.ClientSession, url: str, *,
     Redirects are not followed (the location is said, as text); the body is read in chunks up
     to ``max_bytes`` after decoding (a compressed body that inflates past it is refused as
     soon as it does); the whole scrape gets ``timeout_s``. Never raises except on
-    cancellation.
+    cancellation. ``session`` should not pool its connections (``force_close``): a pooled
+    connection would carry whatever the endpoint sends past its answer (aiohttp pools it as
+    soon as the answer's end is read) to the next request that takes it.
     """
     try:
         async with asyncio.timeout(timeout_s):
             async with session.get(url, allow_redirects=False,
                                    headers={"Accept": "text/plain",
                                             "Accept-Encoding": "identity"}) as resp:
-                if 300 <= resp.status < 400:
-                    where = resp.headers.get("Location", "")
-                    return None, _reason(f"HTTP {resp.status} redirect to {where!r} "
-                                         "not followed")
-                if resp.status != 200:
-                    return None, _reason(f"HTTP {resp.status} at {url}")
-                ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
-                if ctype and ctype not in _CONTENT_TYPES:
-                    return None, _reason(f"content-type {ctype!r} is not Prometheus text")
-                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
-                if encoding not in ("", "identity") and not session.auto_decompress:
-                    return None, _reason(f"compressed body ({encoding}) not accepted")
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        return None, _reason(f"body over {max_bytes} bytes")
+                body, why = await _read_answer(resp, url, inflating=session.auto_decompress,
+                                               max_bytes=max_bytes)
     except TimeoutError:
         return None, _reason(f"no answer within {timeout_s:g} s")
     except aiohttp.ClientError as exc:
         return None, _reason(f"{type(exc).__name__}: {exc}")
     except (OSError, ValueError, UnicodeError) as exc:
         return None, _reason(f"{type(exc).__name__}: {exc}")
+    if body is None:
+        return None, why
     try:
         return body.decode("utf-8"), None
     except UnicodeDecodeError:
         return None, "body is not UTF-8 text"
+
+
+async def _read_answer(resp: aiohttp.ClientResponse, url: str, *, inflating: bool,
+                       max_bytes: int) -> tuple[bytearray | None, str | None]:
+    """The body of a 200 answer of Prometheus text, or why not."""
+    if 300 <= resp.status < 400:
+        where = resp.headers.get("Location", "")
+        return None, _reason(f"HTTP {resp.status} redirect to {where!r} not followed")
+    if resp.status != 200:
+        return None, _reason(f"HTTP {resp.status} at {url}")
+    ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if ctype and ctype not in _CONTENT_TYPES:
+        return None, _reason(f"content-type {ctype!r} is not Prometheus text")
+    encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity") and not inflating:
+        return None, _reason(f"compressed body ({encoding}) not accepted")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > max_bytes:
+            return None, _reason(f"body over {max_bytes} bytes")
+    return body, None
 
 
 class MetricsObserver:
@@ -316,8 +346,9 @@ class MetricsObserver:
     URL: the flavour is found from the names the first readable scrape carries, and each
     distinct path is tried at ``start()``). A map whose ``path`` is ``None`` makes the
     observation ``no engine metrics`` without a request. ``session`` is the caller's (the
-    benchmark's, so scrapes take its connector and forward) or, when ``None``, a small one of
-    its own, closed at ``stop()``.
+    benchmark's): scrapes go where its connector goes (its forward) and inflate as it does,
+    through a session of their own that pools no connection (closed at ``stop()``); without
+    one, to the URL over TCP, compressed bodies refused.
 
     ``start()`` takes the baseline scrape; ``run()`` (or ``start(loop=True)``) samples every
     ``interval_s`` until ``stop()``; ``stop()`` takes a final scrape and returns the
@@ -340,7 +371,7 @@ class MetricsObserver:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self._session = session
-        self._own_session = session is None
+        self._scraper: aiohttp.ClientSession | None = None
         self._samples: list[MetricSample] = []
         self._chosen: MetricMap | None = maps[0] if len(maps) == 1 else None
         self._path: str | None = self._chosen.path if self._chosen else None
@@ -358,11 +389,20 @@ class MetricsObserver:
         return tuple(self._samples)
 
     def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                auto_decompress=False,
+        """The scrapes' own session, closed at ``stop()``: to where the caller's session
+        connects (its forward), inflating as it does, but never pooling a connection: a
+        connection a scrape used never goes back to the benchmark's pool, where bytes an
+        endpoint sent past its answer (a Content-Length shorter than its body, the rest sent
+        late) would be read as the answer to the benchmark request that took it next."""
+        if self._scraper is None:
+            from cleanslate.hosts.forward import same_connector
+
+            given = self._session
+            self._scraper = aiohttp.ClientSession(
+                connector=same_connector(given.connector if given else None, force_close=True),
+                auto_decompress=given.auto_decompress if given else False,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        return self._session
+        return self._scraper
 
     async def start(self, *, loop: bool = True) -> None:
         """The baseline scrape; with ``loop``, the sampling task after it."""
@@ -400,7 +440,9 @@ class MetricsObserver:
             hint = self._chosen.hint if self._chosen else ""
             return MetricSample(t, error=_reason(f"{error}; {hint}" if hint else str(error)))
         candidates = (self._chosen,) if self._chosen else self.maps
-        sample, chosen = parse_scrape(text, candidates, t)
+        # off the event loop: the benchmark's streams are read on it (0.6 ms for vLLM's
+        # answer, up to ~30 ms for a hostile one within the parse limits)
+        sample, chosen = await asyncio.to_thread(parse_scrape, text, candidates, t)
         if chosen is not None and self._chosen is None:
             self._chosen = chosen
         return sample
@@ -435,9 +477,9 @@ class MetricsObserver:
             self._task = None
         if self._note is None:
             await self.sample()
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._scraper is not None:
+            await self._scraper.close()
+            self._scraper = None
         return self.observation(window)
 
     def observation(self, window: tuple[float, float] | None = None) -> MetricsObservation:
@@ -466,8 +508,10 @@ class ServerMetricsObserver:
 
     def __init__(self, base_url: str, maps: Sequence[MetricMap], *,
                  session: aiohttp.ClientSession | None = None,
-                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
-        self.observer = MetricsObserver(base_url, maps, session=session, interval_s=interval_s)
+                 interval_s: float = DEFAULT_INTERVAL_S,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.observer = MetricsObserver(base_url, maps, session=session, interval_s=interval_s,
+                                        timeout_s=timeout_s)
 
     async def start(self) -> None:
         await self.observer.start()

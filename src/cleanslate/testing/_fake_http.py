@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections import Counter
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ def _chunk(data: bytes) -> bytes:
 
 
 _LAST_CHUNK = b"0\r\n\r\n"
+_METRICS_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                 b"Content-Length: %d\r\n\r\n")
 _MALFORMED = _chunk(b"this is not an sse line\n\n")
 _STREAM_HEADERS = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -91,6 +94,39 @@ class ServerState:
         self.stats = stats
         self.shapes = {False: _Shapes(opts, False), True: _Shapes(opts, True)}
         self.conns: set[Conn] = set()
+        #: what ``GET /metrics`` answers, in turn (the last one repeats): names of
+        #: :data:`~cleanslate.testing.hostile_metrics.METRICS_CASES`; empty: ``opts.metrics``
+        self.metrics: list[str] = []
+        #: how often each metrics answer was given (a restarting counter answers by it)
+        self.metrics_served: Counter[str] = Counter()
+        #: every path asked for with GET, counted (a redirect target never asked for was not
+        #: followed)
+        self.gets: Counter[str] = Counter()
+
+    def answer_metrics(self, conn: Conn, path: str) -> bool:
+        """Answer ``GET path`` when it is a metrics path; ``False`` when it is not one."""
+        from cleanslate.testing.hostile_metrics import METRICS_CASES, OK_ANSWER, TRAP_PATH
+
+        if path == "/metrics":
+            if self.metrics:
+                name = self.metrics.pop(0) if len(self.metrics) > 1 else self.metrics[0]
+            elif self.opts.metrics is not None:
+                conn._write(_METRICS_HEAD % len(self.opts.metrics) + self.opts.metrics)
+                return True
+            else:
+                return False
+        elif path in ("/ok/metrics", TRAP_PATH):
+            name = "ok"
+        else:
+            prefix, _, rest = path[1:].partition("/")
+            if rest != "metrics" or prefix not in METRICS_CASES:
+                return False
+            name = prefix
+        answer = OK_ANSWER if name == "ok" else METRICS_CASES[name].answer
+        nth = self.metrics_served[name]
+        self.metrics_served[name] += 1
+        Pump(conn, answer(nth)).start()
+        return True
 
 
 class Conn(asyncio.Protocol):
@@ -168,6 +204,9 @@ class Conn(asyncio.Protocol):
         opts = self.opts
         faults = opts.faults
         if method == "GET":
+            self.server.gets[path] += 1
+            if path.endswith("/metrics") and self.server.answer_metrics(self, path):
+                return
             if path == "/health":
                 self._write(_plain("200 OK", b"{}"))
             elif path == "/stats":
@@ -181,7 +220,8 @@ class Conn(asyncio.Protocol):
         if method != "POST":
             self._write(_plain("405 Method Not Allowed", wire.http_error_body(405, method)))
             return
-        if path not in ("/v1/completions", "/v1/chat/completions"):
+        # a path prefix is accepted, as behind a proxy (``/<case>/v1/...``: hostile_metrics)
+        if not path.endswith(("/v1/completions", "/v1/chat/completions")):
             self._write(_plain("404 Not Found", wire.http_error_body(404, f"no {path}")))
             return
         self.stats.requests += 1

@@ -5,13 +5,16 @@ past Python's recursion limit, bytes that are not UTF-8, a line that never ends,
 is not HTTP, a stream that never ends. A kind is a generator of what to do, in order: bytes to
 write (at most :data:`PIECE` at a time, one write per event-loop turn and only while the client
 reads, so a 100 MiB answer never sits in the server's memory), a number of seconds to wait, or
-:data:`CLOSE` (drop the connection). A generator that ends has answered in full; the connection
-stays open for the next request. :data:`HOSTILE_KINDS` lists the kinds with what each sends.
+:data:`CLOSE` (drop the connection) or :data:`RESET` (reset it). A generator that ends has
+answered in full; the connection stays open for the next request. :data:`HOSTILE_KINDS` lists
+the kinds with what each sends.
 """
 
 from __future__ import annotations
 
 import functools
+import socket
+import struct
 import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
@@ -40,7 +43,14 @@ class _Close:
 
 CLOSE: Final = _Close()
 
-Action = bytes | float | _Close
+
+class _Reset:
+    """Reset the connection here (a TCP RST: ``SO_LINGER`` 0, then abort)."""
+
+
+RESET: Final = _Reset()
+
+Action = bytes | float | _Close | _Reset
 Kind = Callable[[wire.ChunkTemplate, int], Iterator[Action]]
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -258,6 +268,11 @@ class Pump:
             conn.response_done()
         elif isinstance(action, _Close):
             transport.close()
+        elif isinstance(action, _Reset):
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
         elif isinstance(action, float):
             conn.loop.call_later(action, self.step)
         else:

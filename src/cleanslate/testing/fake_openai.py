@@ -13,7 +13,11 @@ pre-built bytes, written one per event-loop turn (zero delay) or one per ``itl_s
 faults, like an engine whose worker died after start-up), ``GET /v1/models`` and ``GET /stats``
 (the server's own record: requests served, tokens written, mean gap between the token writes of
 a response in seconds). A response has ``max_tokens`` tokens (16 when the request names none),
-one word each (``usage`` counts them); the text is varied words.
+one word each (``usage`` counts them); the text is varied words. ``GET /metrics`` answers 404,
+or ``FakeOptions.metrics`` (``--metrics-file``: e.g. a real engine's capture) as Prometheus text,
+or the hostile answers of :mod:`cleanslate.testing.hostile_metrics` set by
+:meth:`FakeServer.set_metrics`; ``GET /<case>/metrics`` answers that hostile case whatever is
+set, and completions are served under any path prefix (``POST /<case>/v1/chat/completions``).
 
 Faults, one vocabulary for the Python API and the command line (``NAME[=ARG]``, ``_`` or ``-``,
 as the simulated engine's ``--fault``):
@@ -52,7 +56,7 @@ In a test: ``async with fake_openai_server("http_500") as url: ...`` (yields the
 that blocks its thread (a command run in-process), ``with fake_openai_thread("hostile=gzip-bomb")
 as server: ...`` runs it in a thread of its own. As a process:
 ``python -m cleanslate.testing.fake_openai --port 0 [--itl-ms 10] [--fault endless] [--cpu 0]
-[--workers N]`` prints ``READY <port>`` on stdout once listening.
+[--workers N] [--metrics-file PATH]`` prints ``READY <port>`` on stdout once listening.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from cleanslate.testing._fake_http import ENGINE_DEAD_MESSAGE, Conn, ServerState
@@ -209,6 +214,9 @@ class FakeOptions:
     #: tokens of a response whose request names no ``max_tokens``
     default_tokens: int = DEFAULT_TOKENS
     model: str = MODEL
+    #: the body ``GET /metrics`` answers as Prometheus text (``None``: 404, unless
+    #: :meth:`FakeServer.set_metrics` set hostile answers)
+    metrics: bytes | None = None
 
 
 @dataclass
@@ -263,6 +271,22 @@ class FakeServer:
         self.stats = state.stats
         self.port = int(server.sockets[0].getsockname()[1])
         self.url = f"http://{host}:{self.port}"
+
+    def set_metrics(self, *names: str) -> None:
+        """What ``GET /metrics`` answers from now on: the hostile answers ``names``
+        (:data:`~cleanslate.testing.hostile_metrics.METRICS_CASES`, or ``ok``) in turn, the
+        last one repeating; none: back to ``FakeOptions.metrics``."""
+        from cleanslate.testing.hostile_metrics import METRICS_CASES
+
+        unknown = [n for n in names if n != "ok" and n not in METRICS_CASES]
+        if unknown:
+            raise ValueError(f"unknown metrics answers: {', '.join(unknown)}")
+        self._state.metrics = list(names)
+
+    @property
+    def gets(self) -> dict[str, int]:
+        """Every path asked for with GET, and how often."""
+        return dict(self._state.gets)
 
     def close(self) -> None:
         """Stop listening and drop every open connection (hanging requests included)."""
@@ -356,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="tokens of a response whose request names no max_tokens")
     ap.add_argument("--fault", action="append", default=[], metavar="NAME[=ARG]",
                     help=f"repeatable; one of: {', '.join(FAULT_NAMES)}")
+    ap.add_argument("--metrics-file", default=None, metavar="PATH",
+                    help="answer GET /metrics with this file as Prometheus text")
     ap.add_argument("--cpu", default=None, help="pin to these CPUs, e.g. 0 or 1-7")
     ap.add_argument(
         "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
@@ -370,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         itl_s=args.itl_ms / 1000.0,
         ttft_s=args.ttft_ms / 1000.0,
         default_tokens=args.tokens,
+        metrics=Path(args.metrics_file).read_bytes() if args.metrics_file else None,
     )
     cpus: list[int] = []
     for part in (args.cpu or "").split(","):

@@ -1,0 +1,182 @@
+"""A hostile metrics endpoint never costs a level (issue 36 item 7, "Cheap and safe").
+
+Real benchmark levels (:func:`~cleanslate.bench.run_level`, one connection pool for all) run
+against the fake OpenAI server, each at ``http://host:port/<case>`` so that its completions are
+the fake's plain ones and its ``/metrics`` answers one hostile case of
+:data:`~cleanslate.testing.hostile_metrics.METRICS_CASES` (the list the observer's own test
+uses). Every level completes with every request counted and none failed, its
+``server_metrics`` is unreadable with a printable reason (or readable with the bad values
+counted in ``skipped_values``), no redirect is followed, and nothing is logged or raised: no
+traceback, no task exception, no level lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from cleanslate.bench import (
+    BenchConfig,
+    ClosedLoop,
+    Harness,
+    LevelContext,
+    LevelResult,
+    ObserveOptions,
+    parse_workload,
+    run_benchmark,
+    run_level,
+)
+from cleanslate.bench._runner import make_session
+from cleanslate.bench._server_metrics import REASON_CHARS, ServerMetricsObserver
+from cleanslate.engines import metric_maps
+from cleanslate.testing.fake_openai import FakeOptions, FakeServer, start_fake_server
+from cleanslate.testing.hostile_metrics import METRICS_CASES, TRAP_PATH
+
+REQUESTS, CONCURRENCY, TOKENS = 8, 4, 16
+#: seconds a scrape may take where the slow cases are run: they answer after 5 s or never
+SHORT_TIMEOUT_S = 0.3
+FAST = [name for name, case in METRICS_CASES.items() if not case.slow]
+SLOW = [name for name, case in METRICS_CASES.items() if case.slow]
+
+
+def config(url: str, observe: ObserveOptions | None = None) -> BenchConfig:
+    return BenchConfig(url=url, model="fake", endpoint="chat",
+                       workload=parse_workload(f"random:input_len=16,output_len={TOKENS}"),
+                       loads=(ClosedLoop(concurrency=CONCURRENCY),), num_prompts=REQUESTS,
+                       observe=observe or ObserveOptions(interval_s=0.05))
+
+
+def watch(loop: asyncio.AbstractEventLoop) -> list[dict[str, Any]]:
+    """Whatever the loop's exception handler is given (a task's unretrieved exception)."""
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    return seen
+
+
+def assert_level_whole(name: str, level: LevelResult) -> None:
+    case = METRICS_CASES[name]
+    assert level.completed == REQUESTS and level.failed == 0 and not level.errors, (
+        name, level.errors, level.error_details)
+    assert level.total_output_tokens == REQUESTS * TOKENS and not level.partial, name
+    seen = level.server_metrics
+    assert seen is not None, name
+    expected = case.reason_for(inflating=True)  # the run's pool inflates gzip itself
+    if expected is None:
+        assert seen.unreadable is None, (name, seen.unreadable)
+        assert (seen.skipped_values > 0) == case.bad_values, (name, seen)
+    else:
+        reason = seen.unreadable
+        assert reason is not None and expected in reason, (name, reason)
+        assert reason.isprintable() and len(reason) <= REASON_CHARS, (name, reason)
+        assert seen.samples == 0 and seen.failed_scrapes >= 2, (name, seen)
+
+
+async def levels_on(server: FakeServer, names: Sequence[str],
+                    harness_for: Callable[[Any], Harness],
+                    observe: ObserveOptions | None = None) -> dict[str, LevelResult]:
+    """One level per case, all at once over one pool."""
+    base = config(server.url, observe)
+    async with make_session(base) as session:
+        harness = harness_for(session)
+        results = await asyncio.gather(*(
+            run_level(config(f"{server.url}/{name}", observe), base.loads[0], harness)
+            for name in names))
+    return dict(zip(names, results, strict=True))
+
+
+def no_redirect_followed(server: FakeServer, *, own: bool = False) -> None:
+    """The redirect targets were never asked for (``/metrics``: unless it is the run's own)."""
+    gets = server.gets
+    assert TRAP_PATH not in gets and (own or "/metrics" not in gets), gets
+
+
+def test_every_hostile_answer_leaves_its_level_whole(caplog: pytest.LogCaptureFixture,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """The fast cases (all but those that never answer), through the default observer of
+    ``config.observe`` (a bare URL, every engine's names), a level each, at once."""
+    assert len(METRICS_CASES) >= 30
+
+    async def go() -> tuple[dict[str, LevelResult], list[dict[str, Any]]]:
+        seen = watch(asyncio.get_running_loop())
+        server = await start_fake_server(FakeOptions(itl_s=0.004))
+        try:
+            levels = await levels_on(server, FAST, lambda s: Harness(session=s))
+            no_redirect_followed(server)
+        finally:
+            server.close()
+            await server.wait_closed()
+        return levels, seen
+
+    with caplog.at_level(logging.WARNING):
+        levels, loop_errors = asyncio.run(asyncio.wait_for(go(), 60))
+    assert set(levels) == set(FAST)
+    for name, level in levels.items():
+        assert_level_whole(name, level)
+    assert not loop_errors
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
+def test_answers_that_never_come_are_cut_by_the_scrape_timeout() -> None:
+    """The slow cases (headers after 5 s, a body a line every 50 ms, a chunked body that never
+    ends), with the scrape timeout short: each level whole, the reason says no answer came."""
+    maps = metric_maps()
+
+    def harness(session: Any) -> Harness:
+        def make(ctx: LevelContext) -> ServerMetricsObserver:
+            return ServerMetricsObserver(ctx.config.url, maps, session=ctx.session,
+                                         interval_s=0.05, timeout_s=SHORT_TIMEOUT_S)
+        return Harness(session=session, observers=(make,))
+
+    async def go() -> tuple[dict[str, LevelResult], list[dict[str, Any]]]:
+        seen = watch(asyncio.get_running_loop())
+        server = await start_fake_server(FakeOptions(itl_s=0.004))
+        try:
+            levels = await levels_on(server, SLOW, harness,
+                                     ObserveOptions(interval_s=0.05, metrics=False))
+        finally:
+            server.close()
+            await server.wait_closed()
+        return levels, seen
+
+    levels, loop_errors = asyncio.run(asyncio.wait_for(go(), 30))
+    for name, level in levels.items():
+        assert_level_whole(name, level)
+    assert not loop_errors
+
+
+def test_a_run_whose_metrics_answer_every_hostile_kind_in_turn_loses_no_level() -> None:
+    """One run of three levels (two repeats each) against a ``/metrics`` that answers each
+    fast case in turn: every level is there, whole, and its observation says what it could
+    read."""
+
+    async def go() -> tuple[Any, list[dict[str, Any]]]:
+        seen = watch(asyncio.get_running_loop())
+        server = await start_fake_server(FakeOptions(itl_s=0.004))
+        try:
+            server.set_metrics(*[n for name in FAST for n in (name, "ok")], "ok")
+            cfg = config(server.url).model_copy(update={
+                "loads": tuple(ClosedLoop(concurrency=c) for c in (1, 2, 4)),
+                "repeats": 2})
+            result = await run_benchmark(cfg)
+            no_redirect_followed(server, own=True)
+        finally:
+            server.close()
+            await server.wait_closed()
+        return result, seen
+
+    result, loop_errors = asyncio.run(asyncio.wait_for(go(), 30))
+    assert [lv.load.concurrency for lv in result.levels] == [1, 2, 4] and not result.partial
+    for level in result.levels:
+        assert level.completed == level.num_prompts and level.failed == 0, level.errors
+        assert len(level.repeats) == 2
+        for repeat in level.repeats:
+            seen = repeat.server_metrics
+            assert seen is not None and seen.samples + seen.failed_scrapes >= 2
+            assert seen.unreadable is None or seen.unreadable.isprintable()
+    assert not loop_errors
