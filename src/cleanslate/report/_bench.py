@@ -11,8 +11,9 @@ A level's panel (:func:`level_figure`), against seconds since the level's first 
 observers' baseline, taken just before the first request):
 
 1. output tokens/s: the increase of the engine's own ``generation_tokens`` counter over a
-   trailing window of 10 % of the level (at least 1 s; :func:`trailing_rate`), a counter that
-   went down read as a restart;
+   trailing window (:func:`rate_window`: 10 % of the level, at least 1 s and twice the
+   counter's median step; :func:`trailing_rate`), a counter that went down read as a
+   restart;
 2. running and waiting requests (the engine's totals over its schedulers), with the cap on the
    running batch drawn when the configuration in effect says it (:func:`running_cap`);
 3. KV-cache usage, percent;
@@ -25,6 +26,7 @@ A panel part without samples says so in words instead of an empty axis.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -216,6 +218,18 @@ def trailing_rate(points: Sequence[tuple[float, float]],
     return out
 
 
+def rate_window(points: Sequence[tuple[float, float]]) -> float:
+    """The trailing window of the throughput line, in seconds: :data:`RATE_WINDOW_SHARE` of
+    the points' span, at least :data:`MIN_RATE_WINDOW_S`, and at least twice the median time
+    between the counter's steps (a batch of equal requests finishing together steps it every
+    few seconds: a shorter window would show the steps, not the rate)."""
+    span = points[-1][0] - points[0][0] if points else 0.0
+    steps = [t for (_, before), (t, v) in itertools.pairwise(points) if v > before]
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps))
+    step = gaps[len(gaps) // 2] if gaps else 0.0
+    return max(MIN_RATE_WINDOW_S, RATE_WINDOW_SHARE * span, 2 * step)
+
+
 def _add_metrics(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float) -> None:
     counter: list[tuple[float, float]] = []
     for s in samples:
@@ -232,9 +246,7 @@ def _add_metrics(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float
         if generated is not None:
             counter.append((t, generated))
     if counter:
-        span = counter[-1][0] - counter[0][0]
-        line.throughput = trailing_rate(counter, max(MIN_RATE_WINDOW_S,
-                                                     RATE_WINDOW_SHARE * span))
+        line.throughput = trailing_rate(counter, rate_window(counter))
 
 
 def _add_gpu(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float) -> None:
@@ -400,8 +412,10 @@ def level_figure(line: Timeline, cap: tuple[float, str] | None,
         if cap is not None:
             ax.axhline(cap[0], color="#333333", ls="--", lw=1.0,
                        label=f"cap {cap[0]:g} ({cap[1]}, in effect)")
-        ax.set_ylim(bottom=0)
-        ax.legend(loc="upper right", fontsize=8, frameon=False)
+        top = max([v for v in (*line.running, *line.waiting) if v is not None]
+                  + [cap[0] if cap else 0.0, 1.0])
+        ax.set_ylim(0, top * 1.3)  # room for the legend above the lines
+        ax.legend(loc="upper right", fontsize=8, ncol=3, framealpha=0.9)
     else:
         _say(ax, "no engine metrics in the samples"
              + (f" ({line.failed_scrapes} failed scrapes)" if line.failed_scrapes else ""))
@@ -418,15 +432,17 @@ def level_figure(line: Timeline, cap: tuple[float, str] | None,
     if line.has_gpu:
         ax.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_util],
                 color="#ef6c00", lw=1.4, label="utilization %")
-        ax.set_ylim(0, 105)
+        ax.set_ylim(0, 130)
+        ax.set_yticks([0, 25, 50, 75, 100])
         ax.set_ylabel("GPU %")
         power = ax.twinx()
         power.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_power],
                    color="#455a64", lw=1.2, ls="--", label="power W")
         power.set_ylabel("W")
-        power.set_ylim(bottom=0)
-        ax.legend(handles=[*ax.get_lines(), *power.get_lines()], loc="lower right",
-                  fontsize=8, frameon=False)
+        watts = [v for v in line.gpu_power if v is not None]
+        power.set_ylim(0, 1.3 * max(watts) if watts and max(watts) > 0 else 1.0)
+        ax.legend(handles=[*ax.get_lines(), *power.get_lines()], loc="upper right",
+                  fontsize=8, ncol=2, framealpha=0.9)
     else:
         _say(ax, "no GPU telemetry in the samples")
         ax.set_ylabel("GPU")
@@ -453,7 +469,7 @@ def level_plots(report: BenchReport) -> list[Plot]:
         for line in report.timelines()[:MAX_PANELS]:
             stem = _slug(line.label)
             caption = ("Over the level: output tokens/s from the engine's generation counter "
-                       "(over a trailing 10 % of the level); "
+                       "(over a trailing window, at least 10 % of the level); "
                        "running and waiting requests"
                        + (f", the dashed line the cap in effect ({cap[1]} {cap[0]:g})"
                           if cap else " (no cap recorded)")
