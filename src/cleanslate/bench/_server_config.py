@@ -153,9 +153,8 @@ class ServerConfig(Frozen):
         configuration was read and matches what was asked)."""
         if self.unreadable is not None:
             return [f"configuration in effect: unreadable ({self.unreadable})"]
-        if self.note is not None:
-            return [f"configuration in effect: {self.note}"]
-        return [d.describe() for d in self.differences]
+        said = [f"configuration in effect: {self.note}"] if self.note is not None else []
+        return said + [d.describe() for d in self.differences]
 
 
 # -- values --------------------------------------------------------------------------------------
