@@ -115,3 +115,6 @@ def test_no_probe_above_a_crash_passes(sims: SimServers) -> None:
     assert not [p.load for p in result.probes if p.load > crash_at and p.passed]
     assert f"crashed at c={n}" in result.summary()
     assert server.proc.wait(10) == 1  # the server did die
+    # read once, before the first probe, while the server was up (issue 36 item 4)
+    found = result.server_config
+    assert found is not None and found.engine == "sim" and found.unreadable is None

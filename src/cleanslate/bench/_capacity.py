@@ -40,6 +40,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from cleanslate.bench._models import LIMIT_KEY, SLO, LevelResult
+from cleanslate.bench._server_config import ServerConfig
 from cleanslate.models import FrozenStrict
 
 Dimension = Literal["concurrency", "rate"]
@@ -247,6 +248,9 @@ class CapacityResult(FrozenStrict):
     crash: str | None = Field(default=None, description="'crashed at c=512 (cause: detail)'")
     cliffs: tuple[str, ...] = ()
     unresolved: tuple[float, ...] = ()
+    server_config: ServerConfig | None = Field(
+        default=None, description="the configuration the server said it runs with, read "
+        "before the first probe (None: not read)")
     max_goodput: float | None = Field(
         default=None, description="the most request goodput (good requests per second) of a "
         "passing probe")

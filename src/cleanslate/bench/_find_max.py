@@ -30,6 +30,7 @@ from cleanslate.bench._runner import (
     level_seed,
     load_tokenizer,
     make_session,
+    read_config_once,
 )
 from cleanslate.bench._workloads import generate
 
@@ -98,6 +99,8 @@ async def find_max(
     harness = harness.with_session(harness.session, tokenizer)
     stop = harness.stop
     check = check_server or partial_is_crash
+    assert harness.session is not None
+    server_config = await read_config_once(harness, harness.session, config)
     template = next((x for x in config.loads if isinstance(x, OpenLoop)), None)
     base = config.model_copy(update={"slo": search.slo.per_request(),
                                      "limits": search.slo.count_keys(), "num_prompts": None
@@ -150,4 +153,4 @@ async def find_max(
             # nothing (a wrong model name, a broken engine) is not made to by halving the
             # load, so the search ends here (nothing passes) instead of probing down to one.
             search.stop(StopReason.NOTHING_PASSES)
-    return search.result()
+    return search.result().model_copy(update={"server_config": server_config})
