@@ -5,8 +5,11 @@ said once; the live view shows an observer's newest scrape."""
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from rich.console import Console
 
@@ -16,6 +19,7 @@ from cleanslate.bench import (
     ClosedLoop,
     GaugeStats,
     GpuTelemetry,
+    LevelEnd,
     ObserveOptions,
     RandomWorkload,
     ServerMetrics,
@@ -24,10 +28,12 @@ from cleanslate.bench import (
     run_benchmark,
     summary_table,
 )
+from cleanslate.bench._gpu import GpuObserver, make_sampler
 from cleanslate.bench._server_metrics import ServerMetricsObserver
 from cleanslate.engines import engine_class
 from tests._kit import served
 from tests.bench.conftest import fake_server
+from tests.sim.conftest import SimServers
 
 
 def measured() -> BenchResult:
@@ -145,3 +151,28 @@ def test_the_live_view_shows_an_observers_newest_scrape() -> None:
     assert before == ""
     assert line == "running 3  waiting 5  KV 40%"
     assert gone.startswith("unreadable: HTTP 404")
+
+
+@pytest.mark.slow  # a real sim process: about 1 s
+def test_the_live_view_shows_the_gpus_newest_reading(tmp_path: Path) -> None:
+    servers = SimServers(tmp_path)
+    try:
+        servers.start("--time-scale", "0.1")
+        ledger = str(servers.ledger)
+
+        async def go() -> tuple[str, str]:
+            seen = GpuObserver(make_sampler(None, [0], "sim", 0.05, ledger), [0])
+            absent = GpuObserver(make_sampler(None, [7], "sim", 0.05, ledger), [7])
+            for observer in (seen, absent):
+                await observer.start()
+            await asyncio.sleep(0.3)
+            line, gone = live_readings([seen]), live_readings([absent])
+            for observer in (seen, absent):
+                await observer.stop(LevelEnd(None, None, 0, 0))
+            return line, gone
+
+        line, gone = asyncio.run(go())
+    finally:
+        servers.end_all()
+    assert re.fullmatch(r"GPU \d+ % / [\d,]+ W", line), line
+    assert gone.startswith("unreadable: ") and "GPU 7" in gone, gone
