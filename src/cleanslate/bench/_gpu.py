@@ -672,6 +672,27 @@ class GpuObserver:
         except Exception as exc:  # never the level's failure
             self.sampler = FailedSampler(printable(f"cannot start: {exc}"), self.sampler.source)
 
+    def latest(self) -> dict[str, float | str]:
+        """The newest reading for the live view (``bench._live.live_readings``):
+        ``gpu_util_pct`` (the mean over the GPUs that gave one) and ``power_w`` (their sum).
+        Empty before the first reading and for a host sampler, whose readings come back when
+        the level ends."""
+        taken = self.sampler._taken if isinstance(self.sampler, ThreadSampler) else []
+        if not taken:
+            return {}
+        t, records = taken[-1]
+        samples = [parse_record(records.get(g, {"err": "not read"}), t) for g in self.gpus]
+        utils = [s.values["util"] for s in samples if "util" in s.values]
+        powers = [s.values["pw"] for s in samples if "pw" in s.values]
+        out: dict[str, float | str] = {}
+        if utils:
+            out["gpu_util_pct"] = sum(utils) / len(utils)
+        if powers:
+            out["power_w"] = sum(powers)
+        if not out and samples and samples[0].err is not None:
+            out["unreadable"] = samples[0].err
+        return out
+
     async def stop(self, end: LevelEnd) -> Observed:
         try:
             result = await self.sampler.stop()
