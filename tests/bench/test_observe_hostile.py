@@ -31,7 +31,11 @@ from cleanslate.bench import (
     run_level,
 )
 from cleanslate.bench._runner import make_session
-from cleanslate.bench._server_metrics import REASON_CHARS, ServerMetricsObserver
+from cleanslate.bench._server_metrics import (
+    HUNG_TIMEOUT_S,
+    REASON_CHARS,
+    ServerMetricsObserver,
+)
 from cleanslate.engines import metric_maps
 from cleanslate.testing.fake_openai import FakeOptions, FakeServer, start_fake_server
 from cleanslate.testing.hostile_metrics import METRICS_CASES, TRAP_PATH
@@ -182,3 +186,44 @@ def test_a_run_whose_metrics_answer_every_hostile_kind_in_turn_loses_no_level() 
             assert seen is not None and seen.samples + seen.failed_scrapes >= 2
             assert seen.unreadable is None or seen.unreadable.isprintable()
     assert not loop_errors
+
+
+@pytest.mark.slow  # ~2 s: a 1 s and a 0.5 s baseline that never answer
+def test_a_hung_endpoint_costs_a_short_baseline_and_no_final_scrape_after_its_first_level(
+) -> None:
+    """Item 7's hang bound: the first level of a run finds the endpoint hung (its baseline
+    times out after the scrape timeout); from then on a scrape waits at most
+    ``HUNG_TIMEOUT_S``, the level's final scrape is not tried, and the next level of the same
+    pool starts from what the first learned. The levels themselves are whole."""
+    maps = metric_maps()
+
+    def make(ctx: LevelContext) -> ServerMetricsObserver:
+        return ServerMetricsObserver(ctx.config.url, maps, session=ctx.session,
+                                     interval_s=0.05, timeout_s=1.0)
+
+    async def go() -> list[tuple[LevelResult, list[str]]]:
+        server = await start_fake_server(FakeOptions(itl_s=0.004))
+        try:
+            cfg = config(f"{server.url}/slow-headers",
+                         ObserveOptions(interval_s=0.05, metrics=False))
+            async with make_session(cfg) as session:
+                harness = Harness(session=session, observers=(make,))
+                levels = []
+                for _ in range(2):
+                    level = await run_level(cfg, cfg.loads[0], harness)
+                    raw = harness.kept[(level.label, "server_metrics")]
+                    levels.append((level, [str(sample["error"]) for sample in raw]))
+                return levels
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    (first, first_errors), (second, second_errors) = asyncio.run(asyncio.wait_for(go(), 20))
+    for level in (first, second):
+        assert_level_whole("slow-headers", level)
+    # the first baseline waited the scrape timeout, every later scrape at most HUNG_TIMEOUT_S
+    assert first_errors[0] == "no answer within 1 s", first_errors
+    short = f"no answer within {HUNG_TIMEOUT_S:g} s"
+    assert all(e == short for e in first_errors[1:-1] + second_errors[:-1]), second_errors
+    for errors in (first_errors, second_errors):
+        assert errors[-1].endswith("; the final scrape not tried"), errors

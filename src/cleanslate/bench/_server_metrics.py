@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import math
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -49,6 +50,10 @@ from cleanslate.bench._observed import GaugeStats, ServerMetrics
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Seconds one scrape may take before it counts as failed.
 DEFAULT_TIMEOUT_S = 2.0
+#: Seconds a scrape may take once the endpoint let the last one time out (in this level, or in
+#: an earlier level of the same run's pool): a live endpoint answers in milliseconds locally
+#: and well inside this over a forward; a hung one costs this at a level's baseline, not 2 s.
+HUNG_TIMEOUT_S = 0.5
 #: Seconds between scrapes (the issue's default; AIPerf uses 333 ms).
 DEFAULT_INTERVAL_S = 0.25
 #: Characters of a reason or a series key kept.
@@ -71,6 +76,7 @@ MAX_PARSED_CHARS = 128 * 1024
 NO_ENGINE_METRICS = "no engine metrics"
 
 _CONTENT_TYPES = ("text/plain", "application/openmetrics-text")
+_NO_ANSWER = "no answer within"
 
 
 def _reason(text: str) -> str:
@@ -304,7 +310,7 @@ async def fetch_text(session: aiohttp.ClientSession, url: str, *,
                 body, why = await _read_answer(resp, url, inflating=session.auto_decompress,
                                                max_bytes=max_bytes)
     except TimeoutError:
-        return None, _reason(f"no answer within {timeout_s:g} s")
+        return None, _reason(f"{_NO_ANSWER} {timeout_s:g} s")
     except aiohttp.ClientError as exc:
         return None, _reason(f"{type(exc).__name__}: {exc}")
     except (OSError, ValueError, UnicodeError) as exc:
@@ -339,6 +345,21 @@ async def _read_answer(resp: aiohttp.ClientResponse, url: str, *, inflating: boo
     return body, None
 
 
+@dataclass
+class EndpointState:
+    """What the observations of one run have learned about an endpoint: ``hung`` while its
+    last scrape timed out (then scrapes wait at most :data:`HUNG_TIMEOUT_S` and a level's
+    final scrape is not tried)."""
+
+    hung: bool = False
+
+
+#: The endpoints' states per run pool (a session) and metrics URL: a level learns from the
+#: levels before it in the same run; gone with the pool.
+_ENDPOINTS: weakref.WeakKeyDictionary[aiohttp.ClientSession, dict[str, EndpointState]] = (
+    weakref.WeakKeyDictionary())
+
+
 class MetricsObserver:
     """Watches one server's metrics endpoint during a level.
 
@@ -354,6 +375,12 @@ class MetricsObserver:
     ``interval_s`` until ``stop()``; ``stop()`` takes a final scrape and returns the
     observation. ``sample()`` may be called by hand. No method raises for anything the
     endpoint does.
+
+    A hung endpoint is bounded: once a scrape timed out, the next ones wait at most
+    :data:`HUNG_TIMEOUT_S` until one answers, and ``stop()`` does not try the final scrape
+    (the last sample says so); what was learned carries to the next observer of the same
+    session and URL (the run's next level). The level's own timing never includes a scrape:
+    the baseline comes before its clock starts, the final scrape after it stops.
     """
 
     def __init__(self, base_url: str, maps: Sequence[MetricMap], *,
@@ -372,6 +399,7 @@ class MetricsObserver:
         self.max_bytes = max_bytes
         self._session = session
         self._scraper: aiohttp.ClientSession | None = None
+        self._own_state = EndpointState()
         self._samples: list[MetricSample] = []
         self._chosen: MetricMap | None = maps[0] if len(maps) == 1 else None
         self._path: str | None = self._chosen.path if self._chosen else None
@@ -432,10 +460,18 @@ class MetricsObserver:
         if first is not None:
             self._samples.append(first)
 
+    def _endpoint(self) -> EndpointState:
+        if self._session is None:
+            return self._own_state
+        return _ENDPOINTS.setdefault(self._session, {}).setdefault(self.url, EndpointState())
+
     async def _scrape(self) -> MetricSample:
         t = time.perf_counter()
+        endpoint = self._endpoint()
+        timeout_s = min(self.timeout_s, HUNG_TIMEOUT_S) if endpoint.hung else self.timeout_s
         text, error = await fetch_text(self._get_session(), self.url,
-                                       timeout_s=self.timeout_s, max_bytes=self.max_bytes)
+                                       timeout_s=timeout_s, max_bytes=self.max_bytes)
+        endpoint.hung = text is None and str(error).startswith(_NO_ANSWER)
         if text is None:
             hint = self._chosen.hint if self._chosen else ""
             return MetricSample(t, error=_reason(f"{error}; {hint}" if hint else str(error)))
@@ -467,15 +503,19 @@ class MetricsObserver:
             await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - began)))
 
     async def stop(self, window: tuple[float, float] | None = None) -> MetricsObservation:
-        """Stop sampling, take a final scrape, and summarize ``window`` (all samples when
-        ``None``)."""
+        """Stop sampling, take a final scrape (not when the last one timed out: a failed
+        sample says so), and summarize ``window`` (all samples when ``None``)."""
         self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._note is None:
+        if self._note is None and self._path is not None and self._endpoint().hung:
+            last = next((s.error for s in reversed(self._samples) if s.error), _NO_ANSWER)
+            self._samples.append(MetricSample(time.perf_counter(), error=_reason(
+                f"{last}; the final scrape not tried")))
+        elif self._note is None:
             await self.sample()
         if self._scraper is not None:
             await self._scraper.close()
@@ -541,8 +581,11 @@ class ServerMetricsObserver:
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
+    "DEFAULT_TIMEOUT_S",
+    "HUNG_TIMEOUT_S",
     "MAX_BODY_BYTES",
     "NO_ENGINE_METRICS",
+    "EndpointState",
     "GaugeStats",
     "MetricSample",
     "MetricsObservation",
