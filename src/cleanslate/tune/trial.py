@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cleanslate.bench import (
@@ -30,6 +31,7 @@ from cleanslate.bench import (
     LevelResult,
     Probe,
     ProbeVerdict,
+    SampleFiles,
     gpu_observer,
     printable,
     run_level,
@@ -512,10 +514,23 @@ def trial_harness(stop: asyncio.Event | None, executor: Executor | None = None,
     gpus = (run.gpus if run is not None and run.gpus else None) or (
         spec.gpus if spec is not None else None)
     observe = spec.observe if spec is not None else None
+    samples = trial_samples(executor, run)
     if executor is None or not gpus or observe is None or observe.gpus is not None:
-        return Harness(stop=stop)
+        return Harness(stop=stop, on_samples=samples)
     factory = gpu_observer(executor, gpus, observe.gpu_source)
-    return Harness(stop=stop, observers=(factory,) if factory is not None else ())
+    return Harness(stop=stop, observers=(factory,) if factory is not None else (),
+                   on_samples=samples)
+
+
+def trial_samples(executor: Executor | None, run: RunRecord | None) -> SampleFiles | None:
+    """Where a trial's observers keep their raw samples (``docs/study.md``, "Raw samples"):
+    ``observed/`` in the run's folder, beside its ``server.log``, when the run is on this
+    machine (its ``artifacts_dir`` under the store's artifacts); ``None`` for a run on another
+    host (its folder is there; the summaries are in the trial's levels either way). A refused
+    write leaves that level's file out and changes nothing else."""
+    if executor is None or run is None or not executor.is_local or not run.artifacts_dir:
+        return None
+    return SampleFiles(Path(run.artifacts_dir) / "observed", where=f"run {run.id}")
 
 
 async def _levels(
