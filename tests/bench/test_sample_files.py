@@ -116,3 +116,18 @@ def test_bench_writes_the_samples_beside_its_json_and_refuses_a_link(
     assert "samples file(s) not written" in done.stderr and "--observe-dir" in done.stderr
     assert json.loads((tmp_path / "two.json").read_text())["levels"][0]["completed"] == 4
     untouched(victim)
+
+
+@pytest.mark.slow  # a cleanslate process searching two probes: about 3.5 s
+def test_every_find_max_probe_keeps_its_samples(tmp_path: Path, procs: Any) -> None:
+    _, url = start_fake_server_process(procs)
+    folder = tmp_path / "probes"
+    done = run_cli("bench", "--url", url, "--model", "m", "--find-max", "concurrency",
+                   "--slo", "p99_ttft_ms=1000", "--start", "1", "--max-load", "2",
+                   "--num-prompts", "4", "--workload", "random:input_len=8,output_len=4",
+                   "--no-live", "--observe-interval", "0.05", "--observe-dir", str(folder))
+    assert done.returncode == 0, done.stderr
+    index = json.loads((folder / "index.json").read_text())
+    assert [(e["label"], e["key"]) for e in index["files"]] == [("c=1", "server_metrics"),
+                                                                ("c=2", "server_metrics")]
+    assert all(e["samples"] >= 2 for e in index["files"])  # the baseline and the final scrape

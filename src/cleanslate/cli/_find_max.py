@@ -53,6 +53,8 @@ from cleanslate.models import FrozenStrict
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from cleanslate.bench import SampleFiles
+
 DIMENSIONS = ("concurrency", "rate")
 #: The least warm-up before the first probe when ``--warmup`` is not given.
 MIN_DEFAULT_WARMUP = 8
@@ -378,7 +380,7 @@ def _now() -> str:
 
 # --- the run ----------------------------------------------------------------------------------
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
-                  on_probe: object) -> CapacityResult:
+                  on_probe: object, samples: SampleFiles | None = None) -> CapacityResult:
     from cleanslate.bench import Harness, LiveView, find_max
 
     stop = asyncio.Event()
@@ -390,18 +392,21 @@ async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | Non
               "on_probe": on_probe, "check_server": None if plan.server_log is None
               else log_check(plan.server_log, plan.engine)}
     if live is None:
-        return await find_max(config, plan.search, Harness(stop=stop),
+        return await find_max(config, plan.search, Harness(stop=stop, on_samples=samples),
                               **kwargs)  # type: ignore[arg-type]
     with LiveView(live) as view:
         return await find_max(config, plan.search,
-                              Harness(on_progress=view.on_progress, stop=stop),
+                              Harness(on_progress=view.on_progress, stop=stop,
+                                      on_samples=samples),
                               **kwargs)  # type: ignore[arg-type]
 
 
 def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_live: bool,
-        console: Console, console_err: Console) -> tuple[ExitCode, str | None]:
+        console: Console, console_err: Console,
+        samples: SampleFiles | None = None) -> tuple[ExitCode, str | None]:
     """Run the search, print it, and return the exit code and the JSON document (``None``
-    without ``--json``). Probe lines go to stderr unless the document goes to stdout."""
+    without ``--json``). Probe lines go to stderr unless the document goes to stdout.
+    ``samples``: where each probe's observers' raw samples go (``bench --observe-dir``)."""
     to_stdout = json_out == "-"
     slo = plan.search.slo
 
@@ -415,7 +420,7 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
 
     started = _now()
     result = asyncio.run(_search(config, plan, live=console_err if show_live else None,
-                                 on_probe=on_probe))
+                                 on_probe=on_probe, samples=samples))
     finished = _now()
     document = None
     if json_out is not None:

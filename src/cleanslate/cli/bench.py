@@ -375,7 +375,8 @@ def bench(
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
         confidence=confidence, server_log=server_log, engine=engine)
     if find_max is not None:
-        _find_max_command(find_max, opts, search, json_out=json_out, live=live)
+        _find_max_command(find_max, opts, search, json_out=json_out, live=live,
+                          observe_dir=observe_dir)
     given = search.given()
     if given:
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
@@ -441,7 +442,7 @@ def _failure(result: BenchResult) -> str:
 
 def _find_max_command(
     dimension: str, opts: BenchOptions, search: SearchOptions, *, json_out: str | None,
-    live: bool,
+    live: bool, observe_dir: Path | None = None,
 ) -> None:
     """``bench --find-max``: refuse what a search cannot take, run it, exit 0 with an answer,
     1 without (:mod:`cleanslate.cli._find_max`)."""
@@ -488,15 +489,18 @@ def _find_max_command(
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
+    samples = _sample_files(config, json_out, observe_dir)
     show_live = live and not to_stdout and console_err.is_terminal
     code, document = fm.run(config, plan, json_out=json_out, show_live=show_live,
-                            console=console, console_err=console_err)
+                            console=console, console_err=console_err, samples=samples)
     if document is not None:
         if to_stdout:
             sys.stdout.write(document + "\n")
             sys.stdout.flush()
         else:
             write_result(Path(json_out or ""), document + "\n", option="--json")
+    if samples is not None:
+        _samples_written(samples)
     raise typer.Exit(code)
 
 
