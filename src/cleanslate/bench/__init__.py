@@ -137,6 +137,8 @@ if TYPE_CHECKING:
         live_readings,
         observation_notes,
         observed_cells,
+        observed_headers,
+        observed_kinds,
         summary_table,
     )
     from cleanslate.bench._repeats import STEADY_FLOOR, combine, first_repeat_slow
@@ -159,7 +161,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("GPU_SOURCES", "GpuObserver", "gpu_observer", "local_gpus"),
                     "cleanslate.bench._gpu"),
     **dict.fromkeys(("LiveView", "detail_tables", "gpu_totals", "live_readings",
-                     "observation_notes", "observed_cells", "summary_table"),
+                     "observation_notes", "observed_cells", "observed_headers",
+                     "observed_kinds", "summary_table"),
                     "cleanslate.bench._live"),
     "printable": "cleanslate.bench._client",
     **dict.fromkeys(("fresh_session", "is_stale", "note_retry", "request_context",
@@ -265,6 +268,8 @@ __all__ = [
     "observation_notes",
     "observed_cells",
     "observed_folder",
+    "observed_headers",
+    "observed_kinds",
     "observers_for",
     "parse_ramp",
     "parse_scrape",

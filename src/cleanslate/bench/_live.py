@@ -101,6 +101,20 @@ def live_readings(observers: Sequence[object]) -> str:
     return "  ".join(parts)
 
 
+def observed_kinds(levels: Sequence[LevelResult | None]) -> tuple[bool, bool]:
+    """Whether some level has readable engine metrics, and some GPU a reading: which of the
+    observers' columns a table of ``levels`` shows."""
+    known = [lv for lv in levels if lv is not None]
+    metrics = any(lv.server_metrics is not None and lv.server_metrics.unreadable is None
+                  and lv.server_metrics.note is None for lv in known)
+    return metrics, any(gpu_totals(lv) != (None, None) for lv in known)
+
+
+def observed_headers(metrics: bool, gpu: bool) -> list[str]:
+    """The headers of :func:`observed_cells`."""
+    return [*(["running", "waiting", "KV %"] if metrics else []), *(["GPU % / W"] if gpu else [])]
+
+
 def observed_cells(lv: LevelResult, metrics: bool = True, gpu: bool = True) -> list[str]:
     """The observers' cells of one level's row (see :func:`summary_table`): ``running``,
     ``waiting``, ``KV %`` with ``metrics``, ``GPU % / W`` with ``gpu``."""
@@ -171,13 +185,8 @@ def summary_table(result: BenchResult) -> Table:
     cols = ["level", *(["n"] if repeated else []), "ok", "err", "s", "req/s", "out tok/s",
             "TTFT ms p50/p99", "TPOT ms p50/p99"]
     cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "steady", "cpu"]
-    metrics = any(lv.server_metrics is not None and lv.server_metrics.unreadable is None
-                  and lv.server_metrics.note is None for lv in result.levels)
-    gpu = any(gpu_totals(lv) != (None, None) for lv in result.levels)
-    if metrics:
-        cols += ["running", "waiting", "KV %"]
-    if gpu:
-        cols += ["GPU % / W"]
+    metrics, gpu = observed_kinds(result.levels)
+    cols += observed_headers(metrics, gpu)
     for col in cols:
         table.add_column(col, justify="right" if col != "level" else "left")
     for lv in result.levels:

@@ -316,8 +316,11 @@ def _share_cell(probe: Probe) -> tuple[str, str, str]:
 
 def probe_table(result: CapacityResult) -> Table:
     """The probes in load order: verdict, requests, measurements, the worst check's share with
-    its interval against the target, the SLO's statistics, throughput, goodput, cause. With
-    one SLO its key is in the title, not in a column."""
+    its interval against the target, the SLO's statistics, throughput, goodput, what the
+    observers saw (running, waiting, KV %, GPU % / W, as in bench's table: only when some
+    probe has them), cause. With one SLO its key is in the title, not in a column."""
+    from cleanslate.bench import observed_cells, observed_headers, observed_kinds
+
     what = "concurrency" if result.dimension == "concurrency" else "rate (req/s)"
     keys = list(result.slo.limits) if result.slo.attainment is None else ["attainment"]
     one = len(keys) == 1
@@ -329,7 +332,9 @@ def probe_table(result: CapacityResult) -> Table:
             *([] if one else [("worst check", False)]), ("met, % [interval]", False),
             ("target %", True),
             (stat_keys[0] if len(stat_keys) == 1 else "SLO statistics (ms)", False),
-            ("out tok/s", True), ("goodput/s", True), ("cause", False)]
+            ("out tok/s", True), ("goodput/s", True)]
+    metrics, gpu = observed_kinds([p.level for p in result.probes])
+    cols += [(h, True) for h in observed_headers(metrics, gpu)] + [("cause", False)]
     for col, right in cols:
         table.add_column(escape(col), justify="right" if right else "left")
     for p in sorted(result.probes, key=lambda p: (p.load, p.index)):
@@ -342,6 +347,8 @@ def probe_table(result: CapacityResult) -> Table:
             *([] if one else [escape(key)]), escape(met), escape(target), escape(shown),
             "-" if p.output_throughput is None else f"{p.output_throughput:,.0f}",
             "-" if p.request_goodput is None else f"{p.request_goodput:.2f}",
+            *(observed_cells(p.level, metrics, gpu) if p.level is not None
+              else ["-"] * len(observed_headers(metrics, gpu))),
             escape(p.cause or "-"))
     return table
 
