@@ -131,3 +131,6 @@ def test_every_find_max_probe_keeps_its_samples(tmp_path: Path, procs: Any) -> N
     assert [(e["label"], e["key"]) for e in index["files"]] == [("c=1", "server_metrics"),
                                                                 ("c=2", "server_metrics")]
     assert all(e["samples"] >= 2 for e in index["files"])  # the baseline and the final scrape
+    # the fake serves no /metrics: said once for the probes, not per probe
+    assert done.stderr.count("engine metrics unreadable: HTTP 404") == 1
+    assert "(every level)" in done.stderr

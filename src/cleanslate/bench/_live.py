@@ -143,12 +143,14 @@ def gpu_totals(lv: LevelResult) -> tuple[float | None, float | None]:
             sum(powers) if powers else None)
 
 
-def observation_notes(result: BenchResult) -> list[str]:
+def observation_notes(result: BenchResult | Sequence[LevelResult]) -> list[str]:
     """What the observers could not give, each said once: ``no engine metrics`` (an engine
     without an endpoint: a note, not a failure), the reason engine metrics or a GPU were
-    unreadable, with the levels it held for."""
+    unreadable, with the levels it held for (a bench result's levels, or a search's probe
+    levels)."""
+    levels = result.levels if isinstance(result, BenchResult) else tuple(result)
     notes: dict[str, list[str]] = {}
-    for lv in result.levels:
+    for lv in levels:
         sm = lv.server_metrics
         if sm is not None and sm.note is not None:
             notes.setdefault(f"engine metrics: {sm.note}", []).append(lv.label)
@@ -162,7 +164,7 @@ def observation_notes(result: BenchResult) -> list[str]:
                 notes.setdefault(f"GPU {g.index}: {g.note}", []).append(lv.label)
     out = []
     for text, labels in notes.items():
-        where = ("every level" if len(labels) == len(result.levels) and len(labels) > 1
+        where = ("every level" if len(labels) == len(levels) and len(labels) > 1
                  else ", ".join(labels))
         out.append(f"{text} ({where})")
     return out

@@ -444,6 +444,10 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
         for warning in probe.warnings:
             console_err.print(Text(f"warning: {probe.label}: {warning}", style="yellow"),
                               soft_wrap=True)
+    from cleanslate.bench import observation_notes
+
+    for note in observation_notes([p.level for p in result.probes if p.level is not None]):
+        console_err.print(Text(note, style="dim"), soft_wrap=True)
     code = exit_code(result)
     head = "DONE" if code == ExitCode.OK else "NO ANSWER"
     line = Text(f"{head}: ", style="bold green" if code == ExitCode.OK else "bold red")
