@@ -27,6 +27,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cleanslate._lazy import lazy_exports
+from cleanslate.bench._bottleneck import (
+    BOTTLENECK_KINDS,
+    Advice,
+    AdviceBook,
+    AdviceEntry,
+    Bottleneck,
+    BottleneckKind,
+    Confidence,
+    advice_book,
+    advice_for,
+    diagnose,
+    register_advice,
+)
 from cleanslate.bench._capacity import (
     CAPACITY_OBJECTIVES,
     DEFAULT_CLIFF,
@@ -176,6 +189,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 })
 
 __all__ = [
+    "BOTTLENECK_KINDS",
     "CAPACITY_OBJECTIVES",
     "DEFAULT_CLIFF",
     "DEFAULT_MAX_EXTENSIONS",
@@ -197,12 +211,18 @@ __all__ = [
     "TARGET_CI_MIN_REPEATS",
     "VOCABULARY",
     "WORKLOADS",
+    "Advice",
+    "AdviceBook",
+    "AdviceEntry",
     "BenchConfig",
     "BenchResult",
+    "Bottleneck",
+    "BottleneckKind",
     "CapacityResult",
     "CapacitySLO",
     "CapacitySearch",
     "ClosedLoop",
+    "Confidence",
     "ConfigDifference",
     "ConfigFlavour",
     "ConversationWorkload",
@@ -247,9 +267,12 @@ __all__ = [
     "WindowResult",
     "Workload",
     "WorkloadSpec",
+    "advice_book",
+    "advice_for",
     "check_workload_files",
     "combine",
     "detail_tables",
+    "diagnose",
     "engine_total",
     "find_max",
     "first_repeat_slow",
@@ -278,6 +301,7 @@ __all__ = [
     "printable",
     "read_sample_files",
     "read_server_config",
+    "register_advice",
     "register_workload",
     "request_context",
     "requested_flags",

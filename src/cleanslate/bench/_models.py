@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from cleanslate.bench._bottleneck import Bottleneck
 from cleanslate.bench._conversation import ConversationWorkload, TurnResult
 from cleanslate.bench._limits import (
     MAX_BURSTINESS,
@@ -548,6 +549,9 @@ class LevelResult(_Frozen):
     gpu: tuple[GpuTelemetry, ...] | None = Field(
         default=None, description="telemetry of each GPU in the run's scope over the level "
         "(None: not observed)")
+    bottleneck: Bottleneck | None = Field(
+        default=None, description="what limited the level, from its observations, the levels "
+        "before it and the configuration in effect (None: not diagnosed)")
 
     def interval(self, key: str) -> tuple[float | None, float | None]:
         """The 95 % interval of a metric key over the repeats (``(None, None)`` without)."""

@@ -42,7 +42,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from cleanslate._types import Registry
-from cleanslate.bench import MetricMap, ServerConfig, read_server_config, requested_flags
+from cleanslate.bench import (
+    AdviceBook,
+    MetricMap,
+    ServerConfig,
+    read_server_config,
+    register_advice,
+    requested_flags,
+)
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
 from cleanslate.engines._flags import Flags, flag_args, option_name
 from cleanslate.errors import InputError
@@ -194,6 +201,10 @@ class EngineAdapter:
     config_ignore: ClassVar[tuple[str, ...]] = ()
     #: whether :meth:`read_config` wants the head of the server's log (vLLM's arguments)
     config_from_log: ClassVar[bool] = False
+    #: what to try per bottleneck verdict, in the engine's own flags
+    #: (``cleanslate.bench.advice_book``); registered with the bench's advice books
+    #: (:func:`~cleanslate.bench.register_advice`) when the adapter is; ``None``: no advice
+    advice: ClassVar[AdviceBook | None] = None
 
     @property
     def metrics_path(self) -> str | None:
@@ -366,6 +377,8 @@ def register_engine(cls: A) -> A:
         raise ValueError(f"engine {cls.name!r}: its signature is for engine "
                          f"{cls.signature.engine!r}")
     _REGISTRY.add(cls.name, cls)
+    if cls.advice is not None:
+        register_advice(cls.name, cls.advice)
     return cls
 
 
