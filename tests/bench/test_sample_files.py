@@ -125,7 +125,8 @@ def test_every_find_max_probe_keeps_its_samples(tmp_path: Path, procs: Any) -> N
     done = run_cli("bench", "--url", url, "--model", "m", "--find-max", "concurrency",
                    "--slo", "p99_ttft_ms=1000", "--start", "1", "--max-load", "2",
                    "--num-prompts", "4", "--workload", "random:input_len=8,output_len=4",
-                   "--no-live", "--observe-interval", "0.05", "--observe-dir", str(folder))
+                   "--no-live", "--observe-interval", "0.05", "--observe-dir", str(folder),
+                   "--json", str(tmp_path / "search.json"))
     assert done.returncode == 0, done.stderr
     index = json.loads((folder / "index.json").read_text())
     assert [(e["label"], e["key"]) for e in index["files"]] == [("c=1", "server_metrics"),
@@ -134,3 +135,10 @@ def test_every_find_max_probe_keeps_its_samples(tmp_path: Path, procs: Any) -> N
     # the fake serves no /metrics: said once for the probes, not per probe
     assert done.stderr.count("engine metrics unreadable: HTTP 404") == 1
     assert "(every level)" in done.stderr
+    # report --bench reads the search as its probes' levels, with the samples
+    from cleanslate.report import load_bench_report
+
+    report = load_bench_report(tmp_path / "search.json", folder)
+    assert [lv.label for lv in report.result.levels] == ["c=1", "c=2"]
+    assert [line.label for line in report.timelines()] == ["c=1", "c=2"]
+    assert all(line.failed_scrapes >= 2 for line in report.timelines())

@@ -307,9 +307,31 @@ class BenchReport:
         return timelines(self.files)
 
 
+def _search_as_bench(document: dict[str, Any]) -> dict[str, Any]:
+    """A ``bench --find-max --json`` document as a bench result's: its probes' measured
+    levels in probe order, the configuration in effect the search read; the client's CPU is
+    not in it (0). Anything else is returned as it is (and refused by the caller)."""
+    search = document.get("find_max")
+    if not isinstance(search, dict) or not isinstance(search.get("probes"), list):
+        return document
+    probes = sorted((p for p in search["probes"] if isinstance(p, dict)
+                     and isinstance(p.get("level"), dict)),
+                    key=lambda p: p.get("index", 0) if isinstance(p.get("index"), int) else 0)
+    endpoint = document.get("endpoint")
+    return {**{k: document.get(k) for k in ("version", "started_at", "finished_at", "url",
+                                            "model", "endpoint", "workload", "seed",
+                                            "warmup")},
+            "backend": "openai" if endpoint == "completions" else "openai-chat",
+            "tokenizer": None, "slo": {}, "num_prompts": None, "duration_s": None,
+            "levels": [p["level"] for p in probes], "partial": False,
+            "client_cpu_s": 0.0, "client_wall_s": 0.0,
+            "server_config": search.get("server_config")}
+
+
 def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
-    """Read a ``bench --json`` result (an :class:`InputError` naming the file when it is not
-    one) and the samples in ``observed`` (default: beside it, ``OUT.json.observed``)."""
+    """Read a ``bench --json`` result, or a ``bench --find-max --json`` search (its probes'
+    levels), an :class:`InputError` naming the file when it is neither, and the samples in
+    ``observed`` (default: beside it, ``OUT.json.observed``)."""
     from pydantic import ValidationError
 
     from cleanslate.inputs import read_input
@@ -320,6 +342,8 @@ def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
     except (ValueError, UnicodeDecodeError):
         raise InputError(f"{path} is not JSON", where="--bench",
                          hint="give the file `cleanslate bench --json FILE` wrote") from None
+    if isinstance(document, dict) and "levels" not in document:
+        document = _search_as_bench(document)
     if not isinstance(document, dict) or "levels" not in document:
         raise InputError(f"{path} is not a bench result (it has no levels)", where="--bench",
                          hint="give the file `cleanslate bench --json FILE` wrote")
