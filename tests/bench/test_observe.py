@@ -190,7 +190,7 @@ def test_gauges_cover_the_steady_window_and_counters_the_whole_level() -> None:
                _sample(3.0, 2, 0, 300)]
     s = summarize(samples, flavour="sglang", url="u", window=(0.5, 2.5))
     assert s.gauge_window == "steady" and s.window_samples == 2 and s.samples == 4
-    assert s.running == GaugeStats(mean=6.0, max=8.0)
+    assert s.running == GaugeStats(mean=6.0, max=8.0, share_at_max=0.5)
     assert s.generation_tokens == 200.0  # baseline to final scrape
     # a window no scrape fell in (a level shorter than the period): the whole level
     short = summarize(samples, flavour="sglang", url="u", window=(1.2, 1.3))

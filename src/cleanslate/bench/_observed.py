@@ -13,12 +13,30 @@ from pydantic import Field
 from cleanslate.bench._metric_names import GAUGES
 from cleanslate.models import Frozen
 
+#: A sample counts as at the window's max when it is at least this share of it: a running
+#: count of 63 of 64 is at its cap between one request finishing and the next admitted.
+AT_MAX_SHARE = 0.97
+
 
 class GaugeStats(Frozen):
-    """A gauge over a window: the mean and the largest of its scraped values."""
+    """A gauge over a window: the mean and the largest of its scraped values, and
+    ``share_at_max``: the share of the window's samples at the max (at least
+    :data:`AT_MAX_SHARE` of it; ``None`` where not computed: a level stored before it was,
+    telemetry)."""
 
     mean: float
     max: float
+    share_at_max: float | None = Field(default=None, ge=0, le=1)
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> GaugeStats | None:
+        """The stats of ``values`` (``None`` for none), with ``share_at_max``."""
+        if not values:
+            return None
+        top = max(values)
+        at_max = sum(1 for v in values if v >= top * AT_MAX_SHARE) if top > 0 else len(values)
+        return cls(mean=sum(values) / len(values), max=top,
+                   share_at_max=at_max / len(values))
 
 
 class ServerMetrics(Frozen):
@@ -102,8 +120,14 @@ def _merged_gauge(parts: Sequence[tuple[GaugeStats | None, int]]) -> GaugeStats 
     if not known:
         return None
     total = sum(n for _, n in known)
-    return GaugeStats(mean=sum(g.mean * n for g, n in known) / total,
-                      max=max(g.max for g, _ in known))
+    top = max(g.max for g, _ in known)
+    # the parts whose own max is at the pooled max keep their share at it; the others had
+    # no sample there
+    shares = [(g.share_at_max if g.max >= top * AT_MAX_SHARE else 0.0, n) for g, n in known]
+    share = (sum(s * n for s, n in shares if s is not None) / total
+             if all(s is not None for s, _ in shares) else None)
+    return GaugeStats(mean=sum(g.mean * n for g, n in known) / total, max=top,
+                      share_at_max=share)
 
 
 def _summed(values: Sequence[float | None]) -> float | None:

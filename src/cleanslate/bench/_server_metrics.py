@@ -201,9 +201,7 @@ class MetricsObservation:
 
 
 def _gauge(values: list[float]) -> GaugeStats | None:
-    if not values:
-        return None
-    return GaugeStats(mean=sum(values) / len(values), max=max(values))
+    return GaugeStats.of(values)
 
 
 def _counter_increase(samples: Sequence[MetricSample], key: str) -> tuple[float | None, int]:
