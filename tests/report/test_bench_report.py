@@ -128,7 +128,7 @@ def sims(tmp_path: Path) -> Iterator[SimServers]:
         servers.end_all()
 
 
-@pytest.mark.slow  # the sim, two short levels and `cleanslate report`: about 5 s
+@pytest.mark.slow  # the sim, two short levels and `cleanslate report` twice: 4-10 s
 def test_a_panel_per_level_from_a_real_sim_bench(sims: SimServers, tmp_path: Path) -> None:
     server = sims.start("--max-running-requests", "4", "--enable-metrics",
                         "--time-scale", "0.1")
@@ -170,6 +170,9 @@ def test_a_panel_per_level_from_a_real_sim_bench(sims: SimServers, tmp_path: Pat
     assert html.count("data:image/png;base64,") == 2 and "running mean/max" in html
     doc = json.loads(export.read_text())
     assert [lv["server_metrics.running_max"] for lv in doc["levels"]] == [2, 4]
+    done = run_cli("report", "s", "--bench", str(out))
+    assert done.returncode == 2 and "--bench reports on a bench result" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_study_csv_carries_the_best_levels_observer_summaries(
@@ -195,3 +198,17 @@ def test_the_study_csv_carries_the_best_levels_observer_summaries(
     assert list(row)[-4:] == ["verdict_before", "verdict_after", "run_id", "launch_command"]
     other = next(r for r in rows if int(r["number"]) != best.number)
     assert other["server_metrics.running_max"] == ""
+
+
+def test_what_is_not_a_bench_result_is_refused_naming_the_option(tmp_path: Path) -> None:
+    from cleanslate.errors import InputError
+
+    cases = {"garbage.json": "{", "list.json": "[]", "empty.json": "{}",
+             "wrong.json": json.dumps({"levels": [{"label": 3}]})}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(InputError) as refused:
+            load_bench_report(tmp_path / name)
+        assert refused.value.where == "--bench", name
+    with pytest.raises(InputError, match=r"not a regular file|No such file"):
+        load_bench_report(tmp_path / "missing.json")
