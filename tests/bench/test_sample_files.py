@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from cleanslate.bench import SampleFiles, observed_folder, read_sample_files
+from cleanslate.bench import (
+    Harness,
+    Observed,
+    SampleFiles,
+    discard_samples,
+    observed_folder,
+    read_sample_files,
+)
 from cleanslate.errors import InputError
 from tests._kit import untouched
 from tests.bench.conftest import start_fake_server_process
@@ -46,6 +53,10 @@ def test_each_measurement_gets_its_file_and_the_index_lists_them(tmp_path: Path)
         ("c=16", "server_metrics", "c=16-2.server_metrics.jsonl", 1, None),
         ("c=16 repeat 2/3", "gpu", "c=16_repeat_2_3.gpu.jsonl", 1, None)]
     assert back[0].samples == tuple(SAMPLES)
+    # samples asked to go nowhere are dropped, not kept for the whole run
+    dropped = Harness(on_samples=discard_samples)
+    dropped.keep("c=16", Observed("server_metrics", None, tuple(SAMPLES)))
+    assert dropped.kept == {}
 
 
 def test_a_link_where_a_file_goes_is_refused_and_nothing_is_written_through_it(

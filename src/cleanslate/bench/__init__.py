@@ -107,6 +107,7 @@ from cleanslate.bench._ramp import RampLoad, WindowResult, parse_ramp
 from cleanslate.bench._sample_files import (
     SampleFile,
     SampleFiles,
+    discard_samples,
     observed_folder,
     read_sample_files,
 )
@@ -273,6 +274,7 @@ __all__ = [
     "combine",
     "detail_tables",
     "diagnose",
+    "discard_samples",
     "engine_total",
     "find_max",
     "first_repeat_slow",

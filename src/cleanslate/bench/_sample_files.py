@@ -133,6 +133,12 @@ class SampleFiles:
             self.problems.append(f"{label} ({key}): {exc.message}")
 
 
+def discard_samples(label: str, key: str, samples: Sequence[Mapping[str, Any]]) -> None:
+    """The sink of a run whose samples go nowhere (``bench`` without ``--json FILE`` or
+    ``--observe-dir``): they are dropped, not kept in memory for the whole run
+    (``Harness.kept``, which keeps them when no sink is given)."""
+
+
 @dataclass(frozen=True)
 class SampleFile:
     """One measurement's samples of one observer, read back. ``problem``: why the file gave
@@ -203,6 +209,7 @@ __all__ = [
     "OBSERVED_SUFFIX",
     "SampleFile",
     "SampleFiles",
+    "discard_samples",
     "file_stem",
     "jsonl",
     "observed_folder",

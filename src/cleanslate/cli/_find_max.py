@@ -388,7 +388,7 @@ def _now() -> str:
 # --- the run ----------------------------------------------------------------------------------
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
                   on_probe: object, samples: SampleFiles | None = None) -> CapacityResult:
-    from cleanslate.bench import Harness, LiveView, find_max
+    from cleanslate.bench import Harness, LiveView, discard_samples, find_max
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -399,12 +399,13 @@ async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | Non
               "on_probe": on_probe, "check_server": None if plan.server_log is None
               else log_check(plan.server_log, plan.engine)}
     if live is None:
-        return await find_max(config, plan.search, Harness(stop=stop, on_samples=samples),
+        return await find_max(config, plan.search,
+                              Harness(stop=stop, on_samples=samples or discard_samples),
                               **kwargs)  # type: ignore[arg-type]
     with LiveView(live) as view:
         return await find_max(config, plan.search,
                               Harness(on_progress=view.on_progress, stop=stop,
-                                      on_samples=samples),
+                                      on_samples=samples or discard_samples),
                               **kwargs)  # type: ignore[arg-type]
 
 

@@ -542,7 +542,7 @@ def _samples_written(samples: SampleFiles) -> None:
 
 async def _run(config: BenchConfig, show_live: bool,
                samples: SampleFiles | None = None) -> BenchResult:
-    from cleanslate.bench import Harness, LiveView, run_benchmark
+    from cleanslate.bench import Harness, LiveView, discard_samples, run_benchmark
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -550,10 +550,11 @@ async def _run(config: BenchConfig, show_live: bool,
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     if not show_live:
-        return await run_benchmark(config, Harness(stop=stop, on_samples=samples))
+        return await run_benchmark(config, Harness(stop=stop,
+                                                   on_samples=samples or discard_samples))
     with LiveView(console_err) as view:
         return await run_benchmark(config, Harness(on_progress=view.on_progress, stop=stop,
-                                                   on_samples=samples))
+                                                   on_samples=samples or discard_samples))
 
 
 def build_config(opts: BenchOptions) -> BenchConfig:
