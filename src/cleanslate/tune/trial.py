@@ -32,6 +32,7 @@ from cleanslate.bench import (
     Probe,
     ProbeVerdict,
     SampleFiles,
+    discard_samples,
     gpu_observer,
     printable,
     run_level,
@@ -514,7 +515,7 @@ def trial_harness(stop: asyncio.Event | None, executor: Executor | None = None,
     gpus = (run.gpus if run is not None and run.gpus else None) or (
         spec.gpus if spec is not None else None)
     observe = spec.observe if spec is not None else None
-    samples = trial_samples(executor, run)
+    samples = trial_samples(executor, run) or discard_samples
     if executor is None or not gpus or observe is None or observe.gpus is not None:
         return Harness(stop=stop, on_samples=samples)
     factory = gpu_observer(executor, gpus, observe.gpu_source)
@@ -526,8 +527,9 @@ def trial_samples(executor: Executor | None, run: RunRecord | None) -> SampleFil
     """Where a trial's observers keep their raw samples (``docs/study.md``, "Raw samples"):
     ``observed/`` in the run's folder, beside its ``server.log``, when the run is on this
     machine (its ``artifacts_dir`` under the store's artifacts); ``None`` for a run on another
-    host (its folder is there; the summaries are in the trial's levels either way). A refused
-    write leaves that level's file out and changes nothing else."""
+    host (its folder is there; the summaries are in the trial's levels either way: its samples
+    are dropped, not kept in memory). A refused write leaves that level's file out and changes
+    nothing else."""
     if executor is None or run is None or not executor.is_local or not run.artifacts_dir:
         return None
     return SampleFiles(Path(run.artifacts_dir) / "observed", where=f"run {run.id}")
