@@ -148,8 +148,8 @@ def test_a_panel_per_level_from_a_real_sim_bench(sims: SimServers, tmp_path: Pat
     out.write_text(result.model_dump_json())
     report = load_bench_report(out)
     assert report.samples_note is None
-    if result.server_config is not None:  # the configuration in effect, when read
-        assert report.cap == (4, "max_running_requests")
+    # the cap in effect, as the sim reports it (/server_info)
+    assert result.server_config is not None and report.cap == (4, "max_running_requests")
     lines = {line.label: line for line in timelines(report.files)}
     busy = lines["c=16"]
     assert busy.has_metrics and not busy.has_gpu

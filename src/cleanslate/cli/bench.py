@@ -277,8 +277,8 @@ def bench(
     observe_dir: Annotated[
         Path | None,
         typer.Option(help="write the observers' raw samples here, one JSON Lines file per "
-                     "level [default: beside --json FILE, in FILE.observed/; none without "
-                     "--json FILE]", show_default=False),
+                     "level (default: beside --json FILE, in FILE.observed/; none without "
+                     "--json FILE)", show_default=False),
     ] = None,
     repeats: Annotated[
         int | None,

@@ -123,7 +123,7 @@ def report(
              "samples beside it (FILE.observed/).")] = None,
     observed: Annotated[Path | None, typer.Option(
         "--observed", metavar="DIR",
-        help="With --bench: the observers' samples folder [default: FILE.observed]",
+        help="With --bench: the observers' samples folder (default: FILE.observed).",
         show_default=False)] = None,
 ) -> None:
     """Report on a study: its trials sorted by the objective, the best configuration and its
