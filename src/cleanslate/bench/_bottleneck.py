@@ -32,6 +32,7 @@ from cleanslate.models import Frozen
 
 if TYPE_CHECKING:
     from cleanslate.bench._models import LevelResult
+    from cleanslate.bench._observed import GaugeStats, GpuTelemetry, ServerMetrics
     from cleanslate.bench._server_config import ServerConfig
     from cleanslate.bench._workloads import WorkloadSpec
 
@@ -129,6 +130,29 @@ def advice_book(entries: Mapping[str, Sequence[AdviceEntry]]) -> AdviceBook:
 
 _BOOKS: dict[str, AdviceBook] = {}
 
+#: What to do whatever the engine (cleanslate's own options, the host): printed after an
+#: engine's own entries.
+GENERAL_ADVICE: AdviceBook = MappingProxyType({
+    "offered_load": (AdviceEntry("--concurrency", "raise",
+                                 "the server runs everything it is sent; send more (or a "
+                                 "higher --request-rate) to find its limit"),),
+    "client": (AdviceEntry("--concurrency", "check",
+                           "the client did not hold the load asked: split it over several "
+                           "clients (processes or hosts) or lower the load per client"),),
+    "throttled": (AdviceEntry("nvidia-smi -q -d PERFORMANCE", "check",
+                              "the GPU slowed its clock: check the host's cooling and power "
+                              "limit, then measure again"),),
+    "cache_inflated": (AdviceEntry("--seed", "set",
+                                   "the prompts were served from the prefix cache: use a new "
+                                   "seed per run, or restart the server, so prefill is "
+                                   "measured"),),
+    "crashed": (AdviceEntry("server log", "check",
+                            "the server was lost during the level: its log says why"),),
+    "errors": (AdviceEntry("server log", "check",
+                           "requests failed: the level's error details and the server's log "
+                           "say why"),),
+})
+
 
 def register_advice(engine: str, book: AdviceBook) -> None:
     """Make ``book`` the advice of ``engine`` (the engine registry calls this for every
@@ -181,6 +205,180 @@ class Match:
 Rule = Callable[[Seen], "Match | None"]
 
 
+# -- thresholds ------------------------------------------------------------------------------
+
+#: A gauge at or above this share of the cap counts as at the cap (a running count of 63 of 64
+#: is at it between one request finishing and the next being admitted).
+AT_CAP = 0.97
+
+#: The running count is pinned at its cap when at least this share of the steady window's
+#: samples are at it: half the window; a cap touched now and then while the batch mostly runs
+#: below it is not what holds the level.
+PINNED_SHARE = 0.5
+
+#: Requests waiting (mean over the window) at or above this are a queue: one or more on
+#: average means some request always waits for admission.
+QUEUE_MIN = 1.0
+
+#: A queue no longer than this share of the running batch (mean) is the normal wait of a
+#: request between its arrival and the next step that admits it: the sim at c=16 (cap 64)
+#: keeps 2.3 waiting beside 13.7 running while everything it is sent runs.
+QUEUE_SHARE = 0.25
+
+#: KV-cache usage (0-1, the window's max) at or above this is full: SGLang admits against a
+#: reserve for the tokens still to decode, so its ``token_usage`` stops short of 1 (vLLM's
+#: ``kv_cache_usage_perc`` reaches it).
+KV_FULL = 0.9
+
+#: The batch must have grown by this factor against a level before for the step time's growth
+#: to be read: a smaller step is inside the noise of TPOT.
+BATCH_GROWTH = 1.5
+
+#: The step time (median TPOT) grew with the batch: by at least this factor.
+STEP_GROWTH = 1.2
+
+#: Compute-bound: less than this share of the batch's growth turned into output throughput
+#: (throughput = batch / step time: a step that grows as fast as the batch adds nothing).
+COMPUTE_EFFICIENCY = 0.5
+
+#: A level holds its offered load when the requests in flight (the engine's running plus
+#: waiting, else the client's count) reach this share of its target.
+HELD_SHARE = 0.9
+
+#: GPU utilisation (mean, percent) at or above which the GPU is busy.
+GPU_BUSY_PCT = 90.0
+
+#: Client CPU (CPU seconds per wall second) at or above which the client may be the limit: its
+#: event loop runs on one core (the same bound as the level's warning).
+CLIENT_CPU = 0.9
+
+#: Sends later than this at p99 (ms) against an open loop's schedule: the client did not keep
+#: it (the same bound as the level's warning).
+SCHEDULE_LAG_MS = 10.0
+
+#: Clock-event reasons that are the host slowing the GPU (heat, a power brake, a hardware
+#: slowdown), and the share of samples one must be active in: a quarter of the level.
+THROTTLE_EVENTS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown",
+                             "hw_power_brake_slowdown"})
+THROTTLE_SHARE = 0.25
+
+#: The SM clock (mean) below this share of the GPU's max while the GPU is busy (utilisation at
+#: least :data:`THROTTLE_BUSY_PCT`): a clock that fell well below its max under load; the
+#: software power cap counts only together with it (a busy GPU at its power limit often runs
+#: near max clocks).
+THROTTLE_CLOCK_SHARE = 0.85
+THROTTLE_BUSY_PCT = 50.0
+
+#: The prefix-cache hit rate is inflated when it is this much (absolute share of the prompt
+#: tokens) above what the workload is built to reuse: a chat template's shared head stays
+#: under it (at most 10 % of the input on the chat endpoint: ``CHAT_CACHED_SHARE``).
+CACHE_EXCESS = 0.2
+
+#: DP ranks' running counts (means) are far apart when the least busy runs less than this share
+#: of the busiest, and the busiest runs at least :data:`DP_MIN_RUNNING`.
+DP_SPREAD = 0.5
+DP_MIN_RUNNING = 2.0
+
+#: ``ServerConfig.in_effect`` keys that are a request cap: SGLang and the sim, vLLM, llama.cpp.
+CAP_SETTINGS = ("max_running_requests", "max_num_seqs", "total_slots")
+
+_NO_METRICS = "engine metrics (running, waiting)"
+
+
+# -- figures every rule reads ----------------------------------------------------------------
+
+
+def _readable(lv: LevelResult) -> ServerMetrics | None:
+    m = lv.server_metrics
+    if m is None or m.unreadable is not None or m.note is not None or m.running is None:
+        return None
+    return m
+
+
+def in_flight(lv: LevelResult) -> float | None:
+    """The mean requests in flight by Little's law: completed requests per second times the
+    mean end-to-end latency (s); ``None`` without either."""
+    e2e = lv.e2el_ms.mean
+    if e2e is None or lv.request_throughput <= 0:
+        return None
+    return lv.request_throughput * e2e / 1000.0
+
+
+def target(lv: LevelResult) -> float | None:
+    """What the level asks to keep in flight: a closed loop's concurrency (at most its
+    requests); an open loop's cap when it was reached, else Little's law's mean."""
+    load = lv.load
+    if load.kind == "closed":
+        return float(min(load.concurrency, lv.num_prompts))
+    cap = getattr(load, "max_concurrency", None)
+    if cap is not None and lv.max_concurrent_requests >= cap:
+        return float(cap)
+    return in_flight(lv)
+
+
+def batch(lv: LevelResult) -> float | None:
+    """The running batch: the engine's running mean, else the client's mean in flight."""
+    m = _readable(lv)
+    if m is not None and m.running is not None:
+        return m.running.mean
+    return in_flight(lv)
+
+
+def cap_in_effect(config: ServerConfig | None) -> tuple[float, str] | None:
+    """The request cap the configuration in effect says (and its flag's key); SGLang's cap
+    per DP rank times the ranks."""
+    if config is None:
+        return None
+    for key in CAP_SETTINGS:
+        value = config.in_effect.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            continue
+        ranks = config.in_effect.get("dp_size")
+        per_dp = "per_dp" in config.sources.get(key, "")
+        if per_dp and isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 1:
+            return float(value) * ranks, key
+        return float(value), key
+    return None
+
+
+def _pinned(g: GaugeStats) -> float:
+    """The share of the window the gauge spent at its max (from the mean where the share was
+    not kept: a level stored before it was)."""
+    if g.share_at_max is not None:
+        return g.share_at_max
+    return 1.0 if g.max > 0 and g.mean >= g.max * AT_CAP else 0.0
+
+
+def _previous(seen: Seen, *, smaller_by: float = 1.0) -> LevelResult | None:
+    """The level before with the largest batch at most ``1 / smaller_by`` of this one's."""
+    now = batch(seen.level)
+    if now is None:
+        return None
+    best: tuple[float, LevelResult] | None = None
+    for lv in seen.before:
+        b = batch(lv)
+        if b is None or b <= 0 or b * smaller_by > now or lv.partial:
+            continue
+        if best is None or b > best[0]:
+            best = (b, lv)
+    return best[1] if best else None
+
+
+def _ratio(now: float | None, then: float | None) -> float | None:
+    if now is None or then is None or then <= 0:
+        return None
+    return now / then
+
+
+def _gpus(lv: LevelResult) -> list[GpuTelemetry]:
+    return [g for g in lv.gpu or () if g.unreadable is None]
+
+
+def _gpu_busy(lv: LevelResult) -> float | None:
+    util = [g.utilization_pct.mean for g in _gpus(lv) if g.utilization_pct is not None]
+    return sum(util) / len(util) if util else None
+
+
 # -- the rules -------------------------------------------------------------------------------
 
 
@@ -210,10 +408,364 @@ def errors(seen: Seen) -> Match | None:
                  {"error_rate": lv.error_rate, "failed": lv.failed})
 
 
-#: The rules in their order: the first match is the verdict.
+def client(seen: Seen) -> Match | None:
+    """The client did not hold the load it was asked for: a closed loop whose requests in
+    flight never reached its concurrency, an open loop sent late against its schedule (not
+    because its own cap was full), or the client's CPU near a core. Likely (the client's
+    figures); clear when the engine's metrics also show the server with room (its running
+    batch below the target, nothing waiting)."""
+    lv = seen.level
+    lines: list[str] = []
+    figures: dict[str, float] = {"client_cpu_util": lv.client_cpu_util}
+    load = lv.load
+    if load.kind == "closed":
+        want = min(load.concurrency, lv.num_prompts)
+        if lv.max_concurrent_requests < want * HELD_SHARE:
+            lines.append(f"the client had at most {lv.max_concurrent_requests} requests in "
+                         f"flight of the {want} asked")
+            figures.update(max_in_flight=lv.max_concurrent_requests, target=want)
+    lag = lv.schedule_lag_ms
+    cap = getattr(load, "max_concurrency", None)
+    cap_full = cap is not None and lv.max_concurrent_requests >= cap
+    if lag is not None and lag.p99 is not None and lag.p99 > SCHEDULE_LAG_MS and not cap_full:
+        lines.append(f"sends were {lag.p99:.1f} ms late at p99 against the schedule "
+                     f"(bound {SCHEDULE_LAG_MS:g} ms)")
+        figures["schedule_lag_p99_ms"] = lag.p99
+    if lv.client_cpu_util >= CLIENT_CPU:
+        lines.append(f"the client used {lv.client_cpu_util:.0%} of a CPU core "
+                     f"(bound {CLIENT_CPU:.0%})")
+    if not lines:
+        return None
+    m = _readable(lv)
+    room = (m is not None and m.running is not None and m.waiting is not None
+            and m.waiting.mean < QUEUE_MIN)
+    if room and m is not None and m.running is not None:
+        lines.append(f"the server ran {m.running.mean:.1f} on average with "
+                     f"{m.waiting.mean if m.waiting else 0:.1f} waiting: it had room")
+    return Match("client", "clear" if room else "likely", tuple(lines), figures)
+
+
+def throttled(seen: Seen) -> Match | None:
+    """A GPU slowed its clock during the level: a thermal, hardware or power-brake clock event
+    active in at least :data:`THROTTLE_SHARE` of the samples, or the SM clock below
+    :data:`THROTTLE_CLOCK_SHARE` of its max while busy. Likely (telemetry)."""
+    gpus = _gpus(seen.level)
+    if not gpus:
+        seen.lack("GPU telemetry")
+        return None
+    lines: list[str] = []
+    figures: dict[str, float] = {}
+    for g in gpus:
+        events = {k: v for k, v in g.clock_events.items()
+                  if k in THROTTLE_EVENTS and v >= THROTTLE_SHARE}
+        clock = g.sm_clock_mhz.mean if g.sm_clock_mhz is not None else None
+        busy = g.utilization_pct is not None and g.utilization_pct.mean >= THROTTLE_BUSY_PCT
+        slow = (clock is not None and g.max_sm_clock_mhz is not None and busy
+                and clock < g.max_sm_clock_mhz * THROTTLE_CLOCK_SHARE)
+        if not events and not slow:
+            continue
+        said = ", ".join(f"{k} {v:.0%} of samples" for k, v in sorted(events.items()))
+        power = g.clock_events.get("sw_power_cap", 0.0)
+        if slow and power:
+            said = ", ".join(p for p in (said, f"sw_power_cap {power:.0%} of samples") if p)
+        clock_text = (f"SM clock {clock:.0f} of {g.max_sm_clock_mhz:.0f} MHz"
+                      if clock is not None and g.max_sm_clock_mhz else "")
+        lines.append(f"GPU {g.index}: " + "; ".join(p for p in (said, clock_text) if p))
+        if clock is not None:
+            figures[f"gpu{g.index}_sm_clock_mhz"] = clock
+        if g.max_sm_clock_mhz is not None:
+            figures[f"gpu{g.index}_max_sm_clock_mhz"] = g.max_sm_clock_mhz
+        for k, v in events.items():
+            figures[f"gpu{g.index}_{k}"] = v
+    if not lines:
+        return None
+    return Match("throttled", "likely", tuple(lines), figures)
+
+
+def designed_cache_share(workload: WorkloadSpec | None, level: LevelResult) -> float | None:
+    """The share of the prompt tokens the workload is built to let a prefix cache serve:
+    a trace's prediction from its block hashes; a random workload's fixed prefix over the
+    prompt; a shared-prefix workload's prefix over prefix and suffix (every request after the
+    first of its prefix); ``None`` where the design does not say (ShareGPT, conversations)."""
+    if level.expected_cached_prompt_tokens is not None and level.total_input_tokens > 0:
+        return level.expected_cached_prompt_tokens / level.total_input_tokens
+    kind = getattr(workload, "kind", None)
+    if kind == "random":
+        prefix, body = getattr(workload, "prefix_len", 0), getattr(workload, "input_len", 1)
+        return float(prefix / (prefix + body))
+    if kind == "shared-prefix":
+        prefix, suffix = getattr(workload, "prefix_len", 0), getattr(workload, "suffix_len", 1)
+        return float(prefix / (prefix + suffix))
+    return None
+
+
+def cache_inflated(seen: Seen) -> Match | None:
+    """The prefix cache served far more of the prompts than the workload is built to reuse
+    (:data:`CACHE_EXCESS` above its design): the prompts were seen before, prefill was not
+    measured in full. Clear from the engine's hit rate; likely from the responses' cached
+    tokens."""
+    lv = seen.level
+    design = designed_cache_share(seen.workload, lv)
+    if design is None:
+        return None
+    m = _readable(lv)
+    rate: float | None = None
+    confidence: Confidence = "likely"
+    source = ""
+    if m is not None and m.prefix_cache_hit_rate is not None:
+        rate, confidence, source = m.prefix_cache_hit_rate, "clear", "the engine's hit rate"
+    elif lv.cached_prompt_tokens is not None and lv.total_input_tokens > 0:
+        rate = lv.cached_prompt_tokens / lv.total_input_tokens
+        source = "cached prompt tokens in the responses"
+    if rate is None:
+        seen.lack("prefix-cache hit rate")
+        return None
+    if rate < design + CACHE_EXCESS:
+        return None
+    return Match("cache_inflated", confidence,
+                 (f"{rate:.0%} of the prompt tokens came from the prefix cache ({source}); the "
+                  f"workload is built to reuse {design:.0%}",),
+                 {"prefix_cache_hit_rate": rate, "designed_share": design})
+
+
+def dp_imbalance(seen: Seen) -> Match | None:
+    """Under data parallelism the ranks' running counts are far apart: the least busy rank
+    runs less than :data:`DP_SPREAD` of the busiest. Clear (the engine's per-rank series)."""
+    m = _readable(seen.level)
+    if m is None:
+        return None
+    ranks = {k: g.mean for k, g in m.per_rank.get("running", {}).items()
+             if any(part.split("=", 1)[0] in ("dp_rank", "engine") for part in k.split(","))}
+    if len(ranks) < 2:
+        return None
+    busiest, idlest = max(ranks.values()), min(ranks.values())
+    if busiest < DP_MIN_RUNNING or idlest >= busiest * DP_SPREAD:
+        return None
+    top = max(ranks, key=lambda k: ranks[k])
+    low = min(ranks, key=lambda k: ranks[k])
+    return Match("dp_imbalance", "clear",
+                 (f"running {busiest:.1f} on {top} but {idlest:.1f} on {low} "
+                  f"({len(ranks)} ranks)",),
+                 {"running_max_rank": busiest, "running_min_rank": idlest,
+                  "ranks": len(ranks)})
+
+
+def _against_before(seen: Seen) -> tuple[list[str], dict[str, float]]:
+    """TTFT and TPOT against the level before with a smaller batch (evidence, not a
+    condition)."""
+    prev = _previous(seen, smaller_by=1.0)
+    if prev is None or prev is seen.level:
+        return [], {}
+    lv = seen.level
+    ttft = _ratio(lv.ttft_ms.median, prev.ttft_ms.median)
+    tpot = _ratio(lv.tpot_ms.median, prev.tpot_ms.median)
+    if ttft is None or tpot is None:
+        return [], {}
+    return ([f"against {prev.label}: TTFT x{ttft:.1f}, TPOT x{tpot:.2f}"],
+            {"ttft_growth": ttft, "tpot_growth": tpot})
+
+
+def running_cap(seen: Seen) -> Match | None:
+    """Requests queue behind the request cap: the engine's running count pinned at the cap
+    (the configured one, else the plateau it holds) for at least :data:`PINNED_SHARE` of the
+    window while :data:`QUEUE_MIN` or more wait. Clear with the cap configured, or with the
+    plateau and KV usage below :data:`KV_FULL` (not a full cache holding admission); likely
+    from the client alone when the configured cap is below the level's target."""
+    lv = seen.level
+    cap = cap_in_effect(seen.config)
+    m = _readable(lv)
+    want = target(lv)
+    if m is None or m.running is None or m.waiting is None:
+        seen.lack(_NO_METRICS)
+        if cap is None:
+            seen.lack("the request cap in effect")
+            return None
+        if want is None or want <= cap[0]:
+            return None
+        lines, figures = _against_before(seen)
+        return Match("running_cap", "likely",
+                     (f"{want:.0f} requests asked to be in flight, the engine runs at most "
+                      f"{cap[0]:.0f} ({cap[1]})", *lines),
+                     {"cap": cap[0], "target": want, **figures})
+    running, waiting = m.running, m.waiting
+    at = cap[0] if cap is not None else running.max
+    if at <= 0 or running.max < at * AT_CAP:
+        return None
+    pinned = _pinned(running)
+    if pinned < PINNED_SHARE or waiting.mean < QUEUE_MIN:
+        return None
+    kv = m.kv_usage.max if m.kv_usage is not None else None
+    if cap is not None:
+        confidence: Confidence = "clear"
+        cap_text = f"cap {at:.0f} ({cap[1]} in effect)"
+    else:
+        seen.lack("the request cap in effect")
+        confidence = "clear" if kv is not None and kv < KV_FULL else "likely"
+        cap_text = f"the plateau {at:.0f} (no cap in the configuration read)"
+    lines = [f"running {running.max:.0f} of {cap_text} for {pinned:.0%} of the window, "
+             f"{waiting.mean:.0f} waiting on average (max {waiting.max:.0f})"
+             + (f", KV {kv:.0%}" if kv is not None else "")]
+    more, figures = _against_before(seen)
+    prev = _previous(seen)
+    prev_m = _readable(prev) if prev is not None else None
+    if prev_m is not None and prev_m.waiting is not None and prev is not None:
+        lines.append(f"waiting {prev_m.waiting.mean:.0f} at {prev.label} -> "
+                     f"{waiting.mean:.0f}")
+    return Match("running_cap", confidence, (*lines, *more),
+                 {"cap": at, "running_max": running.max, "running_mean": running.mean,
+                  "share_at_cap": pinned, "waiting_mean": waiting.mean,
+                  "waiting_max": waiting.max, **({"kv_usage_max": kv} if kv is not None
+                                                 else {}), **figures})
+
+
+def kv_capacity(seen: Seen) -> Match | None:
+    """The KV cache is full: usage at or above :data:`KV_FULL` with requests waiting for room
+    (vLLM's waiting by reason ``capacity``), preempted or retracted, or queued while the batch
+    runs below its cap. Clear (the engine's metrics); likely from preemptions alone without a
+    usage figure."""
+    m = _readable(seen.level)
+    if m is None:
+        seen.lack(_NO_METRICS)
+        return None
+    kv = m.kv_usage.max if m.kv_usage is not None else None
+    pre = m.preemptions or 0.0
+    held = m.waiting_capacity.mean if m.waiting_capacity is not None else 0.0
+    waiting = m.waiting.mean if m.waiting is not None else 0.0
+    cap = cap_in_effect(seen.config)
+    below_cap = m.running is not None and (cap is None or m.running.max < cap[0] * AT_CAP)
+    figures: dict[str, float] = {"preemptions": pre, "waiting_capacity_mean": held,
+                                 "waiting_mean": waiting}
+    if kv is None:
+        seen.lack("KV-cache usage")
+        if pre <= 0:
+            return None
+        return Match("kv_capacity", "likely",
+                     (f"{pre:.0f} requests preempted or retracted during the level "
+                      "(no KV usage figure)",), figures)
+    figures["kv_usage_max"] = kv
+    if kv < KV_FULL or not (pre > 0 or held > 0 or (waiting >= QUEUE_MIN and below_cap)):
+        return None
+    why = [f"{held:.0f} waiting for room" if held > 0 else "",
+           f"{pre:.0f} preempted or retracted" if pre > 0 else "",
+           f"{waiting:.0f} waiting while the batch runs below its cap"
+           if waiting >= QUEUE_MIN and below_cap and not held else ""]
+    return Match("kv_capacity", "clear",
+                 (f"KV cache {kv:.0%} full; " + ", ".join(w for w in why if w),), figures)
+
+
+def compute(seen: Seen) -> Match | None:
+    """The GPU's step is the limit: against the level before with a batch at least
+    :data:`BATCH_GROWTH` smaller, the step time (median TPOT) grew by :data:`STEP_GROWTH` or
+    more and less than :data:`COMPUTE_EFFICIENCY` of the batch's growth became throughput,
+    while the batch ran below its cap with no queue beyond :data:`QUEUE_SHARE` of it. Clear
+    with the engine's metrics; likely from the client's figures (and GPU utilisation at or
+    above :data:`GPU_BUSY_PCT` where telemetry exists)."""
+    lv = seen.level
+    m = _readable(lv)
+    cap = cap_in_effect(seen.config)
+    if m is not None and m.running is not None:
+        waiting = m.waiting.mean if m.waiting is not None else 0.0
+        if waiting > max(QUEUE_MIN, QUEUE_SHARE * m.running.mean):
+            return None
+        if cap is not None and m.running.max >= cap[0] * AT_CAP and _pinned(m.running) >= \
+                PINNED_SHARE:
+            return None
+    prev = _previous(seen, smaller_by=BATCH_GROWTH)
+    if prev is None:
+        seen.lack("a level before with a smaller batch")
+        return None
+    grew = _ratio(batch(lv), batch(prev))
+    step = _ratio(lv.tpot_ms.median, prev.tpot_ms.median)
+    gain = _ratio(lv.output_throughput, prev.output_throughput)
+    if grew is None or step is None or gain is None or grew <= 1:
+        return None
+    efficiency = (gain - 1) / (grew - 1)
+    if step < STEP_GROWTH or efficiency >= COMPUTE_EFFICIENCY:
+        return None
+    busy = _gpu_busy(lv)
+    if m is None and busy is not None and busy < GPU_BUSY_PCT:
+        return None
+    lines = [f"against {prev.label}: batch x{grew:.1f}, step time (TPOT) x{step:.2f}, "
+             f"throughput x{gain:.2f} ({efficiency:.0%} of the batch's growth)"]
+    if busy is not None:
+        lines.append(f"GPU utilisation {busy:.0f} %")
+    if m is not None and m.running is not None:
+        lines.append(f"running {m.running.mean:.0f} on average"
+                     + (f" of cap {cap[0]:.0f}" if cap is not None else "")
+                     + f", {m.waiting.mean if m.waiting else 0:.1f} waiting")
+    figures = {"batch_growth": grew, "step_growth": step, "throughput_growth": gain,
+               "efficiency": efficiency, **({"gpu_util_pct": busy} if busy is not None
+                                            else {})}
+    return Match("compute", "clear" if m is not None else "likely", tuple(lines), figures)
+
+
+def offered_load(seen: Seen) -> Match | None:
+    """The server runs everything it is sent: the running batch (plus the short wait before
+    admission, at most :data:`QUEUE_SHARE` of it) reaches :data:`HELD_SHARE` of the level's
+    target while below its cap: raise the load. Clear with the engine's metrics; likely from
+    the client's figures when the throughput grew with the load against a level before (at
+    least :data:`COMPUTE_EFFICIENCY` of the batch's growth) or an open loop met its rate."""
+    lv = seen.level
+    m = _readable(lv)
+    want = target(lv)
+    cap = cap_in_effect(seen.config)
+    if m is not None and m.running is not None and want:
+        waiting = m.waiting.mean if m.waiting is not None else 0.0
+        queue_ok = waiting <= max(QUEUE_MIN, QUEUE_SHARE * m.running.mean)
+        held = m.running.mean + waiting >= want * HELD_SHARE or m.running.max >= want
+        below = cap is None or m.running.max < cap[0] * AT_CAP
+        if not (queue_ok and held and below):
+            return None
+        return Match("offered_load", "clear",
+                     (f"running {m.running.mean:.1f} on average (max {m.running.max:.0f}) of "
+                      f"{want:.0f} sent, {waiting:.1f} waiting"
+                      + (f", cap {cap[0]:.0f}" if cap is not None else "")
+                      + ": the server runs everything it is sent",),
+                     {"running_mean": m.running.mean, "running_max": m.running.max,
+                      "waiting_mean": waiting, "target": want,
+                      **({"cap": cap[0]} if cap is not None else {})})
+    rate = lv.request_rate
+    if lv.load.kind != "closed" and rate is not None and math.isfinite(rate) and rate > 0:
+        if lv.achieved_request_rate >= rate * HELD_SHARE:
+            return Match("offered_load", "likely",
+                         (f"{lv.achieved_request_rate:.2f} requests/s achieved of "
+                          f"{rate:g} asked",),
+                         {"achieved_rate": lv.achieved_request_rate, "rate": rate})
+        return None
+    prev = _previous(seen, smaller_by=BATCH_GROWTH)
+    if prev is None:
+        seen.lack("a level before with a smaller batch")
+        return None
+    grew = _ratio(batch(lv), batch(prev))
+    gain = _ratio(lv.output_throughput, prev.output_throughput)
+    if grew is None or gain is None or grew <= 1:
+        return None
+    efficiency = (gain - 1) / (grew - 1)
+    if efficiency < COMPUTE_EFFICIENCY:
+        return None
+    return Match("offered_load", "likely",
+                 (f"against {prev.label}: batch x{grew:.1f}, throughput x{gain:.2f} "
+                  f"({efficiency:.0%} of the batch's growth): more load still adds "
+                  "throughput",),
+                 {"batch_growth": grew, "throughput_growth": gain, "efficiency": efficiency})
+
+
+#: The rules in their order: the first match is the verdict. A level that did not run as
+#: asked (crashed, errors, a client that could not send it) says nothing about the server; a
+#: throttled host or an inflated cache says the number is not the configuration's; then what
+#: holds the batch, from the most specific signature (per-rank counts, a cap, a full cache) to
+#: the most general (the step time, the load itself).
 RULES: tuple[tuple[str, Rule], ...] = (
     ("crashed", crashed),
     ("errors", errors),
+    ("client", client),
+    ("throttled", throttled),
+    ("cache_inflated", cache_inflated),
+    ("dp_imbalance", dp_imbalance),
+    ("running_cap", running_cap),
+    ("kv_capacity", kv_capacity),
+    ("compute", compute),
+    ("offered_load", offered_load),
 )
 
 
@@ -248,11 +800,29 @@ def diagnose(level: LevelResult, before: Sequence[LevelResult] = (),
         if m.verdict != first.verdict and m.verdict not in also:
             also.append(m.verdict)
     book = _book(engine, config, level)
-    entries = book.get(first.verdict, ()) if book is not None else ()
+    entries = ((book.get(first.verdict, ()) if book is not None else ())
+               + GENERAL_ADVICE.get(first.verdict, ()))
     return Bottleneck(verdict=first.verdict, confidence=first.confidence,
                       evidence=first.evidence, figures=_figures(first.figures),
                       advice=tuple(e.render(config) for e in entries),
                       missing=tuple(seen.missing), rule=name, also=tuple(also))
+
+
+def diagnosed(level: LevelResult, before: Sequence[LevelResult] = (),
+              config: ServerConfig | None = None, engine: str | None = None, *,
+              workload: WorkloadSpec | None = None,
+              max_error_rate: float = 0.01) -> LevelResult:
+    """``level`` with its :attr:`~cleanslate.bench.LevelResult.bottleneck` set by
+    :func:`diagnose`. A rule that fails on figures it did not expect gives ``unknown`` naming
+    the failure: the level is kept whatever the diagnosis does."""
+    try:
+        verdict = diagnose(level, before, config, engine, workload=workload,
+                           max_error_rate=max_error_rate)
+    except (ArithmeticError, ValueError, TypeError, AttributeError) as exc:
+        verdict = Bottleneck(verdict="unknown", confidence="unknown",
+                             evidence=(f"the diagnosis failed: {type(exc).__name__}",),
+                             missing=("a diagnosis that ran to its end",), rule="unknown")
+    return level.model_copy(update={"bottleneck": verdict})
 
 
 def _book(engine: str | None, config: ServerConfig | None,
@@ -268,6 +838,7 @@ def _book(engine: str | None, config: ServerConfig | None,
 
 __all__ = [
     "BOTTLENECK_KINDS",
+    "GENERAL_ADVICE",
     "RULES",
     "Advice",
     "AdviceBook",
@@ -280,6 +851,8 @@ __all__ = [
     "Seen",
     "advice_book",
     "advice_for",
+    "designed_cache_share",
     "diagnose",
+    "diagnosed",
     "register_advice",
 ]

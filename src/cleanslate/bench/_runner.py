@@ -44,6 +44,7 @@ from cleanslate import __version__
 from cleanslate.bench import _keepalive as keepalive
 from cleanslate.bench import _metrics as m
 from cleanslate.bench._arrivals import iter_offsets
+from cleanslate.bench._bottleneck import diagnosed
 from cleanslate.bench._client import (
     CONNECTION_ERRORS,
     TEXT_CHARS,
@@ -799,6 +800,8 @@ async def run_benchmark(
                 reference=(first.repeats[0] if first is not None and first.repeats
                            else first),
             )
+            level = diagnosed(level, levels, server_config, config.observe.engine,
+                              workload=config.workload, max_error_rate=config.max_error_rate)
             levels.append(level)
             if level.partial:
                 skipped = len(config.loads) - i - 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from cleanslate.bench import MetricMap
+from cleanslate.bench import AdviceEntry, MetricMap, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_CONFIG, W_OOM, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
@@ -47,11 +47,30 @@ METRICS = MetricMap.build("llamacpp", {
               "waiting_capacity": "no reason label"})
 
 
+#: What to try per bottleneck verdict, in llama-server's flags (``docs/bench.md``, "Why: the
+#: bottleneck verdict"). ``--ctx-size`` is shared among the slots.
+ADVICE = advice_book({
+    "running_cap": (
+        AdviceEntry("--parallel", "raise",
+                    "requests wait for a free slot; raise --ctx-size with it, since the "
+                    "slots share it", "total_slots"),),
+    "kv_capacity": (
+        AdviceEntry("--ctx-size", "raise",
+                    "each slot's context is --ctx-size divided among the slots"),
+        AdviceEntry("--parallel", "lower", "fewer slots, each with more context",
+                    "total_slots")),
+    "compute": (
+        AdviceEntry("--n-gpu-layers", "check",
+                    "layers left on the CPU slow every step"),),
+})
+
+
 @register_engine
 class LlamaCppEngine(EngineAdapter):
     name = "llamacpp"
     description = "llama.cpp `llama-server`"
     default_port = 8080
+    advice = ADVICE
     default_model_flag = "-m"
     reserved_flags = ("--port", "--host", "-m", "--model")
     short_options = SHORT_OPTIONS

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from cleanslate.bench import MetricMap
+from cleanslate.bench import AdviceEntry, MetricMap, advice_book
 from cleanslate.engines._base import EngineAdapter, FlagChange, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
 from cleanslate.engines._flags import Flags, FlagValue
@@ -107,11 +107,46 @@ def metrics_args(flags: Flags | None, *, all_schedulers: bool = True) -> list[st
     return args
 
 
+#: What to try per bottleneck verdict, in SGLang's flags (``docs/bench.md``, "Why: the
+#: bottleneck verdict"); the sim takes the same flags.
+ADVICE = advice_book({
+    "running_cap": (
+        AdviceEntry("--max-running-requests", "raise",
+                    "requests queue behind the cap while the batch could grow",
+                    "max_running_requests"),
+        AdviceEntry("--cuda-graph-max-bs", "check",
+                    "keep it at or above the new cap, so the larger batch runs under CUDA "
+                    "graphs", "cuda_graph_max_bs")),
+    "kv_capacity": (
+        AdviceEntry("--mem-fraction-static", "raise",
+                    "more GPU memory for the KV cache (watch for out-of-memory at start)",
+                    "mem_fraction_static"),
+        AdviceEntry("--max-running-requests", "lower",
+                    "fewer requests retracted for room", "max_running_requests"),
+        AdviceEntry("--kv-cache-dtype", "set", "fp8_e5m2 halves the KV cache's bytes per token",
+                    "kv_cache_dtype")),
+    "compute": (
+        AdviceEntry("--cuda-graph-max-bs", "check",
+                    "a batch above it runs without CUDA graphs", "cuda_graph_max_bs"),
+        AdviceEntry("--chunked-prefill-size", "lower",
+                    "shorter prefill chunks stall the decoding batch less",
+                    "chunked_prefill_size")),
+    "dp_imbalance": (
+        AdviceEntry("--load-balance-method", "set",
+                    "spread requests over the DP ranks by load (minimum_tokens), not in turn",
+                    "load_balance_method"),),
+    "cache_inflated": (
+        AdviceEntry("--disable-radix-cache", "enable",
+                    "measure without the prefix cache", "disable_radix_cache"),),
+})
+
+
 @register_engine
 class SGLangEngine(EngineAdapter):
     name = "sglang"
     description = "SGLang server (`python -m sglang.launch_server`)"
     default_port = 30000
+    advice = ADVICE
     default_model_flag = "--model-path"
     metric_map = METRICS
     # /server_info: the arguments, and the request cap in effect when it chose one itself

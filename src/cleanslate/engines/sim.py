@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._flags import Flags
+from cleanslate.engines.sglang import ADVICE as SGLANG_ADVICE
 from cleanslate.engines.sglang import METRICS as SGLANG_METRICS
 from cleanslate.engines.sglang import metrics_args
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
@@ -53,6 +54,8 @@ class SimEngine(EngineAdapter):
     simulated = True
     # It serves SGLang's names (issue 36 item 5), when launched with --enable-metrics.
     metric_map = SGLANG_METRICS
+    # and takes SGLang's flags, so SGLang's advice
+    advice = SGLANG_ADVICE
     # and SGLang's /server_info, from its model's state; faults are not settings
     config_flavour = "sglang"
     config_ignore = ("fault",)

@@ -12,9 +12,24 @@ Useful flags: ``device``, ``dtype``, ``continuous-batching``, ``cb-use-cuda-grap
 
 from __future__ import annotations
 
-from cleanslate.bench import no_metrics
+from cleanslate.bench import AdviceEntry, advice_book, no_metrics
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines.signatures import ProcessSignature, program
+
+#: What to try per bottleneck verdict, in ``transformers serve``'s flags (``docs/bench.md``,
+#: "Why: the bottleneck verdict"); it serves no metrics, so its verdicts come from the client's
+#: figures and GPU telemetry (``likely`` at best).
+ADVICE = advice_book({
+    "running_cap": (
+        AdviceEntry("--continuous-batching", "enable",
+                    "without it requests are served one batch at a time"),),
+    "kv_capacity": (
+        AdviceEntry("--cb-max-memory-percent", "raise",
+                    "more GPU memory for the continuous-batching cache"),),
+    "compute": (
+        AdviceEntry("--cb-use-cuda-graph", "enable", "CUDA graphs shorten each decode step"),
+        AdviceEntry("--attn-implementation", "check", "a faster attention kernel")),
+})
 
 
 @register_engine
@@ -22,6 +37,7 @@ class TransformersEngine(EngineAdapter):
     name = "transformers"
     description = "Hugging Face `transformers serve`"
     default_port = 8000
+    advice = ADVICE
     leftovers = Leftovers(notes="a single process; nothing known to outlive it")
     signature = ProcessSignature.compile(
         "transformers", r"^transformers$", program(r"transformers(?:-cli)?\s+serve"),

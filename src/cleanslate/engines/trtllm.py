@@ -7,7 +7,7 @@ the process group alone.
 
 from __future__ import annotations
 
-from cleanslate.bench import MetricMap
+from cleanslate.bench import AdviceEntry, MetricMap, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
@@ -27,11 +27,29 @@ METRICS = MetricMap.build("trtllm", {
               "waiting_capacity": "no reason label"})
 
 
+#: What to try per bottleneck verdict, in trtllm-serve's flags (``docs/bench.md``, "Why: the
+#: bottleneck verdict"); its server does not say its configuration, so no value is named.
+ADVICE = advice_book({
+    "running_cap": (
+        AdviceEntry("--max_batch_size", "raise",
+                    "requests queue behind the batch limit while the batch could grow"),
+        AdviceEntry("--max_num_tokens", "raise", "a step's token budget also holds admission")),
+    "kv_capacity": (
+        AdviceEntry("--kv_cache_free_gpu_memory_fraction", "raise",
+                    "more of the free GPU memory for the KV cache"),
+        AdviceEntry("--max_batch_size", "lower", "fewer requests competing for room")),
+    "compute": (
+        AdviceEntry("--max_num_tokens", "lower",
+                    "smaller prefill chunks stall the decoding batch less"),),
+})
+
+
 @register_engine
 class TRTLLMEngine(EngineAdapter):
     name = "trtllm"
     description = "TensorRT-LLM `trtllm-serve`"
     default_port = 8000
+    advice = ADVICE
     metric_map = METRICS
     # its server answers no /server_info or /props that cleanslate reads
     config_flavour = "none"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from cleanslate.bench import MetricMap, Source
+from cleanslate.bench import AdviceEntry, MetricMap, Source, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, W_WRAPPER, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
@@ -41,11 +41,38 @@ METRICS = MetricMap.build("vllm", {
 })
 
 
+#: What to try per bottleneck verdict, in vLLM's flags (``docs/bench.md``, "Why: the
+#: bottleneck verdict").
+ADVICE = advice_book({
+    "running_cap": (
+        AdviceEntry("--max-num-seqs", "raise",
+                    "requests queue behind the cap while the batch could grow", "max_num_seqs"),
+        AdviceEntry("--max-num-batched-tokens", "raise",
+                    "a step's token budget also holds admission", "max_num_batched_tokens")),
+    "kv_capacity": (
+        AdviceEntry("--gpu-memory-utilization", "raise",
+                    "more GPU memory for the KV cache (watch for out-of-memory at start)",
+                    "gpu_memory_utilization"),
+        AdviceEntry("--kv-cache-dtype", "set", "fp8 halves the KV cache's bytes per token",
+                    "cache_dtype"),
+        AdviceEntry("--max-num-seqs", "lower", "fewer requests preempted for room",
+                    "max_num_seqs")),
+    "compute": (
+        AdviceEntry("--max-num-batched-tokens", "lower",
+                    "smaller prefill chunks stall the decoding batch less",
+                    "max_num_batched_tokens"),),
+    "cache_inflated": (
+        AdviceEntry("--no-enable-prefix-caching", "set",
+                    "measure without the prefix cache", "enable_prefix_caching"),),
+})
+
+
 @register_engine
 class VLLMEngine(EngineAdapter):
     name = "vllm"
     description = "vLLM OpenAI-compatible server (`vllm serve`)"
     default_port = 8000
+    advice = ADVICE
     reserved_flags = ("--port", "--host", "--model")
     metric_map = METRICS
     # vllm:cache_config_info on /metrics, /v1/models, and its log's "non-default args" line
