@@ -481,8 +481,13 @@ def parse_cache_config(metrics_text: str) -> _Collected:
     from prometheus_client.parser import text_string_to_metric_families
 
     got = _Collected()
+    # Only its lines are parsed: vLLM's whole exposition (52 KB on a tiny model) is histograms.
+    name = "vllm:cache_config_info"
+    mine = "\n".join(line for line in metrics_text.splitlines()
+                     if line.startswith(name) or line.startswith(("# HELP " + name,
+                                                                  "# TYPE " + name)))
     try:
-        for family in text_string_to_metric_families(metrics_text):
+        for family in text_string_to_metric_families(mine + "\n"):
             if family.name != "vllm:cache_config_info":
                 continue
             for sample in family.samples[:1]:
