@@ -85,12 +85,14 @@ def lab(tmp_path: Path, gguf: Path) -> Any:
 
 
 FLAGS = {"c": 4096, "np": 4, "threads": 2}
+#: Two slots and the metrics endpoint: the bench's levels are watched through it (issue 36).
+METRICS_FLAGS = {"c": 4096, "np": 2, "threads": 2, "metrics": True}
 
 
 def test_serve_smoke_bench_stop_clean(lab: Lab, figure: Any) -> None:
     port = free_port()
     t0 = time.monotonic()
-    served = lab.cli("serve", str(lab.server_file(port, FLAGS)), "--store", lab.store,
+    served = lab.cli("serve", str(lab.server_file(port, METRICS_FLAGS)), "--store", lab.store,
                      "--detach", "--json")
     assert served.returncode == 0, served.stdout + served.stderr
     doc = served.json()
@@ -98,14 +100,30 @@ def test_serve_smoke_bench_stop_clean(lab: Lab, figure: Any) -> None:
     assert doc["smoke"]["passed"], doc["smoke"]
     assert doc["argv"][:3] == [lab.binary, "-m", str(lab.model)]
     assert "-np" in doc["argv"] and "-c" in doc["argv"]  # short options as llama.cpp spells them
+    assert "--metrics" in doc["argv"]
     bench = lab.cli("bench", "--url", f"http://127.0.0.1:{port}", "--model", "tiny",
-                    "--concurrency", "1,4", "--num-prompts", "12", "--workload",
+                    "--concurrency", "1,8", "--num-prompts", "12", "--workload",
                     "random:input_len=256,output_len=16", "--json", "-", "--no-live")
     assert bench.returncode == 0, bench.stdout + bench.stderr
-    one, four = bench.json()["levels"]
-    assert one["failed"] == four["failed"] == 0
+    one, eight = bench.json()["levels"]
+    assert one["failed"] == eight["failed"] == 0
     # Each level has prompts of its own: llama.cpp's prompt cache serves none of level 2.
-    assert four["cached_prompt_tokens"] in (0, None) or four["cached_prompt_tokens"] < 12 * 20
+    assert eight["cached_prompt_tokens"] in (0, None) or eight["cached_prompt_tokens"] < 12 * 20
+    # Its own metrics, found from the names on a bare URL: 2 slots busy at most, the rest
+    # deferred at c=8; no KV-cache usage in this build; every generated token counted.
+    seen = []
+    for level in (one, eight):
+        metrics = level["server_metrics"]
+        assert metrics["flavour"] == "llamacpp" and metrics["unreadable"] is None, metrics
+        assert metrics["failed_scrapes"] == 0 and metrics["samples"] >= 3, metrics
+        assert 1 <= metrics["running"]["max"] <= 2, metrics
+        assert metrics["kv_usage"] is None and metrics["preemptions"] is None, metrics
+        assert metrics["generation_tokens"] == level["total_output_tokens"], metrics
+        seen.append(f"{level['label']} running max {metrics['running']['max']:g} waiting mean "
+                    f"{metrics['waiting']['mean']:.1f} max {metrics['waiting']['max']:g} "
+                    f"({metrics['samples']} samples)")
+    assert one["server_metrics"]["waiting"]["max"] <= 1, one["server_metrics"]
+    assert eight["server_metrics"]["waiting"]["max"] > 0, eight["server_metrics"]
     t1 = time.monotonic()
     stopped = lab.cli("stop", doc["run_id"], "--store", lab.store, "--json", "--deadline", "30")
     stop_s = time.monotonic() - t1
@@ -113,11 +131,11 @@ def test_serve_smoke_bench_stop_clean(lab: Lab, figure: Any) -> None:
     assert stopped.json()["verify"]["verdict"] == "clean"
     assert not alive(int(doc["pid"]))
     figure(f"llama.cpp: ready+smoke {ready_s:.1f} s (phases {doc['phases']}); bench c=1 "
-          f"{one['output_throughput']:.1f} tok/s TTFT p50 {one['median_ttft_ms']:.1f} ms, c=4 "
-          f"{four['output_throughput']:.1f} tok/s TTFT p50 {four['median_ttft_ms']:.1f} ms, "
-          f"cached prompt tokens {one['cached_prompt_tokens']}/{four['cached_prompt_tokens']}, "
-          f"connection retries {one['connection_retries']}/{four['connection_retries']}; "
-          f"stop to CLEAN {stop_s:.2f} s")
+          f"{one['output_throughput']:.1f} tok/s TTFT p50 {one['median_ttft_ms']:.1f} ms, c=8 "
+          f"{eight['output_throughput']:.1f} tok/s TTFT p50 {eight['median_ttft_ms']:.1f} ms, "
+          f"cached prompt tokens {one['cached_prompt_tokens']}/{eight['cached_prompt_tokens']}, "
+          f"connection retries {one['connection_retries']}/{eight['connection_retries']}; "
+          f"server metrics: {'; '.join(seen)}; stop to CLEAN {stop_s:.2f} s")
 
 
 def test_a_sigkilled_server_is_recorded_killed_and_stop_ends_clean(lab: Lab, figure: Any) -> None:
