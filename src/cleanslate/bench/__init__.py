@@ -38,6 +38,7 @@ from cleanslate.bench._bottleneck import (
     advice_book,
     advice_for,
     diagnose,
+    diagnosed,
     register_advice,
 )
 from cleanslate.bench._capacity import (
@@ -105,6 +106,7 @@ from cleanslate.bench._observe import (
 from cleanslate.bench._observed import GaugeStats, GpuTelemetry, ServerMetrics
 from cleanslate.bench._ramp import RampLoad, WindowResult, parse_ramp
 from cleanslate.bench._sample_files import (
+    MAX_SAMPLE_FILE_BYTES,
     SampleFile,
     SampleFiles,
     discard_samples,
@@ -205,6 +207,7 @@ __all__ = [
     "MAX_LEVELS",
     "MAX_NUM_PROMPTS",
     "MAX_REPLAY_SPEEDUP",
+    "MAX_SAMPLE_FILE_BYTES",
     "MIN_RATE",
     "PER_REQUEST_KEYS",
     "SLO",
@@ -274,6 +277,7 @@ __all__ = [
     "combine",
     "detail_tables",
     "diagnose",
+    "diagnosed",
     "discard_samples",
     "engine_total",
     "find_max",

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
+from cleanslate.bench._bottleneck import diagnosed
 from cleanslate.bench._capacity import (
     DEFAULT_MAX_EXTENSIONS,
     CapacityResult,
@@ -106,6 +107,7 @@ async def find_max(
                                      "limits": search.slo.count_keys(), "num_prompts": None
                                      if config.duration_s is not None else config.num_prompts})
     reference: LevelResult | None = None
+    probed: list[LevelResult] = []  # the levels of the probes before: each verdict reads them
     index = 0
     while (value := search.next_load()) is not None:
         if stop is not None and stop.is_set():
@@ -133,6 +135,8 @@ async def find_max(
             crash = await check(level)
             pooled = combine(measured, samples, max_error_rate=config.max_error_rate,
                              seed=seed) if len(measured) > 1 else level
+            pooled = diagnosed(pooled, probed, server_config, config.observe.engine,
+                               workload=config.workload, max_error_rate=config.max_error_rate)
             interrupted = stop is not None and stop.is_set()
             probe = probe_from_level(index, search.dimension, value, pooled, search.slo,
                                      measurements=len(measured), crash=crash,
@@ -143,6 +147,8 @@ async def find_max(
         if reference is None and probe.verdict not in (ProbeVerdict.CRASHED,
                                                        ProbeVerdict.INTERRUPTED):
             reference = measured[0]
+        if probe.level is not None:
+            probed.append(probe.level)
         search.record(probe)
         if on_probe is not None:
             on_probe(probe)

@@ -32,6 +32,7 @@ from cleanslate.bench import (
     Probe,
     ProbeVerdict,
     SampleFiles,
+    diagnosed,
     discard_samples,
     gpu_observer,
     printable,
@@ -587,6 +588,8 @@ async def _climb(
         level = await run_level(bench, load, harness, warmup=warmup if index == 0 else 0,
                                 reference=levels[0] if levels else None)
         phases[f"level_{load.label}_s"] = round(time.monotonic() - t0, 3)
+        level = diagnosed(level, levels, run.server_config, bench.observe.engine,
+                          workload=bench.workload, max_error_rate=bench.max_error_rate)
         levels.append(level)
         code = await run_exit_code(executor, run)
         if level.partial or code is not None:
