@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -342,6 +343,25 @@ def test_a_redirect_is_not_followed() -> None:
 
     config = asyncio.run(read())
     assert config.unreadable is not None and "redirect not followed" in config.unreadable
+
+
+def test_a_server_that_never_answers_holds_the_reading_only_its_budget() -> None:
+    async def handle(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response(text="{}")
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", handle)
+
+    async def read() -> tuple[ServerConfig, float]:
+        async with served(app, shutdown_timeout=0.1) as url:
+            t0 = time.monotonic()
+            found = await read_server_config(None, url, timeout_s=0.5)
+            return found, time.monotonic() - t0
+
+    config, took = asyncio.run(read())
+    assert config.unreadable is not None and "no reading within 0.5 s" in config.unreadable
+    assert took < 2.0
 
 
 def test_nothing_listening_is_unreadable() -> None:

@@ -62,8 +62,10 @@ DifferenceKind = Literal["differs", "not_reported", "engine_chose"]
 MAX_BODY_BYTES = 2 * 1024 * 1024
 #: The most bytes of a vLLM /metrics answer read (52 KB on a tiny model, as the metrics observer).
 MAX_METRICS_BYTES = 8 * 1024 * 1024
-#: Seconds one request may take.
+#: Seconds one request may take, and the whole reading (a bare URL tries up to five paths; a
+#: server that never answers an unknown path must not hold a launch for long).
 TIMEOUT_S = 5.0
+TOTAL_TIMEOUT_S = 10.0
 #: Keys kept in ``in_effect``; characters of a key, of a string value, of a reason.
 MAX_KEYS = 256
 KEY_CHARS = 64
@@ -655,6 +657,24 @@ _RULES: dict[str, tuple[Mapping[str, str], tuple[str, ...]]] = {
 }
 
 
+async def _first_answer(session: aiohttp.ClientSession, base: str,
+                        order: Sequence[Flavour], log_text: str | None, reasons: list[str]
+                        ) -> tuple[_Collected | None, Flavour | None]:
+    """The first flavour of ``order`` whose reader finds a setting; each that does not adds
+    its reason to ``reasons``."""
+    for name in order:
+        if name == "sglang":
+            got, why = await _read_sglang(session, base)
+        elif name == "llamacpp":
+            got, why = await _read_llamacpp(session, base)
+        else:
+            got, why = await _read_vllm(session, base, log_text)
+        if got is not None and got.values:
+            return got, name
+        reasons.append(f"{name}: {why or 'no setting readable in its answer'}")
+    return None, None
+
+
 async def read_server_config(
     session: aiohttp.ClientSession | None,
     base_url: str,
@@ -667,6 +687,7 @@ async def read_server_config(
     aliases: Mapping[str, str] | None = None,
     ignore: Iterable[str] = (),
     note: str | None = None,
+    timeout_s: float = TOTAL_TIMEOUT_S,
 ) -> ServerConfig:
     """Read the configuration in effect of the server at ``base_url`` and compare it with
     ``requested``. Never raises except on cancellation.
@@ -676,7 +697,8 @@ async def read_server_config(
     flavour). ``none`` reads nothing and keeps ``note``. ``log_text``: the server's log (vLLM's
     arguments are read from it). ``abbrev``, ``aliases`` and ``ignore``: the engine's flag
     rules for :func:`compare`. ``session``: the caller's pool (the benchmark's, so the reading
-    takes its path); ``None``: a small one of its own.
+    takes its path); ``None``: a small one of its own. ``timeout_s``: the whole reading's
+    budget (each request has at most :data:`TIMEOUT_S` of it).
     """
     import aiohttp
 
@@ -691,29 +713,20 @@ async def read_server_config(
         async with aiohttp.ClientSession(timeout=timeout) as own:
             return await read_server_config(
                 own, base_url, flavour=flavour, engine=engine, requested=requested,
-                log_text=log_text, abbrev=abbrev, aliases=aliases, ignore=ignore, note=note)
+                log_text=log_text, abbrev=abbrev, aliases=aliases, ignore=ignore, note=note,
+                timeout_s=timeout_s)
     order: Sequence[Flavour] = (flavour,) if flavour else ("sglang", "llamacpp", "vllm")
     reasons: list[str] = []
     got: _Collected | None = None
     found: Flavour | None = None
     try:
-        for name in order:
-            if name == "sglang":
-                got, why = await _read_sglang(session, base)
-            elif name == "llamacpp":
-                got, why = await _read_llamacpp(session, base)
-            else:
-                got, why = await _read_vllm(session, base, log_text)
-            if got is not None and not got.values:
-                got, why = None, f"no setting readable in what {name} answered"
-            if got is not None:
-                found = name
-                break
-            reasons.append(f"{name}: {why}")
+        async with asyncio.timeout(timeout_s):
+            got, found = await _first_answer(session, base, order, log_text, reasons)
+    except TimeoutError:
+        reasons.append(f"no reading within {timeout_s:g} s")
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError) as exc:
         # a parser met a shape no test thought of: still an answer, never a traceback
-        return ServerConfig(**known, engine=engine, flavour=flavour,
-                            unreadable=_reason(f"{type(exc).__name__}: {exc}"))
+        reasons.append(f"{type(exc).__name__}: {exc}")
     if got is None or found is None:
         return ServerConfig(**known, engine=engine, flavour=flavour,
                             unreadable=_reason("; ".join(reasons) or "nothing answered"))
