@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from cleanslate.bench._gpu_sampler import (
     CLOCK_EVENT_BITS,
+    ENERGY_PERIOD_S,
     PCIE_PERIOD_S,
     event_names,
     sim_gpu_count,
@@ -162,16 +163,26 @@ def _energy_j(good: Sequence[GpuSample]) -> tuple[float | None, str | None]:
     """Joules from the first good sample to the last: the energy counter's increase, or the
     power integrated (trapezoids) where the counter is missing or went down."""
     counters = [s for s in good if "ej" in s.values]
-    if len(counters) >= 2 and counters[0] is good[0] and counters[-1] is good[-1]:
+    if len(counters) >= 2 and counters[0] is good[0]:
         rise = counters[-1].values["ej"] - counters[0].values["ej"]
         if rise >= 0:
-            return rise / 1000.0, None
-    powered = [s for s in good if "pw" in s.values]
-    if len(powered) < 2:
+            # the counter is read at most once a second: a tail after its last reading (a
+            # GPU lost before the final sample) is power integrated
+            tail = _integrated([s for s in good if s.t >= counters[-1].t])
+            return rise / 1000.0 + (tail or 0.0), None
+    joules = _integrated(good)
+    if joules is None:
         return None, None
-    joules = sum((b.t - a.t) * (a.values["pw"] + b.values["pw"]) / 2
-                 for a, b in itertools.pairwise(powered))
     return joules, "energy is power integrated over the samples (no energy counter)"
+
+
+def _integrated(samples: Sequence[GpuSample]) -> float | None:
+    """Joules of the power gauge over the samples (trapezoids); ``None`` under two."""
+    powered = [s for s in samples if "pw" in s.values]
+    if len(powered) < 2:
+        return None
+    return sum((b.t - a.t) * (a.values["pw"] + b.values["pw"]) / 2
+               for a, b in itertools.pairwise(powered))
 
 
 def summarize(index: int, samples: Sequence[GpuSample], end: LevelEnd, *, source: str,
@@ -262,7 +273,8 @@ class Reader(Protocol):
 
     def open(self) -> dict[int, tuple[str | None, str | None]]: ...
 
-    def read(self, now: float) -> dict[int, Mapping[str, Any]]: ...
+    def read(self, now: float, final: bool = False) -> dict[int, Mapping[str, Any]]:
+        """One record per GPU; ``final``: the last sample of the measurement."""
 
     def close(self) -> None: ...
 
@@ -298,7 +310,7 @@ class ThreadSampler:
                 t = time.perf_counter()
                 cpu = time.thread_time()
                 try:
-                    records = self.reader.read(t)
+                    records = self.reader.read(t, stopping)
                 except Exception as exc:
                     records = {g: {"err": f"{type(exc).__name__}: {exc}"} for g in self.gpus}
                 self._cpu_s += time.thread_time() - cpu
@@ -347,6 +359,11 @@ class PynvmlReader:
         self.pcie: dict[int, tuple[float | None, float | None]] = {}
         self.events: Any = None
         self.missing: dict[int, str] = {}
+        #: whether the PCIe byte counters answer (None: not tried yet)
+        self.pcie_counters: bool | None = None
+        self.pcie_count: dict[int, tuple[float, float, float]] = {}
+        self.energy_at: dict[int, float] = {}
+        self.max_clock: dict[int, int | None] = {}
 
     def open(self) -> dict[int, tuple[str | None, str | None]]:
         import pynvml
@@ -427,7 +444,36 @@ class PynvmlReader:
         self.gpm[g] = [current, previous, True]
         return value
 
-    def read(self, now: float) -> dict[int, Mapping[str, Any]]:
+    def _pcie(self, g: int, h: Any, now: float) -> tuple[float | None, float | None]:
+        """PCIe KiB/s in and out: from the byte counters (field values) between two samples
+        where the GPU has them, else NVML's throughput (a 20 ms window the driver waits
+        for), read at most once per :data:`PCIE_PERIOD_S`."""
+        nvml = self.nvml
+        if self.pcie_counters is not False:
+            values = self._call(nvml.nvmlDeviceGetFieldValues, h,
+                                [nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+                                 nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES])
+            if values is not None and all(v.nvmlReturn == 0 for v in values):
+                self.pcie_counters = True
+                counts = (float(values[0].value.ullVal), float(values[1].value.ullVal))
+                previous = self.pcie_count.get(g)
+                self.pcie_count[g] = (now, *counts)
+                if previous is None or now <= previous[0]:
+                    return None, None
+                dt = now - previous[0]
+                rates = [(c - p) / 1024 / dt for c, p in zip(counts, previous[1:], strict=True)]
+                return (rates[0] if rates[0] >= 0 else None,
+                        rates[1] if rates[1] >= 0 else None)
+            if self.pcie_counters is None:
+                self.pcie_counters = False
+        if now - self.pcie_at.get(g, float("-inf")) >= PCIE_PERIOD_S:
+            self.pcie_at[g] = now
+            self.pcie[g] = (
+                self._call(nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES),
+                self._call(nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES))
+        return self.pcie.get(g, (None, None))
+
+    def read(self, now: float, final: bool = False) -> dict[int, Mapping[str, Any]]:
         nvml = self.nvml
         xids = self._xids()
         out: dict[int, Mapping[str, Any]] = {}
@@ -454,15 +500,23 @@ class PynvmlReader:
             power = self._call(nvml.nvmlDeviceGetPowerUsage, h)
             if power is not None:
                 rec["pw"] = power / 1000
-            energy = self._call(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
-            if energy is not None:
-                rec["ej"] = energy
+            # The energy counter costs 2.5 ms of CPU a call on an H100 (against microseconds
+            # for the other gauges): read at most once a second, and on the last sample.
+            if final or now - self.energy_at.get(g, float("-inf")) >= ENERGY_PERIOD_S:
+                energy = self._call(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+                if energy is not None:
+                    self.energy_at[g] = now
+                    rec["ej"] = energy
             for key, fn, kind in (("smc", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
-                                  ("memc", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM),
-                                  ("maxc", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)):
+                                  ("memc", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)):
                 value = self._call(fn, h, kind)
                 if value is not None:
                     rec[key] = value
+            if g not in self.max_clock:  # fixed for a GPU; 1 ms of CPU a call
+                self.max_clock[g] = self._call(nvml.nvmlDeviceGetMaxClockInfo, h,
+                                               nvml.NVML_CLOCK_SM)
+            if self.max_clock[g] is not None:
+                rec["maxc"] = self.max_clock[g]
             mask = self._call(getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons",
                                       nvml.nvmlDeviceGetCurrentClocksThrottleReasons), h)
             if mask is not None:
@@ -470,12 +524,7 @@ class PynvmlReader:
             temp = self._call(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
             if temp is not None:
                 rec["temp"] = temp
-            if now - self.pcie_at.get(g, float("-inf")) >= PCIE_PERIOD_S:
-                self.pcie_at[g] = now
-                self.pcie[g] = (
-                    self._call(nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES),
-                    self._call(nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES))
-            rx, tx = self.pcie.get(g, (None, None))
+            rx, tx = self._pcie(g, h, now)
             if rx is not None:
                 rec["rx"] = rx
             if tx is not None:
@@ -521,7 +570,7 @@ class SimReader:
         return {g: (f"GPU-sim-{g:08d}", "Simulated NVIDIA H200 (cleanslate sim)")
                 for g in self.gpus}
 
-    def read(self, now: float) -> dict[int, Mapping[str, Any]]:
+    def read(self, now: float, final: bool = False) -> dict[int, Mapping[str, Any]]:
         return {g: sim_sample(self.directory, g) for g in self.gpus}
 
     def close(self) -> None:

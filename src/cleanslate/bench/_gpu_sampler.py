@@ -48,6 +48,8 @@ CLOCK_EVENT_BITS = (
 )
 #: PCIe throughput blocks about 20 ms a counter: read at most this often per GPU.
 PCIE_PERIOD_S = 1.0
+#: The energy counter costs milliseconds of CPU a read: read at most this often (and last).
+ENERGY_PERIOD_S = 1.0
 #: The stop file's poll period (seconds).
 POLL_S = 0.05
 NVML_SUCCESS, NVML_ERROR_TIMEOUT = 0, 10
@@ -101,6 +103,8 @@ class CtypesNvml:
         self.handles: dict = {}  # type: ignore[type-arg]
         self.pcie_at: dict = {}  # type: ignore[type-arg]
         self.pcie: dict = {}  # type: ignore[type-arg]
+        self.energy_at: dict = {}  # type: ignore[type-arg]
+        self.max_clock: dict = {}  # type: ignore[type-arg]
         self.events = None
 
     def _fn(self, name: str):  # type: ignore[no-untyped-def]
@@ -176,7 +180,8 @@ class CtypesNvml:
                 found.setdefault(index, []).append(int(data.eventData))
         return found
 
-    def sample(self, index: int, now: float) -> dict:  # type: ignore[type-arg]
+    def sample(self, index: int, now: float,
+               final: bool = False) -> dict:  # type: ignore[type-arg]
         h = self.handle(index)
         rec: dict = {}  # type: ignore[type-arg]
         util = _Utilization()
@@ -188,15 +193,21 @@ class CtypesNvml:
         power = self._uint("nvmlDeviceGetPowerUsage", h)
         if power is not None:
             rec["pw"] = power / 1000
-        energy = self._ull("nvmlDeviceGetTotalEnergyConsumption", h)
-        if energy is not None:
-            rec["ej"] = energy
+        # 2.5 ms of CPU a call on an H100: at most once a second, and on the last sample
+        if final or now - self.energy_at.get(index, float("-inf")) >= ENERGY_PERIOD_S:
+            energy = self._ull("nvmlDeviceGetTotalEnergyConsumption", h)
+            if energy is not None:
+                self.energy_at[index] = now
+                rec["ej"] = energy
         for key, call, kind in (("smc", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM),
-                                ("memc", "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM),
-                                ("maxc", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM)):
+                                ("memc", "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM)):
             value = self._uint(call, h, kind)
             if value is not None:
                 rec[key] = value
+        if index not in self.max_clock:  # fixed for a GPU
+            self.max_clock[index] = self._uint("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM)
+        if self.max_clock[index] is not None:
+            rec["maxc"] = self.max_clock[index]
         mask = self._ull("nvmlDeviceGetCurrentClocksEventReasons", h)
         if mask is None:
             mask = self._ull("nvmlDeviceGetCurrentClocksThrottleReasons", h)
@@ -400,10 +411,11 @@ def main(argv: list) -> int:  # type: ignore[type-arg]
             ledger = str(args.get("ledger") or "")
             while True:
                 now = time.time()
+                final = os.path.exists(stop)
                 xids = nvml.new_xids() if nvml is not None else {}
                 for g in gpus:
                     try:
-                        rec = (nvml.sample(g, now) if nvml is not None
+                        rec = (nvml.sample(g, now, final) if nvml is not None
                                else sim_sample(ledger, g))
                     except NvmlError as exc:
                         rec = {"err": str(exc)}
@@ -412,7 +424,7 @@ def main(argv: list) -> int:  # type: ignore[type-arg]
                         rec["xid"] = xids[g]
                     emit(rec)
                 count += 1
-                if os.path.exists(stop):
+                if final:
                     break
                 if now >= deadline or count >= limit:
                     why = "max_s" if now >= deadline else "max_samples"
