@@ -25,6 +25,7 @@ from cleanslate.bench import (
     SampleFiles,
     ServerMetrics,
     observed_folder,
+    read_sample_files,
     run_benchmark,
 )
 from cleanslate.report import (
@@ -212,3 +213,42 @@ def test_what_is_not_a_bench_result_is_refused_naming_the_option(tmp_path: Path)
         assert refused.value.where == "--bench", name
     with pytest.raises(InputError, match=r"not a regular file|No such file"):
         load_bench_report(tmp_path / "missing.json")
+
+
+@pytest.mark.slow  # the study's own plots and the panel: about 4 s
+def test_a_studys_best_trial_gets_a_panel_per_level_from_its_run_folder(
+        recorded_store: StudyStore, tmp_path: Path) -> None:
+    """The samples a local trial kept in ``<artifacts>/<run id>/observed/`` are drawn in the
+    study's plots; a link in their way is not followed (no panel, no error)."""
+    import shutil
+
+    from cleanslate.report import load_report, render_plots, study_level_plots
+    from cleanslate.store import Store
+
+    report = load_report(Store(recorded_store.url), "quickstart")
+    best = report.best
+    assert best is not None and best.run is not None and report.artifacts is not None
+    assert study_level_plots([report]) == []  # no samples kept: no panel, no error
+    label = best.record.best_level or best.record.levels[0].label
+    folder = report.artifacts / best.run.id / "observed"
+    files = SampleFiles(folder)
+    files(label, "server_metrics", [
+        {"t": 100 + i * 0.25, "series": {"running": {"": float(min(i, 4))},
+                                          "waiting": {"": float(max(0, 12 - i))},
+                                          "kv_usage": {"": 0.05 * min(i, 10)},
+                                          "generation_tokens": {"": 40.0 * i}}}
+        for i in range(40)])
+    try:
+        plots = study_level_plots([report])
+        assert [p.name for p in plots] == [f"level-{best.number}-{label.replace('=', '_')}"]
+        assert plots[0].png.startswith(b"\x89PNG") and "best trial" in plots[0].title
+        assert plots[0].name in [p.name for p in render_plots([report])]
+        lines = timelines(read_sample_files(folder))
+        assert max(v for v in lines[0].running if v is not None) == 4
+        # a link where the index was: not followed, nothing drawn
+        (folder / "index.json").unlink()
+        (folder / "index.json").symlink_to(tmp_path / "elsewhere.json")
+        (tmp_path / "elsewhere.json").write_text((folder / "../observed").as_posix())
+        assert study_level_plots([report]) == []
+    finally:
+        shutil.rmtree(report.artifacts / best.run.id / "observed")

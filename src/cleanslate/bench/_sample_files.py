@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,20 @@ class SampleFile:
     problem: str | None = None
 
 
-def _read_lines(path: Path) -> tuple[tuple[dict[str, Any], ...], str | None]:
-    from cleanslate.inputs import read_input
+#: Reads one file of a samples folder by its name there: its bytes, or an :class:`InputError`
+#: or :class:`OSError` saying why not.
+Reader = Callable[[str], bytes]
+#: The most bytes of one samples file read (about 2.5 hours of one level at 250 ms).
+MAX_SAMPLE_FILE_BYTES = 16 << 20
 
+
+def _read_lines(name: str, read: Reader) -> tuple[tuple[dict[str, Any], ...], str | None]:
     try:
-        raw = read_input(path, kind="other")
+        raw = read(name)
     except InputError as exc:
-        return (), f"{path.name}: {exc.message}"
+        return (), f"{name}: {exc.message}"
+    except OSError as exc:
+        return (), f"{name}: {exc.strerror or exc}"
     samples: list[dict[str, Any]] = []
     for number, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
@@ -165,24 +172,28 @@ def _read_lines(path: Path) -> tuple[tuple[dict[str, Any], ...], str | None]:
         try:
             value = json.loads(line)
         except (ValueError, UnicodeDecodeError):
-            return (), f"{path.name}:{number}: not a JSON object"
+            return (), f"{name}:{number}: not a JSON object"
         if not isinstance(value, dict) or not isinstance(value.get("t"), int | float):
-            return (), f"{path.name}:{number}: a sample without its time ('t')"
+            return (), f"{name}:{number}: a sample without its time ('t')"
         samples.append(value)
     return tuple(samples), None
 
 
-def read_sample_files(folder: Path | str) -> list[SampleFile]:
+def read_sample_files(folder: Path | str, read: Reader | None = None) -> list[SampleFile]:
     """The files ``folder``'s index lists, each read (bounded by
-    :func:`cleanslate.inputs.read_input`'s cap, 16 MiB a file). A missing or unreadable
-    index is an :class:`InputError` naming the folder; a listed file that cannot be read is a
-    :class:`SampleFile` with its ``problem``. Names in the index are taken only as names in
-    ``folder`` (a path with a separator is refused)."""
+    :func:`cleanslate.inputs.read_input`'s cap, 16 MiB a file, unless ``read``, which reads a
+    file of the folder by name, is given). A missing or unreadable index is an
+    :class:`InputError` naming the folder (or ``read``'s own error); a listed file that cannot
+    be read is a :class:`SampleFile` with its ``problem``. Names in the index are taken only
+    as names in ``folder`` (a path with a separator is refused)."""
     from cleanslate.inputs import read_input
 
     folder = Path(folder)
     index = folder / INDEX_NAME
-    raw = read_input(index, kind="other")
+    if read is None:
+        def read(name: str) -> bytes:
+            return read_input(folder / name, kind="other")
+    raw = read(INDEX_NAME)
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -199,14 +210,16 @@ def read_sample_files(folder: Path | str) -> list[SampleFile]:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             out.append(SampleFile(label, key, name, problem="not a file name in the folder"))
             continue
-        samples, problem = _read_lines(folder / name)
+        samples, problem = _read_lines(name, read)
         out.append(SampleFile(label, key, name, samples, problem))
     return out
 
 
 __all__ = [
     "INDEX_NAME",
+    "MAX_SAMPLE_FILE_BYTES",
     "OBSERVED_SUFFIX",
+    "Reader",
     "SampleFile",
     "SampleFiles",
     "discard_samples",

@@ -13,11 +13,8 @@ from cleanslate.report._bench import (
     BenchReport,
     Timeline,
     bench_json,
-    level_figure,
-    level_plots,
     load_bench_report,
     observed_fields,
-    render_bench_html,
     running_cap,
 )
 from cleanslate.report._capacity import bracket_text, capacity_document, findings_text
@@ -44,8 +41,17 @@ from cleanslate.report._data import (
     shared_configs,
 )
 from cleanslate.report._export import bench_csv, study_document, to_csv, to_json
-from cleanslate.report._html import render_html
-from cleanslate.report._plots import HEIGHT, WIDTH, Plot, render_plots, write_pngs
+from cleanslate.report._html import render_bench_html, render_html
+from cleanslate.report._plots import (
+    HEIGHT,
+    WIDTH,
+    Plot,
+    level_figure,
+    level_plots,
+    render_plots,
+    study_level_plots,
+    write_pngs,
+)
 from cleanslate.report._stats import Difference, Standing, difference, standing, welch
 
 __all__ = [
@@ -89,6 +95,7 @@ __all__ = [
     "slots_table",
     "standing",
     "study_document",
+    "study_level_plots",
     "to_csv",
     "to_json",
     "trials_table",

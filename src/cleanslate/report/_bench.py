@@ -1,5 +1,8 @@
-"""The report of one benchmark run (``cleanslate report --bench OUT.json``): its levels with
-what the observers saw, a panel per measured level over time, one HTML page, CSV/JSON.
+"""What a level's observers saw, read back for a report: one benchmark run (``cleanslate
+report --bench OUT.json``: its levels, the flat rows of its exports) and a study trial's kept
+samples (:func:`trial_sample_files`), as :class:`Timeline` series. The panels are drawn by
+:func:`cleanslate.report._plots.level_figure`, the bench page by
+:func:`cleanslate.report._html.render_bench_html`; this module draws nothing.
 
 Inputs: the ``bench --json`` result and the observers' raw samples written beside it
 (``OUT.json.observed/``, :mod:`cleanslate.bench._sample_files`; another folder with
@@ -7,7 +10,7 @@ Inputs: the ``bench --json`` result and the observers' raw samples written besid
 panels from the samples. A missing samples folder is said, not failed: the table and exports
 still come from the result.
 
-A level's panel (:func:`level_figure`), against seconds since the level's first sample (the
+A level's panel (``_plots.level_figure``), against seconds since the level's first sample (the
 observers' baseline, taken just before the first request):
 
 1. output tokens/s: the increase of the engine's own ``generation_tokens`` counter over a
@@ -25,17 +28,16 @@ A panel part without samples says so in words instead of an empty axis.
 
 from __future__ import annotations
 
-import datetime as _dt
 import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cleanslate import __version__
 from cleanslate.bench import (
+    MAX_SAMPLE_FILE_BYTES,
     BenchResult,
     LevelResult,
     SampleFile,
@@ -45,16 +47,6 @@ from cleanslate.bench import (
 )
 from cleanslate.errors import InputError
 from cleanslate.report._data import safe_url
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
-
-    from cleanslate.report._plots import Plot
-
-#: Panels drawn at most (a find-max run with many probes and extensions); the rest are named.
-MAX_PANELS = 32
-PANEL_WIDTH, PANEL_HEIGHT = 1000, 760
 
 #: Keys of the configuration in effect that cap the running batch, by engine: SGLang and the
 #: sim ``max_running_requests``, vLLM ``max_num_seqs``, llama.cpp ``parallel`` (its slots).
@@ -269,6 +261,31 @@ def _add_gpu(line: Timeline, samples: Sequence[Mapping[str, Any]], t0: float) ->
         line.gpu_power.append(sum(powers) if powers else None)
 
 
+def trial_sample_files(artifacts: Path, run_id: str) -> list[SampleFile]:
+    """The samples a local run kept in ``<artifacts>/<run id>/observed/``
+    (:func:`cleanslate.tune.trial.trial_samples`), each file read with
+    :func:`cleanslate.hosts.files.read_under`: below the store's artifacts folder, no
+    symbolic link followed, a regular file of one link owned by this user or root, at most
+    16 MiB (a run record cannot make the report read another file). Empty when the run kept
+    none (a remote run; a run from before samples were kept) or the index cannot be read."""
+    from cleanslate.hosts.files import read_under
+
+    folder = artifacts / run_id / "observed"
+    if run_id in ("", ".", "..") or "/" in run_id:
+        return []
+
+    def read(name: str) -> bytes:
+        data = read_under(str(artifacts), str(folder / name), max_bytes=MAX_SAMPLE_FILE_BYTES + 1)
+        if len(data) > MAX_SAMPLE_FILE_BYTES:
+            raise InputError(f"larger than {MAX_SAMPLE_FILE_BYTES >> 20} MiB")
+        return data
+
+    try:
+        return read_sample_files(folder, read)
+    except (InputError, OSError):
+        return []
+
+
 def running_cap(document: Mapping[str, Any]) -> tuple[float, str] | None:
     """The cap on the running batch from the configuration in effect recorded with the run
     (``server_config.in_effect``, ``docs/bench.md``), with the key it came from; ``None`` when
@@ -401,173 +418,15 @@ def bench_json(report: BenchReport) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
-# -- the panels --------------------------------------------------------------------------------
-
-def _say(ax: Axes, message: str) -> None:
-    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes,
-            fontsize=10, color="#555555")
-
-
-def level_figure(line: Timeline, cap: tuple[float, str] | None,
-                 level: LevelResult | None = None) -> Figure:
-    """The four-part panel of one measured level (see the module docstring)."""
-    from cleanslate.report._plots import _figure
-
-    fig = _figure(PANEL_WIDTH, PANEL_HEIGHT)
-    axes = fig.subplots(4, 1, sharex=True)
-    title = line.label
-    if level is not None:
-        title += f": {level.output_throughput:,.0f} output tok/s over the level"
-    fig.suptitle(title, fontsize=12, x=0.01, ha="left")
-    ax = axes[0]
-    if line.throughput:
-        ax.plot([t for t, _ in line.throughput], [v for _, v in line.throughput],
-                color="#1f4e9a", lw=1.4)
-        ax.set_ylim(bottom=0)
-    else:
-        _say(ax, "no engine token counter in the samples")
-    ax.set_ylabel("output tok/s\n(engine)")
-    ax = axes[1]
-    if line.has_metrics:
-        ax.step(line.metrics_t, [math.nan if v is None else v for v in line.running],
-                where="post", color="#2e7d32", lw=1.4, label="running")
-        ax.step(line.metrics_t, [math.nan if v is None else v for v in line.waiting],
-                where="post", color="#c62828", lw=1.4, label="waiting")
-        if cap is not None:
-            ax.axhline(cap[0], color="#333333", ls="--", lw=1.0,
-                       label=f"cap {cap[0]:g} ({cap[1]}, in effect)")
-        top = max([v for v in (*line.running, *line.waiting) if v is not None]
-                  + [cap[0] if cap else 0.0, 1.0])
-        ax.set_ylim(0, top * 1.3)  # room for the legend above the lines
-        ax.legend(loc="upper right", fontsize=8, ncol=3, framealpha=0.9)
-    else:
-        _say(ax, "no engine metrics in the samples"
-             + (f" ({line.failed_scrapes} failed scrapes)" if line.failed_scrapes else ""))
-    ax.set_ylabel("requests")
-    ax = axes[2]
-    if any(v is not None for v in line.kv_pct):
-        ax.plot(line.metrics_t, [math.nan if v is None else v for v in line.kv_pct],
-                color="#6a1b9a", lw=1.4)
-        ax.set_ylim(0, 105)
-    else:
-        _say(ax, "no KV-cache usage in the samples")
-    ax.set_ylabel("KV cache %")
-    ax = axes[3]
-    if line.has_gpu:
-        ax.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_util],
-                color="#ef6c00", lw=1.4, label="utilization %")
-        ax.set_ylim(0, 130)
-        ax.set_yticks([0, 25, 50, 75, 100])
-        ax.set_ylabel("GPU %")
-        power = ax.twinx()
-        power.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_power],
-                   color="#455a64", lw=1.2, ls="--", label="power W")
-        power.set_ylabel("W")
-        watts = [v for v in line.gpu_power if v is not None]
-        power.set_ylim(0, 1.3 * max(watts) if watts and max(watts) > 0 else 1.0)
-        ax.legend(handles=[*ax.get_lines(), *power.get_lines()], loc="upper right",
-                  fontsize=8, ncol=2, framealpha=0.9)
-    else:
-        _say(ax, "no GPU telemetry in the samples")
-        ax.set_ylabel("GPU")
-    axes[3].set_xlabel("seconds since the level's first sample")
-    for a in axes:
-        a.grid(alpha=0.3)
-    if line.problems:
-        fig.supxlabel("; ".join(line.problems)[:200], x=0.01, ha="left", fontsize=8,
-                      color="#b71c1c")
-    return fig
-
-
-def level_plots(report: BenchReport) -> list[Plot]:
-    """One :class:`Plot` per measured level (at most :data:`MAX_PANELS`), named
-    ``level-<label>``."""
-    import matplotlib
-
-    from cleanslate.report._plots import Plot, _png, _slug
-
-    levels = {lv.label: lv for lv in report.result.levels}
-    cap = report.cap
-    out: list[Plot] = []
-    with matplotlib.rc_context({"text.parse_math": False}):
-        for line in report.timelines()[:MAX_PANELS]:
-            stem = _slug(line.label)
-            caption = ("Over the level: output tokens/s from the engine's generation counter "
-                       "(over a trailing window, at least 10 % of the level); "
-                       "running and waiting requests"
-                       + (f", the dashed line the cap in effect ({cap[1]} {cap[0]:g})"
-                          if cap else " (no cap recorded)")
-                       + "; KV-cache usage; GPU utilization and power.")
-            out.append(Plot(f"level-{stem}", f"Level {line.label}", caption,
-                            _png(level_figure(line, cap, levels.get(line.label)))))
-    return out
-
-
-# -- the page ----------------------------------------------------------------------------------
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def render_bench_html(report: BenchReport, *, plots: list[Plot] | None = None,
-                      generated_at: float | None = None) -> str:
-    """One self-contained page for a bench run: its levels with the observers' summaries,
-    what they could not read, and a panel per measured level (the same page rules as a
-    study's: inline CSS and PNGs, every text escaped)."""
-    from cleanslate.bench import observation_notes, observed_cells
-    from cleanslate.report._html import _CSS, _e, _plots_html, _table, _when
-
-    plots = level_plots(report) if plots is None else plots
-    r = report.result
-    now = generated_at if generated_at is not None else _dt.datetime.now(_dt.UTC).timestamp()
-    headers = ["level", "ok", "err", "out tok/s", "TTFT ms p50/p99", "TPOT ms p50/p99",
-               "running mean/max", "waiting mean/max", "KV % mean/max", "GPU % / W"]
-    rows = [[_e(lv.label), str(lv.completed), str(lv.failed),
-             f"{lv.output_throughput:,.0f}",
-             f"{_fmt(lv.ttft_ms.median, '.1f')}/{_fmt(lv.ttft_ms.p99, '.1f')}",
-             f"{_fmt(lv.tpot_ms.median, '.1f')}/{_fmt(lv.tpot_ms.p99, '.1f')}",
-             *(_e(c) for c in observed_cells(lv))] for lv in r.levels]
-    cap = report.cap
-    notes = observation_notes(r)
-    if report.samples_note:
-        notes.append(report.samples_note)
-    notes += [f"{f.label} ({f.key}): {f.problem}" for f in report.files if f.problem]
-    shown = len(plots)
-    measured = len(report.timelines())
-    if measured > shown:
-        notes.append(f"{measured - shown} more measured levels not drawn (at most "
-                     f"{MAX_PANELS} panels)")
-    meta = (f'<p class="meta"><b>{_e(r.model)}</b> at <code>{_e(safe_url(r.url))}</code> '
-            f"({_e(r.endpoint)}), {_e(r.started_at)} to {_e(r.finished_at)}, cleanslate "
-            f"{_e(r.version)}; running cap in effect: "
-            + (f"<b>{cap[0]:g}</b> ({_e(cap[1])})" if cap else "not recorded") + "</p>")
-    body = (f"<h1>cleanslate bench report: {_e(report.path.name)}</h1>{meta}"
-            f"<h2>Levels</h2>"
-            + _table(headers, rows, numeric=set(range(1, len(headers))))
-            + "".join(f'<p class="meta">{_e(n)}</p>' for n in notes)
-            + "<h2>Over each level</h2>" + (_plots_html(plots) or
-                                            '<p class="meta">no panels: no samples</p>'))
-    footer = (f"<footer>Generated by cleanslate {_e(__version__)} on {_e(_when(now))}. "
-              f"Reproduce: <code>cleanslate report --bench {_e(report.path.name)} --html "
-              "FILE</code></footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<link rel="icon" href="data:,">'
-            f"<title>cleanslate bench report: {_e(report.path.name)}</title>"
-            f"<style>{_CSS}</style></head><body>{body}{footer}</body></html>\n")
-
-
 __all__ = [
     "LEVEL_HEAD",
     "BenchReport",
     "Timeline",
     "bench_json",
-    "level_figure",
-    "level_plots",
     "level_row",
     "load_bench_report",
     "observed_fields",
-    "render_bench_html",
     "running_cap",
     "timelines",
+    "trial_sample_files",
 ]

@@ -12,6 +12,7 @@ import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from cleanslate.bench import (
@@ -315,6 +316,9 @@ class StudyReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
     slots: tuple[SlotSummary, ...] = ()
     hosts: tuple[HostRecord, ...] = ()
+    #: the store's artifacts folder (runs' logs and kept samples), ``None`` when it is not
+    #: trusted (another user's, or writable by others: nothing is read from it)
+    artifacts: Path | None = None
 
     # -- the spec ------------------------------------------------------------------------------
 
@@ -638,11 +642,15 @@ def load_report(store: Store, name: str) -> StudyReport:
     runs = {r.id: r for r in store.runs(study=name)}
     trials = tuple(TrialView(record=t, run=runs.get(t.run_id) if t.run_id else None)
                    for t in store.trials(name))
+    try:
+        artifacts: Path | None = store.artifacts_root
+    except InputError:
+        artifacts = None
     return StudyReport(name=name, spec=dict(study.spec), status=study.status,
                        created_at=study.created_at, elapsed_s=study.elapsed_s,
                        trials=trials, store_url=store.display_url,
                        slots=slot_summaries(store, name),
-                       hosts=tuple(store.hosts(study=name)))
+                       hosts=tuple(store.hosts(study=name)), artifacts=artifacts)
 
 
 def safe_url(url: str) -> str:

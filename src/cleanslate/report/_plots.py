@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from cleanslate._output_files import SHARED_MODE, make_output_folder, write_output
 from cleanslate.bench import LevelResult
+from cleanslate.report._bench import (
+    BenchReport,
+    Timeline,
+    running_cap,
+    timelines,
+    trial_sample_files,
+)
 from cleanslate.report._capacity import bracket_text, crash_probe, findings_text, probes_phrase
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
 from cleanslate.store import TrialStatus, level_metric
@@ -514,6 +522,145 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "study"
 
 
+#: Panels of a bench run drawn at most (a find-max run with many probes and extensions); the
+#: rest are named on the page.
+MAX_PANELS = 32
+PANEL_WIDTH, PANEL_HEIGHT = 1000, 760
+
+
+# --- a level over time (bench --json samples, a trial's run folder) -------------------------------
+
+def _say(ax: Axes, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes,
+            fontsize=10, color="#555555")
+
+
+def level_figure(line: Timeline, cap: tuple[float, str] | None,
+                 level: LevelResult | None = None) -> Figure:
+    """The four-part panel of one measured level (see the module docstring)."""
+    fig = _figure(PANEL_WIDTH, PANEL_HEIGHT)
+    axes = fig.subplots(4, 1, sharex=True)
+    title = line.label
+    if level is not None:
+        title += f": {level.output_throughput:,.0f} output tok/s over the level"
+    fig.suptitle(title, fontsize=12, x=0.01, ha="left")
+    ax = axes[0]
+    if line.throughput:
+        ax.plot([t for t, _ in line.throughput], [v for _, v in line.throughput],
+                color="#1f4e9a", lw=1.4)
+        ax.set_ylim(bottom=0)
+    else:
+        _say(ax, "no engine token counter in the samples")
+    ax.set_ylabel("output tok/s\n(engine)")
+    ax = axes[1]
+    if line.has_metrics:
+        ax.step(line.metrics_t, [math.nan if v is None else v for v in line.running],
+                where="post", color="#2e7d32", lw=1.4, label="running")
+        ax.step(line.metrics_t, [math.nan if v is None else v for v in line.waiting],
+                where="post", color="#c62828", lw=1.4, label="waiting")
+        if cap is not None:
+            ax.axhline(cap[0], color="#333333", ls="--", lw=1.0,
+                       label=f"cap {cap[0]:g} ({cap[1]}, in effect)")
+        top = max([v for v in (*line.running, *line.waiting) if v is not None]
+                  + [cap[0] if cap else 0.0, 1.0])
+        ax.set_ylim(0, top * 1.3)  # room for the legend above the lines
+        ax.legend(loc="upper right", fontsize=8, ncol=3, framealpha=0.9)
+    else:
+        _say(ax, "no engine metrics in the samples"
+             + (f" ({line.failed_scrapes} failed scrapes)" if line.failed_scrapes else ""))
+    ax.set_ylabel("requests")
+    ax = axes[2]
+    if any(v is not None for v in line.kv_pct):
+        ax.plot(line.metrics_t, [math.nan if v is None else v for v in line.kv_pct],
+                color="#6a1b9a", lw=1.4)
+        ax.set_ylim(0, 105)
+    else:
+        _say(ax, "no KV-cache usage in the samples")
+    ax.set_ylabel("KV cache %")
+    ax = axes[3]
+    if line.has_gpu:
+        ax.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_util],
+                color="#ef6c00", lw=1.4, label="utilization %")
+        ax.set_ylim(0, 130)
+        ax.set_yticks([0, 25, 50, 75, 100])
+        ax.set_ylabel("GPU %")
+        power = ax.twinx()
+        power.plot(line.gpu_t, [math.nan if v is None else v for v in line.gpu_power],
+                   color="#455a64", lw=1.2, ls="--", label="power W")
+        power.set_ylabel("W")
+        watts = [v for v in line.gpu_power if v is not None]
+        power.set_ylim(0, 1.3 * max(watts) if watts and max(watts) > 0 else 1.0)
+        ax.legend(handles=[*ax.get_lines(), *power.get_lines()], loc="upper right",
+                  fontsize=8, ncol=2, framealpha=0.9)
+    else:
+        _say(ax, "no GPU telemetry in the samples")
+        ax.set_ylabel("GPU")
+    axes[3].set_xlabel("seconds since the level's first sample")
+    for a in axes:
+        a.grid(alpha=0.3)
+    if line.problems:
+        fig.supxlabel("; ".join(line.problems)[:200], x=0.01, ha="left", fontsize=8,
+                      color="#b71c1c")
+    return fig
+
+
+@_plain_text
+def level_plots(report: BenchReport) -> list[Plot]:
+    """One :class:`Plot` per measured level of a bench run (at most :data:`MAX_PANELS`),
+    named ``level-<label>``."""
+    levels = {lv.label: lv for lv in report.result.levels}
+    return [_level_plot(line, report.cap, levels.get(line.label), f"level-{_slug(line.label)}",
+                        f"Level {line.label}")
+            for line in report.timelines()[:MAX_PANELS]]
+
+
+def _level_plot(line: Timeline, cap: tuple[float, str] | None, level: LevelResult | None,
+                name: str, title: str) -> Plot:
+    caption = ("Over the level: output tokens/s from the engine's generation counter "
+               "(over a trailing window, at least 10 % of the level); running and waiting "
+               "requests"
+               + (f", the dashed line the cap in effect ({cap[1]} {cap[0]:g})" if cap
+                  else " (no cap recorded)")
+               + "; KV-cache usage; GPU utilization and power.")
+    return Plot(name, title, caption, _png(level_figure(line, cap, level)))
+
+
+#: Panels of a study's best trial drawn at most (its levels, a level measured again).
+MAX_TRIAL_PANELS = 8
+
+
+@_plain_text
+def study_level_plots(reports: list[StudyReport]) -> list[Plot]:
+    """A panel per measured level of each study's best trial, from the raw samples its run
+    kept (``<artifacts>/<run id>/observed/``, read with :func:`cleanslate.hosts.files.
+    read_under`: below the store's artifacts folder, no link followed, regular files of this
+    user or root only, as a run's log is read). None for a run whose samples are not there (a
+    remote run, a trial from before samples were kept) or a study without a trusted artifacts
+    folder. Named ``level-<trial>-<label>`` (``level-<study>-<trial>-<label>`` with several
+    studies)."""
+    out: list[Plot] = []
+    for report in reports:
+        best = report.best
+        run = best.run if best is not None else None
+        if best is None or run is None or report.artifacts is None:
+            continue
+        files = trial_sample_files(report.artifacts, run.id)
+        if not files:
+            continue
+        document = {"server_config": run.server_config.model_dump(mode="json")
+                    if run.server_config is not None else None}
+        cap = running_cap(document)
+        levels = {lv.label: lv for lv in best.record.levels}
+        prefix = (f"level-{_slug(report.name)}-{best.number}" if len(reports) > 1
+                  else f"level-{best.number}")
+        for line in timelines(files)[:MAX_TRIAL_PANELS]:
+            out.append(_level_plot(line, cap, levels.get(line.label),
+                                   f"{prefix}-{_slug(line.label)}",
+                                   f"{report.name}: best trial #{best.number}, level "
+                                   f"{line.label}"))
+    return out
+
+
 @_plain_text
 def render_plots(reports: list[StudyReport]) -> list[Plot]:
     """Every plot of the report: the throughput and Pareto plots (studies overlaid), one
@@ -540,7 +687,7 @@ def render_plots(reports: list[StudyReport]) -> list[Plot]:
                         f"interval, the error bar, holds 0); "
                         f"infeasible changes show their cause.",
                         _png(ablation_figure(report))))
-    return out + capacity_plots(reports)
+    return out + capacity_plots(reports) + study_level_plots(reports)
 
 
 def write_pngs(reports: list[StudyReport], folder: Path) -> list[Path]:
