@@ -79,7 +79,11 @@ def test_vllm_samples_during_a_level_show_the_cap_and_the_queue() -> None:
 def test_llamacpp_capture_has_slots_and_deferred_but_no_kv_gauge() -> None:
     sample, chosen = parse_scrape(read("llamacpp-11434-after.txt"), metric_maps())
     assert chosen is LLAMACPP and sample.error is None
-    assert sample.total("generation_tokens") == 20992 and sample.total("prompt_tokens") == 55419
+    # prompt_tokens_total leaves out the 1,840 tokens taken from the prompt cache: received
+    # are both, and the cached ones are the prefix cache's hits
+    assert sample.total("generation_tokens") == 20992
+    assert sample.total("prompt_tokens") == sample.total("prefix_queries") == 55419 + 1840
+    assert sample.total("prefix_hits") == 1840
     assert sample.total("kv_usage") is None
     samples = scrapes("llamacpp-11434-samples.txt", LLAMACPP)
     summary = summarize(samples, flavour="llamacpp", url="u")
@@ -87,7 +91,20 @@ def test_llamacpp_capture_has_slots_and_deferred_but_no_kv_gauge() -> None:
     assert summary.running is not None and summary.running.max == 2
     assert summary.waiting is not None and summary.waiting.max == 6
     assert summary.kv_usage is None and summary.preemptions is None
-    assert summary.generation_tokens == 20992 and summary.prompt_tokens == 55419
+    assert summary.generation_tokens == 20992 and summary.prompt_tokens == 55419 + 1840
+    assert summary.prefix_cache_hit_rate == pytest.approx(1840 / 57259)
+
+
+def test_a_sum_is_read_only_when_every_part_is_served() -> None:
+    """llama.cpp's prompt tokens received are two counters added: a build without the cached
+    one (or a series one of them lacks) gives no reading, not half of one."""
+    alone = "llamacpp:prompt_tokens_total 100\nllamacpp:requests_processing 1\n"
+    sample, _ = parse_scrape(alone, (LLAMACPP,))
+    assert sample.total("prompt_tokens") is None and sample.total("running") == 1
+    both = alone + "llamacpp:prompt_tokens_cached_total 20\n"
+    assert parse_scrape(both, (LLAMACPP,))[0].total("prompt_tokens") == 120
+    other = alone + 'llamacpp:prompt_tokens_cached_total{slot="1"} 20\n'
+    assert parse_scrape(other, (LLAMACPP,))[0].total("prompt_tokens") is None
 
 
 def test_old_vllm_names_are_read_and_the_new_one_wins_when_both_are_served() -> None:

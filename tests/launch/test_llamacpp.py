@@ -119,9 +119,13 @@ def test_serve_smoke_bench_stop_clean(lab: Lab, figure: Any) -> None:
         assert 1 <= metrics["running"]["max"] <= 2, metrics
         assert metrics["kv_usage"] is None and metrics["preemptions"] is None, metrics
         assert metrics["generation_tokens"] == level["total_output_tokens"], metrics
+        # the prompt tokens it computed plus those it took from its cache (the usage it sent)
+        assert metrics["prompt_tokens"] == level["total_input_tokens"], metrics
+        assert 0 <= metrics["prefix_cache_hit_rate"] < 1, metrics
         seen.append(f"{level['label']} running max {metrics['running']['max']:g} waiting mean "
-                    f"{metrics['waiting']['mean']:.1f} max {metrics['waiting']['max']:g} "
-                    f"({metrics['samples']} samples)")
+                    f"{metrics['waiting']['mean']:.1f} max {metrics['waiting']['max']:g}, "
+                    f"prompt tokens {metrics['prompt_tokens']:g} (hit rate "
+                    f"{metrics['prefix_cache_hit_rate']:.3f}), {metrics['samples']} samples")
     assert one["server_metrics"]["waiting"]["max"] <= 1, one["server_metrics"]
     assert eight["server_metrics"]["waiting"]["max"] > 0, eight["server_metrics"]
     t1 = time.monotonic()

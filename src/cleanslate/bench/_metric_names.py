@@ -51,13 +51,22 @@ SUM_LABELS: tuple[str, ...] = ("engine", "dp_rank")
 @dataclass(frozen=True)
 class Source:
     """One sample name that carries a vocabulary entry, and the label values a sample must
-    have to count (``{"reason": "capacity"}``)."""
+    have to count (``{"reason": "capacity"}``). ``plus``: names whose samples with the same
+    labels are added to this one's; the source is read only when all of them are present
+    (llama.cpp's prompt tokens received are ``prompt_tokens_total``, which leaves out the
+    tokens taken from its prompt cache, plus ``prompt_tokens_cached_total``)."""
 
     name: str
     labels: tuple[tuple[str, str], ...] = ()
+    plus: tuple[str, ...] = ()
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(labels.get(key) == value for key, value in self.labels)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every sample name this source reads."""
+        return (self.name, *self.plus)
 
 
 def _frozen(names: dict[str, tuple[Source, ...]]) -> MappingProxyType[str, tuple[Source, ...]]:
@@ -100,7 +109,8 @@ class MetricMap:
     @property
     def sample_names(self) -> frozenset[str]:
         """Every sample name this map reads."""
-        return frozenset(s.name for sources in self.names.values() for s in sources)
+        return frozenset(name for sources in self.names.values() for s in sources
+                         for name in s.names)
 
 
 #: The map of an engine without a metrics endpoint (``transformers serve``).

@@ -166,11 +166,26 @@ def parse_scrape(text: str, maps: Sequence[MetricMap], t: float = 0.0
         for source in sources:
             found = [(labels, value) for labels, value in by_name.get(source.name, ())
                      if source.matches(labels)]
+            if source.plus:
+                found = _added(found, source.plus, by_name)
             if not found:
                 continue
             sample.skipped += _read_values(sample, key, found)
             break
     return sample, chosen
+
+
+def _added(found: list[tuple[dict[str, str], float]], plus: tuple[str, ...],
+           by_name: dict[str, list[tuple[dict[str, str], float]]]
+           ) -> list[tuple[dict[str, str], float]]:
+    """Each of ``found``'s values plus the values of the ``plus`` names with the same labels;
+    a series that one of them lacks is left out (a part of a sum is not the sum)."""
+    summed = []
+    for labels, value in found:
+        parts = [[v for other, v in by_name.get(name, ()) if other == labels] for name in plus]
+        if all(len(part) == 1 for part in parts):
+            summed.append((labels, value + sum(part[0] for part in parts)))
+    return summed
 
 
 def _read_values(sample: MetricSample, key: str,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from cleanslate.bench import AdviceEntry, MetricMap, advice_book
+from cleanslate.bench import AdviceEntry, MetricMap, Source, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_CONFIG, W_OOM, CrashPattern, crash_pattern
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
@@ -32,18 +32,23 @@ SHORT_OPTIONS = frozenset({
 })
 
 #: llama-server's ``/metrics``, served with ``--metrics``. ``requests_deferred`` are the requests
-#: waiting for a free slot. ``kv_cache_usage_ratio`` is documented for older builds; build 11434
-#: (tests/fixtures/llama.cpp-11434-metrics) serves none, so KV usage is absent there.
+#: waiting for a free slot (8 requests on 2 slots: 6). ``kv_cache_usage_ratio`` is documented
+#: for older builds; build 11434 (tests/fixtures/llama.cpp-11434-metrics) serves none, so KV
+#: usage is absent there. ``prompt_tokens_total`` counts the prompt tokens computed, "excluding
+#: cached tokens" (its HELP text; 2,677 of the 2,691 sent at c=8, 14 from the cache): the tokens
+#: received are it plus ``prompt_tokens_cached_total``, which are also the prefix-cache lookups,
+#: the cached ones its hits.
+_RECEIVED = Source("llamacpp:prompt_tokens_total", plus=("llamacpp:prompt_tokens_cached_total",))
 METRICS = MetricMap.build("llamacpp", {
     "running": ("llamacpp:requests_processing",),
     "waiting": ("llamacpp:requests_deferred",),
     "kv_usage": ("llamacpp:kv_cache_usage_ratio",),
     "generation_tokens": ("llamacpp:tokens_predicted_total",),
-    "prompt_tokens": ("llamacpp:prompt_tokens_total",),
+    "prompt_tokens": (_RECEIVED,),
+    "prefix_hits": ("llamacpp:prompt_tokens_cached_total",),
+    "prefix_queries": (_RECEIVED,),
 }, hint="llama-server serves /metrics only when launched with --metrics",
     unmapped={"preemptions": "llama.cpp has no preemption counter",
-              "prefix_hits": "whether prompt_tokens_total includes prompt_tokens_cached_total "
-                             "is not verified",
               "waiting_capacity": "no reason label"})
 
 
