@@ -97,6 +97,8 @@ def test_the_sim_says_the_cap_it_chose_when_none_was_asked(sims: SimServers) -> 
     assert kinds(chosen) == {"max_running_requests": "engine_chose",
                              "max_total_num_tokens": "engine_chose"}
     assert "max_running_requests: not asked for; the engine chose 256" in chosen.lines()
+    assert chosen.report()[0] == ("in effect: max_running_requests 256, max_total_num_tokens "
+                                  f"{chosen.in_effect['max_total_num_tokens']:,}")
     # a bare URL: nothing known of what was asked, but the engine says it chose (null asked)
     assert not bare.requested_known and bare.requested == {}
     assert kinds(bare) == kinds(chosen)

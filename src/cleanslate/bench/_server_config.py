@@ -150,6 +150,28 @@ class ServerConfig(Frozen):
     unreadable: str | None = None
     note: str | None = None
 
+    def limits(self) -> dict[str, Scalar]:
+        """The limits in effect that cap the work in flight (the flavour's: SGLang's
+        ``max_running_requests`` and ``max_total_num_tokens``, vLLM's ``max_num_seqs`` when
+        known, ``max_model_len`` and ``num_gpu_blocks``, llama.cpp's ``total_slots`` and
+        ``n_ctx_slot``), those read."""
+        keys = LIMITS.get(self.flavour or "", ())
+        return {k: self.in_effect[k] for k in keys if self.in_effect.get(k) is not None}
+
+    def summary(self) -> str | None:
+        """``in effect: max_running_requests 64, max_total_num_tokens 148,833``, or ``None``
+        when no limit was read."""
+        found = self.limits()
+        if not found:
+            return None
+        return "in effect: " + ", ".join(f"{k} {_show(v)}" for k, v in found.items())
+
+    def report(self) -> list[str]:
+        """What ``serve`` and ``bench`` print: :meth:`summary` (when a limit was read), then
+        :meth:`lines`."""
+        said = self.summary()
+        return ([said] if said is not None and self.unreadable is None else []) + self.lines()
+
     def lines(self) -> list[str]:
         """What to print: one line per difference, or why nothing was read (empty when the
         configuration was read and matches what was asked)."""
@@ -649,6 +671,13 @@ async def _read_llamacpp(session: aiohttp.ClientSession, base: str
         return None, "GET /props: not llama.cpp's props (no total_slots)"
     return parse_props(doc), None
 
+
+#: The limits :meth:`ServerConfig.summary` prints, per flavour.
+LIMITS: dict[str, tuple[str, ...]] = {
+    "sglang": SGLANG_CHOSEN,
+    "vllm": ("max_num_seqs", *VLLM_CHOSEN),
+    "llamacpp": LLAMACPP_CHOSEN,
+}
 
 _RULES: dict[str, tuple[Mapping[str, str], tuple[str, ...]]] = {
     "sglang": (SGLANG_ALIASES, SGLANG_CHOSEN),

@@ -454,7 +454,7 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
     line = Text(f"{head}: ", style="bold green" if code == ExitCode.OK else "bold red")
     line.append(result.summary())
     human.print(line, soft_wrap=True)
-    for said in result.server_config.lines() if result.server_config is not None else ():
+    for said in result.server_config.report() if result.server_config is not None else ():
         human.print(Text(f"server config: {said}"), soft_wrap=True)
     first = result.probes[0] if result.probes else None
     if (first is not None and first.verdict == ProbeVerdict.CRASHED and first.level is not None

@@ -400,7 +400,7 @@ def bench(
         human.print(table)
     for note in observation_notes(result):
         console_err.print(Text(note, style="dim"))
-    for line in result.server_config.lines() if result.server_config is not None else ():
+    for line in result.server_config.report() if result.server_config is not None else ():
         human.print(Text(f"server config: {line}"), soft_wrap=True)
     for warning in (*result.warnings, *(w for lv in result.levels for w in lv.warnings)):
         console_err.print(f"[yellow]warning:[/] {escape(warning)}")

@@ -215,7 +215,7 @@ def _report_started(run: RunRecord, outcome: StartOutcome, json_out: bool) -> No
         console.print(_line("host", outcome.host_snapshot.summary()))
     if outcome.validation_note:
         console.print(_line("flags", f"not validated: {outcome.validation_note}"))
-    for line in run.server_config.lines() if run.server_config is not None else ():
+    for line in run.server_config.report() if run.server_config is not None else ():
         console.print(_line("config", line))  # the engine's words, as text
     console.print(_line("stop it", f"cleanslate stop {run.id}"))
 
