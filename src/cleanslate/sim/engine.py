@@ -42,6 +42,7 @@ from cleanslate.sim.faults import Faults
 from cleanslate.sim.model import (
     CLIP_MAX_NEW_TOKENS,
     INIT_NEW_TOKEN_RATIO,
+    MAX_SM_CLOCK_MHZ,
     MIN_NEW_TOKEN_RATIO,
     NEW_TOKEN_RATIO_DECAY_STEPS,
     RETRACT_DECODE_STEPS,
@@ -49,8 +50,6 @@ from cleanslate.sim.model import (
 )
 from cleanslate.sim.text import natural_length, next_state, token_of
 
-#: The simulated GPU's largest SM clock (an H200's), MHz.
-MAX_SM_CLOCK_MHZ = 1980
 #: The share of the SMs a prefill step keeps busy (compute-bound)...
 PREFILL_SM_ACTIVE = 0.9
 #: ... and a decode step's: a small batch reads the weights with few SMs busy; the share grows

@@ -17,7 +17,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 #: The default simulated GPU: an H200 (``nvidia-smi`` reports 143771 MiB).
 DEFAULT_GPU_MIB = 143_771
@@ -41,6 +41,8 @@ DECODE_PER_KTOK_MS = 0.07  # per 1,000 tokens of context (KV reads); / tp
 PREFILL_BASE_MS = 10.0  # per prefill step (eager, never a graph); / tp
 PREFILL_PER_TOKEN_MS = 0.025  # per prompt token in the chunk; / tp
 ALLREDUCE_MS = 0.6  # per step and per doubling of tp (0 at tp 1)
+MAX_SM_CLOCK_MHZ = 1980  # the simulated GPU's largest SM clock (an H200's); throttle-clock runs
+#                          it lower and every step takes MAX_SM_CLOCK_MHZ / MHZ as long
 STEP_NOISE_SIGMA = 0.03  # log-normal noise of each step (averages out over a level)
 RUN_NOISE_SIGMA = 0.024  # log-normal factor drawn once per start (H200: 2.4 % between restarts)
 DRIFT_SIGMA = 0.025  # log-normal drift inside one server (H200: 2.0-4.3 % run to run) ...
@@ -466,3 +468,194 @@ def true_capacity(model: SimModel, limit_ms: float, input_len: int, output_len: 
         if c >= limit:  # the batch no longer grows: every higher concurrency is the same
             return max_concurrency
     return best
+
+
+# --- the constraint that binds: known truth for bottleneck verdicts -----------------------------
+#: The verdicts :func:`binding_constraint` gives: a subset of ``cleanslate.bench``'s
+#: ``BottleneckKind``, spelled the same (this room may not import the bench's).
+TruthKind = Literal["offered_load", "running_cap", "kv_capacity", "compute", "throttled",
+                    "crashed", "errors"]
+
+#: The decode batch saturates the step-time model when one more sequence adds less than this
+#: share of what an average sequence of the batch contributes to throughput (the throughput's
+#: elasticity in the batch: at 0.5 doubling the batch adds at most ~41 % more tokens/s).
+SATURATION_GAIN = 0.5
+#: A concurrency within this share of a limit (either side), or a marginal gain within this of
+#: :data:`SATURATION_GAIN`, is *borderline*: the noise, the optimistic admission or the
+#: closed loop's straggling may put a level on either side, so a test should not rely on it.
+BORDERLINE_SHARE = 0.15
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What :func:`binding_constraint` found: ``verdict`` (the constraint that binds),
+    ``reason`` (one printable sentence with the figures), ``beneath`` (under a throttle, what
+    would bind at full clock; else the verdict again) and ``borderline`` (a reason when the
+    cell sits near a boundary, else ``None``). Figures: ``batch`` (requests running at once,
+    expected), ``running_cap`` (``max-running-requests`` in effect), ``kv_limit`` (requests of
+    the workload's full length the KV cache holds), ``kv_admit_limit`` (the most the optimistic
+    admission takes before retracting), ``graph_max_bs`` (0 with CUDA graphs off),
+    ``saturation_batch`` (the smallest batch whose marginal gain is below
+    :data:`SATURATION_GAIN`), ``marginal_gain`` (at ``batch``)."""
+
+    verdict: TruthKind
+    reason: str
+    beneath: TruthKind
+    borderline: str | None
+    batch: int
+    running_cap: int
+    kv_limit: int
+    kv_admit_limit: int
+    graph_max_bs: int
+    saturation_batch: int
+    marginal_gain: float
+
+
+def _uncached_prefill_ms(model: SimModel, input_len: int, prefix_share: float) -> float:
+    """Prefill milliseconds one request costs in a steady closed loop: its uncached prompt
+    tokens, plus its share of a prefill step's fixed cost when up to a chunk of prompts share a
+    step (the packing :meth:`SimModel.estimate` assumes)."""
+    n = max(1.0, input_len * (1.0 - prefix_share))
+    chunk = model.chunk_tokens()
+    per_step = max(1.0, chunk / n)
+    fixed_ms = model.prefill_step_ms(0)
+    return fixed_ms * max(1.0, n / chunk) / per_step + (
+        PREFILL_PER_TOKEN_MS * n / max(1, model.s.tp_size))
+
+
+def cycle_throughput(model: SimModel, batch: int, input_len: int, output_len: int,
+                     prefix_share: float = 0.0) -> float:
+    """Noise-free output tokens per millisecond of a closed loop holding ``batch`` requests
+    running: each request decodes ``output_len`` steps of :meth:`SimModel.decode_step_ms`
+    (the batch holding ``batch x (input_len + output_len / 2)`` tokens of KV) and its
+    uncached prompt is prefilled once (prefill steps stall every decode)."""
+    if batch <= 0:
+        return 0.0
+    decode = model.decode_step_ms(batch, int(batch * (input_len + output_len / 2)))
+    prefill = _uncached_prefill_ms(model, input_len, prefix_share)
+    return batch * output_len / (output_len * decode + batch * prefill)
+
+
+def marginal_gain(model: SimModel, batch: int, input_len: int, output_len: int,
+                  prefix_share: float = 0.0) -> float:
+    """What one more running sequence adds to :func:`cycle_throughput`, as a share of what an
+    average sequence of ``batch`` contributes: ``(T(b+1) - T(b)) / (T(b) / b)``; 1 while the
+    step's fixed cost dominates, falling towards 0 as per-sequence work (KV reads, the
+    per-sequence term, prefill) fills the step. CUDA graphs are assumed to hold at ``b + 1``
+    where they hold at ``b`` (the eager step beyond ``cuda-graph-max-bs`` is a crash)."""
+    b = max(1, batch)
+    t0 = cycle_throughput(model, b, input_len, output_len, prefix_share)
+    plain = replace(model.s, cuda_graph_max_bs=max(model.s.cuda_graph_max_bs, b + 1))
+    t1 = cycle_throughput(SimModel(plain) if model.uses_graph(b) else model, b + 1,
+                          input_len, output_len, prefix_share)
+    return (t1 - t0) / (t0 / b) if t0 > 0 else 0.0
+
+
+def binding_constraint(settings: SimSettings, input_len: int, output_len: int,
+                       concurrency: int, *, prefix_share: float = 0.0,
+                       throttle_mhz: int | None = None) -> Binding:
+    """The constraint that binds a closed loop of ``concurrency`` clients sending prompts of
+    ``input_len`` tokens (``prefix_share`` of them a prefix the cache holds) for
+    ``output_len`` tokens each (fixed lengths, ``ignore_eos``) to the sim started with
+    ``settings`` (``max_running_requests`` as in effect: :func:`auto_max_running_requests`
+    when the flag is not given) and the ``throttle-clock`` fault at ``throttle_mhz``.
+
+    The first rule that holds decides (``docs/sim-model.md``, "Known truth"):
+
+    1. ``crashed``: the server does not start (the memory plan's OOM or no room for KV), or
+       with CUDA graphs on the running batch ``min(c, cap, KV admission limit)`` exceeds
+       ``cuda-graph-max-bs`` (:meth:`SimModel.crashes_at_batch`).
+    2. ``errors``: a request is longer than the context or than the whole KV cache (400).
+    3. ``throttled``: the throttle fault is on (every step 1980/MHz times longer, whatever
+       else binds: ``beneath`` says what that is).
+    4. ``running_cap``: ``c`` exceeds ``max-running-requests`` and the KV cache holds at least
+       that many full-length requests: the rest wait behind the cap.
+    5. ``kv_capacity``: ``c`` exceeds the KV limit, ``kv_capacity_tokens // (input_len +
+       output_len)`` (and it is below the cap): the rest wait for memory, with retractions.
+    6. ``compute``: every request runs (``c`` at or below both limits) and the step-time
+       model is saturated: :func:`marginal_gain` at ``b = c`` is below
+       :data:`SATURATION_GAIN`.
+    7. ``offered_load``: every request runs and one more would still add throughput: the
+       server takes all it is sent.
+
+    ``borderline`` names the reason when ``c`` lies within :data:`BORDERLINE_SHARE` of the
+    limit that decides (``c`` in ``(limit / 1.15, limit x 1.15]``), the cap lies between the
+    KV limit and the optimistic admission's limit (``kv_capacity_tokens // (input_len +
+    0.098 x output_len)``: both bind in turn), ``cuda-graph-max-bs`` lies in that same range
+    (a crash depends on how far admission overshoots), or the marginal gain is within 0.15 of
+    the threshold."""
+    model = SimModel(settings)
+    plan = model.memory_plan()
+    cap = max(1, settings.max_running_requests)
+    per_req = input_len + output_len
+    kv_tokens = plan.kv_capacity_tokens
+    kv_limit = kv_tokens // per_req if per_req > 0 else 0
+    admit = int(kv_tokens // max(1.0, input_len + MIN_NEW_TOKEN_RATIO * output_len))
+    graph_bs = 0 if settings.disable_cuda_graph else settings.cuda_graph_max_bs
+    c = max(1, concurrency)
+    batch = min(c, cap, max(kv_limit, 1))
+
+    def gain(b: int) -> float:
+        return marginal_gain(model, b, input_len, output_len, prefix_share)
+
+    saturation = next((b for b in range(1, 4097) if gain(b) < SATURATION_GAIN), 4097)
+    g = gain(batch)
+
+    def make(verdict: TruthKind, reason: str, border: str | None = None,
+             beneath: TruthKind | None = None, at: int = batch) -> Binding:
+        return Binding(verdict=verdict, reason=reason, beneath=beneath or verdict,
+                       borderline=border, batch=at, running_cap=cap, kv_limit=kv_limit,
+                       kv_admit_limit=admit, graph_max_bs=graph_bs,
+                       saturation_batch=saturation, marginal_gain=g)
+
+    def near(x: float, limit: float) -> bool:
+        return limit / (1 + BORDERLINE_SHARE) < x <= limit * (1 + BORDERLINE_SHARE)
+
+    if plan.oom_at_start or plan.not_enough_for_kv:
+        why = ("out of memory at start" if plan.oom_at_start
+               else "no room for the KV cache in the static pool")
+        return make("crashed", f"the server does not start: {why}", at=0)
+    if per_req > settings.context_length or per_req > kv_tokens:
+        return make("errors", f"a request of {per_req} tokens exceeds the context "
+                    f"({settings.context_length}) or the KV cache ({kv_tokens} tokens)", at=0)
+    reached = min(c, cap, max(admit, 1))
+    if model.crashes_at_batch(reached):
+        return make("crashed", f"a decode batch of {reached} exceeds cuda-graph-max-bs "
+                    f"{graph_bs} with CUDA graphs on",
+                    "the admission's overshoot past the KV limit decides the crash"
+                    if min(c, cap, kv_limit) <= graph_bs else None, at=reached)
+
+    verdict: TruthKind
+    border: str | None = None
+    if c > cap and cap <= kv_limit:
+        verdict = "running_cap"
+        reason = (f"{c} clients, max-running-requests {cap} (the KV cache holds {kv_limit}): "
+                  f"{c - cap} wait behind the cap")
+        if near(c, cap):
+            border = f"c={c} within {BORDERLINE_SHARE:.0%} of the cap {cap}"
+        elif near(kv_limit, cap):
+            border = f"the KV limit {kv_limit} within {BORDERLINE_SHARE:.0%} of the cap {cap}"
+    elif c > kv_limit:
+        verdict = "kv_capacity"
+        reason = (f"{c} clients, the KV cache holds {kv_limit} requests of {per_req} tokens "
+                  f"({kv_tokens} tokens; cap {cap}): the rest wait for memory")
+        if near(c, kv_limit):
+            border = f"c={c} within {BORDERLINE_SHARE:.0%} of the KV limit {kv_limit}"
+        elif cap <= max(admit, kv_limit * (1 + BORDERLINE_SHARE)):
+            border = (f"the cap {cap} lies within {BORDERLINE_SHARE:.0%} of the KV limit "
+                      f"{kv_limit} or below the optimistic admission's {admit}: both bind")
+    else:
+        verdict = "compute" if g < SATURATION_GAIN else "offered_load"
+        reason = (f"all {c} clients run (cap {cap}, KV limit {kv_limit}); one more sequence "
+                  f"adds {g:.2f} of an average one's throughput (saturated below "
+                  f"{SATURATION_GAIN}, from batch {saturation})")
+        limit = min(cap, kv_limit)
+        if abs(g - SATURATION_GAIN) < BORDERLINE_SHARE:
+            border = f"marginal gain {g:.2f} within {BORDERLINE_SHARE} of {SATURATION_GAIN}"
+        elif near(c, limit):
+            border = f"c={c} within {BORDERLINE_SHARE:.0%} of the limit {limit}"
+    if throttle_mhz is not None:
+        return make("throttled", f"SM clock held at {throttle_mhz} of {MAX_SM_CLOCK_MHZ} MHz "
+                    f"(every step x{MAX_SM_CLOCK_MHZ / throttle_mhz:.2f}); beneath it: "
+                    f"{reason}", border, verdict)
+    return make(verdict, reason, border)
