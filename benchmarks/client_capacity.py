@@ -21,6 +21,12 @@ server's limit, not the client's; the CPU figures stay valid. Finally, ITL accur
 Usage: ``python benchmarks/client_capacity.py [--concurrency 64,256] [--requests 2000]``
 (``--server-cpus 1-7 --client-cpu 0`` on a bigger host: one server process per listed core, so the
 server is never the limit; on a 2-core machine the one server core usually is).
+
+``--observe-side-by-side [--concurrency 256] [--pairs 6]``: only the observers' cost (issue 36
+item 7): this client with its observers on (the default; the server's ``/metrics`` answers a
+real vLLM 0.32 capture, ``--metrics-file``) and off, in interleaved pairs; the ratio on/off of
+tokens/s per busy client core with its interval (target: at least 0.97), and what one scrape
+costs in CPU.
 """
 
 from __future__ import annotations
@@ -44,14 +50,17 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 PEERS = {"aiperf": "aiperf==0.13.0", "guidellm": "guidellm==0.8.1"}
 
-# this client through its API (what ``cleanslate bench --no-live`` runs, without the CLI's imports)
+# this client through its API (what ``cleanslate bench --no-live`` runs, without the CLI's imports);
+# a 6th argument "off" turns the observers off (``--no-observe``), as the side-by-side mode does
 OURS = r"""
 import asyncio, sys
 from pathlib import Path
-from cleanslate.bench import BenchConfig, ClosedLoop, parse_workload, run_benchmark
+from cleanslate.bench import (BenchConfig, ClosedLoop, ObserveOptions, parse_workload,
+                              run_benchmark)
 url, conc, n, workload, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
+observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"])
 config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
-                     loads=(ClosedLoop(concurrency=conc),), num_prompts=n)
+                     loads=(ClosedLoop(concurrency=conc),), num_prompts=n, observe=observe)
 Path(out).write_text(asyncio.run(run_benchmark(config)).model_dump_json())
 """
 
@@ -112,22 +121,14 @@ class Server:
                 proc.wait()
 
 
-def start_server(cpus: list[int], itl_ms: float = 0.0) -> Server:
-    """One server process (multi-process servers would need per-process stats; keep one)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cleanslate.testing.fake_openai",
-            "--port",
-            "0",
-            "--cpu",
-            str(cpus[0]),
-            "--itl-ms",
-            str(itl_ms),
-        ],
-        stdout=subprocess.PIPE,
-    )
+def start_server(cpus: list[int], itl_ms: float = 0.0, metrics: Path | None = None) -> Server:
+    """One server process (multi-process servers would need per-process stats; keep one);
+    ``metrics``: the file its ``GET /metrics`` answers (404 without)."""
+    argv = [sys.executable, "-m", "cleanslate.testing.fake_openai", "--port", "0",
+            "--cpu", str(cpus[0]), "--itl-ms", str(itl_ms)]
+    if metrics is not None:
+        argv += ["--metrics-file", str(metrics)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if not line.startswith("READY"):
@@ -214,6 +215,36 @@ def measure(
         not timed_out,
         note,
     )
+
+
+def measure_together(runs: dict[str, list[str]], outputs: dict[str, Path], client_cpu: int,
+                     timeout: float) -> dict[str, tuple[float, float, float]]:
+    """Start every client of ``runs`` (name -> argv writing its result to ``outputs[name]``)
+    at once, all pinned to ``client_cpu``, so that the machine's other load weighs on each
+    alike, and read what each says of itself: (output tokens, the level's output tokens/s,
+    the client's CPU seconds during the level, ``client_cpu_s``: its process, threads
+    included; the observers' baseline and final scrapes, outside the level, are not)."""
+    def pin() -> None:
+        os.sched_setaffinity(0, {client_cpu})
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    preexec_fn=pin, env=env)
+             for name, argv in runs.items()}
+    out: dict[str, tuple[float, float, float]] = {}
+    for name, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if proc.returncode != 0 or not outputs[name].exists():
+            raise RuntimeError(f"{name} failed: {err.decode(errors='replace')[-600:]}")
+        result = json.loads(outputs[name].read_text())
+        level = result["levels"][0]
+        out[name] = (level["total_output_tokens"], level["output_throughput"],
+                     level["client_cpu_s"])
+    return out
 
 
 def client_argvs(
@@ -366,6 +397,138 @@ def ratios(results: list[Measure]) -> list[dict[str, Any]]:
     return rows
 
 
+def scrape_cost(metrics: Path, scrapes: int = 200) -> dict[str, float]:
+    """What one scrape of ``metrics`` (served by the fake server, on the server's core) costs
+    the observer in this process: CPU ms and wall ms per scrape (fetch through aiohttp and
+    parse into the vocabulary), and the CPU share of one core at the default period."""
+    import asyncio
+
+    import aiohttp
+
+    from cleanslate.bench import MetricsObserver
+    from cleanslate.bench._observe import DEFAULT_INTERVAL_S
+    from cleanslate.engines import metric_maps
+
+    server = start_server([os.sched_getaffinity(0).pop()], metrics=metrics)
+
+    async def run() -> tuple[float, float]:
+        async with aiohttp.ClientSession() as session:
+            observer = MetricsObserver(server.url, metric_maps(), session=session)
+            await observer.start(loop=False)  # the flavour is found; then timed
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(scrapes):
+                await observer.sample()
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            assert all(s.error is None for s in observer.samples), observer.samples[-1].error
+            await observer.stop()
+        return cpu, wall
+
+    try:
+        cpu, wall = asyncio.run(run())
+    finally:
+        server.stop()
+    cpu_ms, wall_ms = cpu / scrapes * 1000, wall / scrapes * 1000
+    return {"scrapes": scrapes, "body_bytes": metrics.stat().st_size,
+            "cpu_ms_per_scrape": round(cpu_ms, 3), "wall_ms_per_scrape": round(wall_ms, 3),
+            "cpu_share_pct": round(cpu_ms / (DEFAULT_INTERVAL_S * 1000) * 100, 3)}
+
+
+def ratio_text(iv: dict[str, Any]) -> str:
+    """``mean [low, high]`` (the mean alone without an interval)."""
+    if iv.get("low") is None or iv.get("high") is None:
+        return f"{iv['mean']:.3f}"
+    return f"{iv['mean']:.3f} [{iv['low']:.3f}, {iv['high']:.3f}]"
+
+
+def observe_side_by_side(args: argparse.Namespace, work: Path,
+                         report: Callable[[str], None]) -> dict[str, Any]:
+    """The client's capacity with its observers on (the default: the engine-metrics observer
+    scraping the fake server's ``/metrics``, a real vLLM capture, every 250 ms) and off
+    (``observe`` disabled), at one concurrency, in ``args.pairs`` pairs of runs; each pair
+    runs both on fresh servers, the order alternating from pair to pair. Per pair: the ratio
+    on/off of tokens/s per busy client core (the client's capacity) and of tokens/s; their
+    means with 95 % Student-t intervals over the pairs."""
+    from cleanslate.stats import t_interval
+
+    server_cpus = parse_cpus(args.server_cpus)
+    conc = int(args.concurrency.split(",")[-1])
+    workload = f"random:input_len=100,output_len={args.output_len}"
+    pairs: list[dict[str, Any]] = []
+    for i in range(args.pairs):
+        pair: dict[str, Any] = {}
+        if args.together:
+            servers = {mode: start_server(server_cpus, metrics=args.metrics_file)
+                       for mode in ("off", "on")}
+            outputs = {mode: work / f"t-{mode}-{i}.json" for mode in ("off", "on")}
+            try:
+                got = measure_together({
+                    mode: [sys.executable, "-c", OURS, servers[mode].url, str(conc),
+                           str(args.requests), workload, str(outputs[mode]), mode]
+                    for mode in ("off", "on")}, outputs, args.client_cpu, args.timeout)
+            finally:
+                for server in servers.values():
+                    server.stop()
+            for mode, (tokens, tok_s, cpu) in got.items():
+                seen = json.loads(outputs[mode].read_text())["levels"][0].get(
+                    "server_metrics") or {}
+                pair[mode] = {"ok": True, "note": "together", "tok_s": round(tok_s),
+                              "tok_s_per_core": round(tokens / cpu),
+                              "cpu_per_1k": cpu / tokens * 1000,
+                              "scrapes": seen.get("samples", 0),
+                              "failed_scrapes": seen.get("failed_scrapes", 0),
+                              "flavour": seen.get("flavour")}
+            report(f"pair {i + 1} together: off {pair['off']['tok_s_per_core']:,} on "
+                   f"{pair['on']['tok_s_per_core']:,} tok/s per busy core "
+                   f"(tok/s {pair['off']['tok_s']:,} / {pair['on']['tok_s']:,})")
+        for mode in () if args.together else ("off", "on") if i % 2 == 0 else ("on", "off"):
+            server = start_server(server_cpus, metrics=args.metrics_file)
+            out = work / f"observe-{mode}-{i}.json"
+            argv = [sys.executable, "-c", OURS, server.url, str(conc), str(args.requests),
+                    workload, str(out), mode]
+            try:
+                res = measure(f"observe-{mode}", argv, server, args.client_cpu, conc,
+                              args.timeout)
+            finally:
+                server.stop()
+            seen: dict[str, Any] = {}
+            if out.exists():
+                level = json.loads(out.read_text())["levels"][0]
+                seen = level.get("server_metrics") or {}
+            pair[mode] = {"ok": res.ok, "note": res.note, "tok_s": round(res.tok_s),
+                          "tok_s_per_core": round(1000 / res.cpu_per_1k),
+                          "cpu_per_1k": res.cpu_per_1k, "scrapes": seen.get("samples", 0),
+                          "failed_scrapes": seen.get("failed_scrapes", 0),
+                          "flavour": seen.get("flavour"), "unreadable": seen.get("unreadable")}
+            report(f"pair {i + 1} {mode:>3}: {res.tok_s:>9,.0f} tok/s  "
+                   f"{1000 / res.cpu_per_1k:>9,.0f} tok/s per busy core  scrapes "
+                   f"{seen.get('samples', 0)} ({seen.get('flavour')}, failed "
+                   f"{seen.get('failed_scrapes', 0)})  {res.note}")
+        if pair["on"]["ok"] and pair["off"]["ok"]:
+            pair["capacity_ratio"] = pair["off"]["cpu_per_1k"] / pair["on"]["cpu_per_1k"]
+            pair["throughput_ratio"] = pair["on"]["tok_s"] / pair["off"]["tok_s"]
+        pairs.append(pair)
+    done = [p for p in pairs if "capacity_ratio" in p]
+    summary: dict[str, Any] = {"concurrency": conc, "requests": args.requests,
+                               "method": "together" if args.together else "interleaved",
+                               "output_len": args.output_len, "pairs": pairs,
+                               "metrics_file": args.metrics_file.name,
+                               "target": 0.97}
+    for key in ("capacity_ratio", "throughput_ratio"):
+        if done:
+            iv = t_interval([p[key] for p in done])
+            summary[key] = {"mean": iv.mean, "low": iv.low, "high": iv.high, "n": iv.n}
+    summary["scrape_cost"] = scrape_cost(args.metrics_file)
+    cap, thr = summary.get("capacity_ratio"), summary.get("throughput_ratio")
+    if cap and thr:
+        report(f"c={conc}, {len(done)} pairs: observers on/off, tok/s per busy core "
+               f"{ratio_text(cap)}, tok/s {ratio_text(thr)} (95 %; target >= 0.97)")
+    cost = summary["scrape_cost"]
+    report(f"one scrape of {cost['body_bytes']:,} bytes: {cost['cpu_ms_per_scrape']:.2f} ms CPU, "
+           f"{cost['wall_ms_per_scrape']:.2f} ms wall; every 250 ms: {cost['cpu_share_pct']:.2f} %"
+           " of a core")
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", default="64,256")
@@ -379,9 +542,26 @@ def main() -> None:
     ap.add_argument("--peers-dir", type=Path, default=REPO / "scratch" / "bench-peers")
     ap.add_argument("--install-peers", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write the results here too")
+    ap.add_argument("--observe-side-by-side", action="store_true",
+                    help="only the observers' cost: this client with them on and off, "
+                         "--pairs pairs at the last --concurrency")
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--together", action="store_true",
+                    help="side by side: run each pair's two clients at the same time on the "
+                         "client core (each with its own server), measured over their common "
+                         "window; the machine's other load then weighs on both alike")
+    ap.add_argument("--metrics-file", type=Path,
+                    default=REPO / "tests" / "fixtures" / "engine-metrics" / "vllm-0.32-after.txt",
+                    help="what the server's /metrics answers in the side-by-side mode")
     args = ap.parse_args()
     server_cpus = parse_cpus(args.server_cpus)
     os.sched_setaffinity(0, set(server_cpus))  # this harness stays off the client's core
+    if args.observe_side_by_side:
+        with tempfile.TemporaryDirectory(prefix="cleanslate-observe-") as tmp:
+            summary = observe_side_by_side(args, Path(tmp), lambda s: print(s, flush=True))
+        if args.json is not None:
+            args.json.write_text(json.dumps(summary, indent=1))
+        return
     if args.install_peers:
         install_peers(args.peers_dir)
     wanted = args.clients.split(",")

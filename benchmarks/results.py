@@ -14,6 +14,7 @@ with the date it was measured. Parts:
 name       figure                                  anchor (same run)
 ========== ======================================= ===========================================
 client     tokens/s per busy client core           AIPerf and GuideLLM (and a bare aiohttp loop)
+observe    tokens/s per busy core, observers on    the same client with its observers off
 accuracy   throughput and TTFT p50 of each client  the sim server's own log (ground truth)
 teardown   stop -> verified CLEAN                  the physical release (an independent poller)
 search     trials to within 2 % of the optimum     the full grid
@@ -274,11 +275,58 @@ def targets_capacity(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
              f"({within} of {seeds})", within >= 0.9 * seeds)]
 
 
+def render_observe(data: dict[str, Any]) -> list[str]:
+    lines = ["| pair | order | tok/s off | tok/s on | tok/s per busy core off "
+             "| tok/s per busy core on | ratio on/off (per core) | scrapes on |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, pair in enumerate(data.get("pairs", []), 1):
+        off, on = pair.get("off", {}), pair.get("on", {})
+        ratio = pair.get("capacity_ratio")
+        lines.append(f"| {i} | {'off, on' if i % 2 else 'on, off'} | {off.get('tok_s', 0):,} | "
+                     f"{on.get('tok_s', 0):,} | {off.get('tok_s_per_core', 0):,} | "
+                     f"{on.get('tok_s_per_core', 0):,} | "
+                     f"{'-' if ratio is None else f'{ratio:.3f}'} | {on.get('scrapes', 0)} |")
+    out = []
+    for key, what in (("capacity_ratio", "tokens/s per busy client core"),
+                      ("throughput_ratio", "tokens/s")):
+        iv = data.get(key)
+        if iv:
+            band = (f" [{iv['low']:.3f}, {iv['high']:.3f}]" if iv.get("low") is not None
+                    else "")
+            out.append(f"{what} {iv['mean']:.3f}{band}")
+    cost = data.get("scrape_cost", {})
+    lines += ["", f"Observers on / off at c={data.get('concurrency')} ({data.get('requests')} "
+              f"requests of {data.get('output_len')} tokens a run, fresh server each, order "
+              "alternating; on: the engine-metrics observer scraping the fake server's "
+              f"`/metrics`, the real vLLM 0.32 capture `{data.get('metrics_file')}`, every "
+              f"250 ms): {'; '.join(out)} (mean of the pairs' ratios, 95 % Student-t interval; "
+              "one run). One scrape of that answer in the client: "
+              f"{cost.get('cpu_ms_per_scrape', float('nan')):.2f} ms CPU, "
+              f"{cost.get('wall_ms_per_scrape', float('nan')):.2f} ms wall, "
+              f"{cost.get('cpu_share_pct', float('nan')):.2f} % of a core at 4 a second."]
+    return lines
+
+
+def targets_observe(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    iv = data.get("capacity_ratio")
+    if not iv:
+        return [("observers on: client capacity at least 0.97x of off at c=256", None)]
+    band = f" [{iv['low']:.3f}, {iv['high']:.3f}]" if iv.get("low") is not None else ""
+    return [(f"observers on: client capacity at least 0.97x of off at c={data.get('concurrency')}"
+             f" ({iv['mean']:.3f}{band})", iv["mean"] >= 0.97)]
+
+
 PARTS = [
     Part("client", "Client capacity against AIPerf and GuideLLM",
          lambda out, quick: _py("client_capacity.py", "--json", str(out), "--install-peers",
                                 *(["--concurrency", "64", "--requests", "600"] if quick else [])),
          render_client),
+    Part("observe", "Observers' cost: client capacity with them on and off",
+         lambda out, quick: _py("client_capacity.py", "--json", str(out),
+                                "--observe-side-by-side", "--concurrency", "256",
+                                *(["--pairs", "2", "--requests", "1000"] if quick
+                                  else ["--pairs", "10", "--requests", "3000"])),
+         render_observe, targets=targets_observe),
     Part("accuracy", "Metric error against the server's ground truth",
          lambda out, quick: _py("peer_crosscheck.py", "--json", str(out), "--peers", "aiperf",
                                 *(["--concurrency", "16", "--requests", "150"] if quick else [])),
