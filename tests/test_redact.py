@@ -51,6 +51,9 @@ def test_secret_names(name: str) -> None:
     # SGLang tunables whose names hold TOKEN or PASS before a measure (a study may search them)
     "--tbo-token-distribution-threshold", "--prefill-delayer-token-usage-low-watermark",
     "--bucket-inter-token-latency", "--enable-forward-pass-metrics",
+    # a level's GPU energy per output token (bench's GpuTelemetry): stored as "***" it made the
+    # trial record unreadable
+    "joules_per_output_token", "input_token",
 ])
 def test_not_secret_names(name: str) -> None:
     assert not is_secret_name(name)

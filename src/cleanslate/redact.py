@@ -88,7 +88,7 @@ _NOT_THE_VALUE = frozenset({"PATH", "FILE", "FILES", "DIR", "THROUGHPUT", "LEN",
 # "--bucket-time-to-first-token"): a measure, not the secret.
 # A special token's name is no secret either (GGUF's "tokenizer.ggml.add_bos_token", "eos_token").
 _UNIT_OF = frozenset({"PER", "FIRST", "LAST", "NEXT", "EACH", "BOS", "EOS", "PAD", "UNK", "SEP",
-                      "CLS", "MASK", "SPECIAL", "STOP"})
+                      "CLS", "MASK", "SPECIAL", "STOP", "OUTPUT", "INPUT"})
 _SPLIT = re.compile(r"[_\-.]+")
 
 # Lookbehinds make each pattern start only at the beginning of a word: without them, every
