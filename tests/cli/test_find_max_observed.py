@@ -3,6 +3,7 @@ table does (issue 36 item 6): the columns only when some probe has them."""
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from cleanslate.bench import GaugeStats, ServerMetrics
@@ -10,6 +11,7 @@ from cleanslate.cli._find_max import probe_table
 from tests.report.capacity_data import CLIFF, search
 
 
+@pytest.mark.slow  # the recorded capacity search (scipy's intervals): 1.2-2.5 s
 def test_the_probe_table_gains_the_observed_columns_only_when_observed() -> None:
     result, levels = search(CLIFF.__getitem__)
 
