@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,10 +58,11 @@ def metrics(running: GaugeStats, waiting: GaugeStats, *, kv: GaugeStats | None =
 def level(c: int, *, tput: float, ttft: float, tpot: float, server: ServerMetrics | None = None,
           gpu: tuple[GpuTelemetry, ...] | None = None, in_flight: int | None = None,
           failed: int = 0, partial: bool = False, cpu: float = 0.2, prompts: int = 512,
-          load: ClosedLoop | OpenLoop | None = None, **more: Any) -> LevelResult:
-    """A closed-loop level of ``prompts`` requests with 8 output tokens each, its figures as
-    ``run_benchmark`` computes them: throughputs, latency medians, Little's law in flight."""
-    out_tokens = 8
+          load: ClosedLoop | OpenLoop | None = None, in_tokens: int = 32, out_tokens: int = 8,
+          **more: Any) -> LevelResult:
+    """A closed-loop level of ``prompts`` requests of ``in_tokens`` prompt and ``out_tokens``
+    output tokens, its figures as ``run_benchmark`` computes them: throughputs, latency
+    medians, Little's law in flight."""
     e2e = ttft + tpot * (out_tokens - 1)
     completed = prompts - failed
     req_tput = tput / out_tokens
@@ -68,7 +70,7 @@ def level(c: int, *, tput: float, ttft: float, tpot: float, server: ServerMetric
     return LevelResult(
         label=f"c={c}", load=load or ClosedLoop(concurrency=c), completed=completed,
         failed=failed, sent=prompts, num_prompts=prompts, duration=duration,
-        total_input_tokens=32 * completed, total_output_tokens=out_tokens * completed,
+        total_input_tokens=in_tokens * completed, total_output_tokens=out_tokens * completed,
         request_throughput=req_tput, output_throughput=tput,
         total_token_throughput=tput * 5, request_goodput=None, good_requests=None,
         max_concurrency=c, max_concurrent_requests=in_flight if in_flight is not None else c,
@@ -173,6 +175,27 @@ def test_a_full_kv_cache_with_requests_held_for_room_is_kv_capacity() -> None:
     blind = observed(full, kv_usage=None)
     assert (diagnose(blind, [], vllm).verdict, diagnose(blind, [], vllm).confidence) == (
         "kv_capacity", "likely")
+
+
+def test_a_cache_without_room_for_one_more_request_is_kv_capacity_below_90_percent() -> None:
+    """The sim's figures with 8,000-token prompts in a 19,835-token cache: two run at 81 %,
+    the rest wait, far below the cap of 512."""
+    config = SIM_CONFIG.model_copy(update={"in_effect": {
+        "max_running_requests": 512, "max_total_num_tokens": 19835,
+        "mem_fraction_static": 0.6}})
+    long = level(8, tput=2782, ttft=135.4, tpot=0.5, prompts=16, in_tokens=8000, out_tokens=64,
+                 server=metrics(gauge(2, 2, 1.0), gauge(6, 6, 1.0), kv=gauge(0.81, 0.811, 1.0)))
+    b = diagnose(long, [], config)
+    assert (b.verdict, b.confidence) == ("kv_capacity", "clear")
+    assert b.figures["kv_free_tokens"] == pytest.approx(0.189 * 19835)
+    assert b.evidence[0].startswith("KV cache 81% full: 3,749 tokens free, a request needs "
+                                    "8,064; 6 waiting while the batch runs below its cap")
+    # the same usage with room for one more request is not the cache
+    roomy = config.model_copy(update={"in_effect": {**config.in_effect,
+                                                    "max_total_num_tokens": 60000}})
+    unknown = diagnose(long, [], roomy)
+    assert unknown.verdict == "unknown"
+    assert unknown.evidence[1] == "running 2.0 on average (max 2), 6.0 waiting, KV 81%"
 
 
 def test_a_step_time_growing_with_the_batch_is_compute() -> None:
@@ -382,3 +405,28 @@ def test_the_sim_capped_at_64_is_bound_by_its_load_at_16_and_by_its_cap_at_256(
     assert high.bottleneck.advice[0].text.startswith("raise --max-running-requests above 64")
     figure(f"c=16: {low.bottleneck.summary()}")
     figure(f"c=256: {high.bottleneck.summary()}")
+
+
+@pytest.mark.slow  # about 2 s: its own server
+def test_the_sim_whose_cache_holds_two_long_prompts_is_bound_by_kv_capacity(
+        tmp_path: Path, figure: Any) -> None:
+    """8,000-token prompts in a cache of 19,835 tokens (``--mem-fraction-static 0.6``): two
+    run, the rest wait at 81 % usage, far below the cap of 512."""
+    servers = SimServers(tmp_path)
+    try:
+        argv = get_engine("sim").build_argv(MODEL, 1, {"max-running-requests": 512,
+                                                       "mem-fraction-static": 0.6})
+        server = servers.start("--model-path", MODEL, *argv[argv.index("--port") + 2:],
+                               *FAST, "--time-scale", "0.02")
+        config = BenchConfig(url=server.url, model=MODEL, num_prompts=16,
+                             workload=RandomWorkload(input_len=8000, output_len=64),
+                             loads=(ClosedLoop(concurrency=8),),
+                             observe=ObserveOptions(interval_s=0.05))
+        (only,) = asyncio.run(run_benchmark(config)).levels
+    finally:
+        servers.end_all()
+    b = only.bottleneck
+    assert b is not None and (b.verdict, b.confidence) == ("kv_capacity", "clear"), b
+    assert b.figures["tokens_per_request"] == 8064 and b.figures["kv_free_tokens"] < 8064
+    assert b.advice[0].text.startswith("raise --mem-fraction-static above 0.6")
+    figure(f"c=8: {b.summary()}")

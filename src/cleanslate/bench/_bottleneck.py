@@ -230,6 +230,13 @@ QUEUE_SHARE = 0.25
 #: ``kv_cache_usage_perc`` reaches it).
 KV_FULL = 0.9
 
+#: KV capacity without reaching :data:`KV_FULL`: the free part of the cache at its fullest
+#: holds fewer tokens than one request of the level needs (prompt and output), so the next one
+#: cannot be admitted. The sim with 8,000-token prompts and ``--mem-fraction-static 0.6`` runs
+#: 2 at a time at 81 % usage while 30 wait. The cache's size is the configuration's
+#: (:data:`KV_TOKEN_SETTINGS`).
+KV_TOKEN_SETTINGS = ("max_total_num_tokens",)
+
 #: The batch must have grown by this factor against a level before for the step time's growth
 #: to be read: a smaller step is inside the noise of TPOT.
 BATCH_GROWTH = 1.5
@@ -341,6 +348,32 @@ def cap_in_effect(config: ServerConfig | None) -> tuple[float, str] | None:
     return None
 
 
+def kv_tokens(config: ServerConfig | None) -> float | None:
+    """The KV cache's size in tokens from the configuration in effect: SGLang's
+    ``max_total_num_tokens``, vLLM's ``num_gpu_blocks`` x ``block_size``; ``None`` unknown."""
+    if config is None:
+        return None
+    values = config.in_effect
+
+    def number(key: str) -> float | None:
+        v = values.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 \
+            else None
+
+    for key in KV_TOKEN_SETTINGS:
+        if (found := number(key)) is not None:
+            return found
+    blocks, size = number("num_gpu_blocks"), number("block_size")
+    return blocks * size if blocks is not None and size is not None else None
+
+
+def tokens_per_request(lv: LevelResult) -> float | None:
+    """Prompt and output tokens of a completed request of the level, on average."""
+    if lv.completed <= 0:
+        return None
+    return (lv.total_input_tokens + lv.total_output_tokens) / lv.completed
+
+
 def _pinned(g: GaugeStats) -> float:
     """The share of the window the gauge spent at its max (from the mean where the share was
     not kept: a level stored before it was)."""
@@ -390,8 +423,8 @@ def crashed(seen: Seen) -> Match | None:
         return None
     why = lv.partial_reason or "the level ended early"
     return Match("crashed", "clear",
-                 (f"the level ended early after {lv.completed + lv.failed} of "
-                  f"{lv.num_prompts} requests: {why}",),
+                 (f"the level ended early ({lv.completed} of {lv.num_prompts} requests "
+                  f"completed, {lv.failed} failed): {why}",),
                  {"completed": lv.completed, "failed": lv.failed})
 
 
@@ -643,14 +676,22 @@ def kv_capacity(seen: Seen) -> Match | None:
                      (f"{pre:.0f} requests preempted or retracted during the level "
                       "(no KV usage figure)",), figures)
     figures["kv_usage_max"] = kv
-    if kv < KV_FULL or not (pre > 0 or held > 0 or (waiting >= QUEUE_MIN and below_cap)):
+    size, need = kv_tokens(seen.config), tokens_per_request(seen.level)
+    no_room = size is not None and need is not None and (1 - kv) * size < need
+    if size is not None and need is not None:
+        figures.update(kv_free_tokens=(1 - kv) * size, tokens_per_request=need)
+    if not (kv >= KV_FULL or no_room) or not (
+            pre > 0 or held > 0 or (waiting >= QUEUE_MIN and below_cap)):
         return None
     why = [f"{held:.0f} waiting for room" if held > 0 else "",
            f"{pre:.0f} preempted or retracted" if pre > 0 else "",
            f"{waiting:.0f} waiting while the batch runs below its cap"
            if waiting >= QUEUE_MIN and below_cap and not held else ""]
-    return Match("kv_capacity", "clear",
-                 (f"KV cache {kv:.0%} full; " + ", ".join(w for w in why if w),), figures)
+    full = (f"KV cache {kv:.0%} full" if kv >= KV_FULL or size is None or need is None else
+            f"KV cache {kv:.0%} full: {(1 - kv) * size:,.0f} tokens free, a request needs "
+            f"{need:,.0f}")
+    return Match("kv_capacity", "clear", (f"{full}; " + ", ".join(w for w in why if w),),
+                 figures)
 
 
 def compute(seen: Seen) -> Match | None:
@@ -789,11 +830,24 @@ def diagnose(level: LevelResult, before: Sequence[LevelResult] = (),
         if found is not None:
             matches.append((name, found))
     if not matches:
-        if not seen.missing:
-            seen.lack("a signature: no rule matched")
-        return Bottleneck(verdict="unknown", confidence="unknown",
-                          evidence=(f"not enough to decide: {', '.join(seen.missing)}",),
-                          missing=tuple(seen.missing), rule="unknown")
+        lines = ["no rule's signature matched"
+                 + (f"; not there to decide: {', '.join(seen.missing)}" if seen.missing
+                    else "")]
+        figures: dict[str, float] = {}
+        said = _readable(level)
+        if said is not None and said.running is not None:
+            kv = said.kv_usage.max if said.kv_usage is not None else None
+            waiting = said.waiting.mean if said.waiting is not None else None
+            running = said.running
+            lines.append(f"running {running.mean:.1f} on average (max {running.max:.0f})"
+                         + (f", {waiting:.1f} waiting" if waiting is not None else "")
+                         + (f", KV {kv:.0%}" if kv is not None else ""))
+            figures = {"running_mean": running.mean, "running_max": running.max,
+                       **({"waiting_mean": waiting} if waiting is not None else {}),
+                       **({"kv_usage_max": kv} if kv is not None else {})}
+        return Bottleneck(verdict="unknown", confidence="unknown", evidence=tuple(lines),
+                          figures=_figures(figures), missing=tuple(seen.missing),
+                          rule="unknown")
     name, first = matches[0]
     also: list[BottleneckKind] = []
     for _, m in matches[1:]:

@@ -121,8 +121,9 @@ ADVICE = advice_book({
         AdviceEntry("--mem-fraction-static", "raise",
                     "more GPU memory for the KV cache (watch for out-of-memory at start)",
                     "mem_fraction_static"),
-        AdviceEntry("--max-running-requests", "lower",
-                    "fewer requests retracted for room", "max_running_requests"),
+        AdviceEntry("--max-running-requests", "check",
+                    "a cap near what the cache holds avoids retracting requests for room",
+                    "max_running_requests"),
         AdviceEntry("--kv-cache-dtype", "set", "fp8_e5m2 halves the KV cache's bytes per token",
                     "kv_cache_dtype")),
     "compute": (

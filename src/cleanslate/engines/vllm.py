@@ -55,7 +55,8 @@ ADVICE = advice_book({
                     "gpu_memory_utilization"),
         AdviceEntry("--kv-cache-dtype", "set", "fp8 halves the KV cache's bytes per token",
                     "cache_dtype"),
-        AdviceEntry("--max-num-seqs", "lower", "fewer requests preempted for room",
+        AdviceEntry("--max-num-seqs", "check",
+                    "a cap near what the cache holds avoids preempting requests for room",
                     "max_num_seqs")),
     "compute": (
         AdviceEntry("--max-num-batched-tokens", "lower",
