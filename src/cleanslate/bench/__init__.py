@@ -63,6 +63,7 @@ from cleanslate.bench._capacity import (
     worst_check,
 )
 from cleanslate.bench._conversation import ConversationWorkload, TurnResult
+from cleanslate.bench._gpu import GPU_SOURCES, GpuObserver, gpu_observer, local_gpus
 from cleanslate.bench._limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
@@ -77,6 +78,8 @@ from cleanslate.bench._metric_names import (
     Source,
     engine_total,
     no_metrics,
+    register_metric_map,
+    registered_maps,
 )
 from cleanslate.bench._models import (
     LEVEL_METRICS,
@@ -101,7 +104,6 @@ from cleanslate.bench._observe import (
     Observed,
     ObserveOptions,
     ObserverFactory,
-    observers_for,
 )
 from cleanslate.bench._observed import GaugeStats, GpuTelemetry, ServerMetrics
 from cleanslate.bench._ramp import RampLoad, WindowResult, parse_ramp
@@ -139,7 +141,6 @@ from cleanslate.bench._workloads import (
 if TYPE_CHECKING:
     from cleanslate.bench._client import printable
     from cleanslate.bench._find_max import find_max
-    from cleanslate.bench._gpu import GPU_SOURCES, GpuObserver, gpu_observer, local_gpus
     from cleanslate.bench._keepalive import (
         fresh_session,
         is_stale,
@@ -157,6 +158,7 @@ if TYPE_CHECKING:
         observed_kinds,
         summary_table,
     )
+    from cleanslate.bench._observers import observers_for
     from cleanslate.bench._repeats import STEADY_FLOOR, combine, first_repeat_slow
     from cleanslate.bench._runner import (
         LevelProgress,
@@ -174,13 +176,12 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "find_max": "cleanslate.bench._find_max",
-    **dict.fromkeys(("GPU_SOURCES", "GpuObserver", "gpu_observer", "local_gpus"),
-                    "cleanslate.bench._gpu"),
     **dict.fromkeys(("LiveView", "detail_tables", "gpu_totals", "live_readings",
                      "observation_notes", "observed_cells", "observed_headers",
                      "observed_kinds", "summary_table"),
                     "cleanslate.bench._live"),
     "printable": "cleanslate.bench._client",
+    "observers_for": "cleanslate.bench._observers",
     **dict.fromkeys(("fresh_session", "is_stale", "note_retry", "request_context",
                      "trace_config"), "cleanslate.bench._keepalive"),
     **dict.fromkeys(("LevelProgress", "make_session", "run_benchmark", "run_level",
@@ -308,7 +309,9 @@ __all__ = [
     "read_sample_files",
     "read_server_config",
     "register_advice",
+    "register_metric_map",
     "register_workload",
+    "registered_maps",
     "request_context",
     "requested_flags",
     "run_benchmark",

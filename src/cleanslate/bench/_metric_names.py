@@ -144,3 +144,30 @@ def engine_total(key: str, series: dict[str, float]) -> float | None:
     if key in FRACTIONS:
         return sum(groups.values()) / len(groups)
     return sum(groups.values())
+
+
+#: Each registered engine's map, by engine name (:func:`register_metric_map`). ``bench`` never
+#: imports an engine: the engines register their maps when their package is imported (the
+#: command line and ``tune`` import it; a program that runs the benchmark alone imports
+#: ``cleanslate.engines`` to have them).
+_REGISTERED: dict[str, MetricMap] = {}
+
+
+def register_metric_map(engine: str, metric_map: MetricMap) -> None:
+    """Make ``metric_map`` the metric names of engine ``engine`` (called by the engines'
+    registry, :func:`cleanslate.engines.register_engine`)."""
+    _REGISTERED[engine] = metric_map
+
+
+def registered_maps(engine: str | None = None) -> tuple[MetricMap, ...]:
+    """The map of ``engine`` when it registered one; otherwise (no engine, or one not known)
+    every registered map that serves metrics, one per flavour: the candidates for a bare URL,
+    whose flavour is found from the names it serves."""
+    if engine is not None and engine in _REGISTERED:
+        return (_REGISTERED[engine],)
+    found: dict[str, MetricMap] = {}
+    for metric_map in _REGISTERED.values():
+        if metric_map.path is not None:
+            found.setdefault(metric_map.flavour, metric_map)
+    return tuple(found.values())
+

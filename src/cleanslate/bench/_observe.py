@@ -32,7 +32,6 @@ from cleanslate.models import FrozenStrict
 if TYPE_CHECKING:
     import aiohttp
 
-    from cleanslate.bench._metric_names import MetricMap
     from cleanslate.bench._models import AnyLoad, BenchConfig
     from cleanslate.bench._runner import ProgressHook
     from cleanslate.bench._server_config import ServerConfig
@@ -157,67 +156,21 @@ class Harness:
             self.kept[(label, observed.key)] = observed.samples
 
 
-def metrics_observer(options: ObserveOptions,
-                     maps: Sequence[MetricMap] | None = None) -> ObserverFactory:
-    """The engine-metrics observer of each measurement: scrapes ``config.url`` through the
-    run's pool every ``options.interval_s``. ``maps``: the engine's own (one) or every
-    engine's (a bare URL; the default, unless ``options.engine`` names one)."""
-    from cleanslate.bench._server_metrics import ServerMetricsObserver
-    from cleanslate.engines import engine_class, metric_maps
-
-    if maps is None:
-        own = engine_class(options.engine).metric_map if options.engine else None
-        maps = (own,) if own is not None else metric_maps()
-
-    def make(ctx: LevelContext) -> LevelObserver:
-        return ServerMetricsObserver(ctx.config.url, maps, session=ctx.session,
-                                     interval_s=options.interval_s)
-
-    return make
+#: Makers of an observer from the options alone (``bench._gpu``'s GPU telemetry of the GPUs
+#: ``options.gpus`` names), registered by their modules, which the package imports.
+OPTION_OBSERVERS: list[Callable[[ObserveOptions], ObserverFactory | None]] = []
 
 
-def observers_for(options: ObserveOptions | None, *,
-                  maps: Sequence[MetricMap] | None = None,
-                  extra: Sequence[ObserverFactory] = ()) -> tuple[ObserverFactory, ...]:
-    """The observers ``options`` asks for (none when ``options`` is ``None`` or disabled:
-    ``extra`` neither), then ``extra`` (the harness's own: the GPU telemetry of a run whose
-    GPUs the caller knows)."""
-    if options is None or not options.enabled:
-        return ()
-    made: list[ObserverFactory] = []
-    if options.metrics:
-        made.append(metrics_observer(options, maps))
-    if options.gpus and options.gpu_source != "off":
-        # GPUs named in the options are this machine's (``bench --gpus``); a run on another
-        # host brings its own observer in ``extra`` (``tune``'s trial).
-        from cleanslate.bench._gpu import gpu_observer
-
-        gpu = gpu_observer(None, options.gpus, options.gpu_source)
-        if gpu is not None:
-            made.append(gpu)
-    return (*made, *extra)
-
-
-async def start_all(harness: Harness, ctx: LevelContext) -> list[LevelObserver]:
-    """Make and start the observers of one measurement: those ``ctx.config.observe`` asks
-    for, then the harness's own."""
-    started: list[LevelObserver] = []
-    for factory in observers_for(ctx.config.observe, extra=harness.observers):
-        observer = factory(ctx)
-        if observer is None:
-            continue
-        await observer.start()
-        started.append(observer)
-    return started
-
-
-async def stop_all(observers: Sequence[LevelObserver], end: LevelEnd) -> list[Observed]:
-    """Stop every observer of a measurement, in parallel (each takes a final sample)."""
-    return list(await asyncio.gather(*(o.stop(end) for o in observers)))
+def register_option_observer(
+        maker: Callable[[ObserveOptions], ObserverFactory | None]) -> None:
+    """Make :func:`~cleanslate.bench._observers.observers_for` ask ``maker`` for an observer
+    of every run's options."""
+    OPTION_OBSERVERS.append(maker)
 
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
+    "OPTION_OBSERVERS",
     "ConfigReader",
     "Harness",
     "LevelContext",
@@ -227,8 +180,5 @@ __all__ = [
     "Observed",
     "ObserverFactory",
     "SampleSink",
-    "metrics_observer",
-    "observers_for",
-    "start_all",
-    "stop_all",
+    "register_option_observer",
 ]

@@ -76,9 +76,8 @@ from cleanslate.bench._observe import (
     Harness,
     LevelContext,
     LevelEnd,
-    start_all,
-    stop_all,
 )
+from cleanslate.bench._observers import start_all, stop_all
 from cleanslate.bench._ramp import RampLoad
 from cleanslate.bench._repeats import combine, target_reached
 from cleanslate.bench._server_config import ServerConfig, read_server_config

@@ -48,6 +48,7 @@ from cleanslate.bench import (
     ServerConfig,
     read_server_config,
     register_advice,
+    register_metric_map,
     requested_flags,
 )
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
@@ -377,6 +378,8 @@ def register_engine(cls: A) -> A:
         raise ValueError(f"engine {cls.name!r}: its signature is for engine "
                          f"{cls.signature.engine!r}")
     _REGISTRY.add(cls.name, cls)
+    if cls.metric_map is not None:
+        register_metric_map(cls.name, cls.metric_map)
     if cls.advice is not None:
         register_advice(cls.name, cls.advice)
     return cls

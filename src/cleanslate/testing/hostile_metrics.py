@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 from cleanslate.testing._hostile import CLOSE, PIECE, RESET, Action, _bomb
 
 if TYPE_CHECKING:
-    from cleanslate.bench._observed import ServerMetrics
+    from cleanslate.bench import ServerMetrics
 
 #: A well-formed vLLM answer (new names): 2 running, 6 waiting, KV 0.5, 100 tokens generated.
 GOOD: Final = ('vllm:num_requests_running{engine="0"} 2\n'

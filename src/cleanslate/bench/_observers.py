@@ -1,0 +1,81 @@
+"""The observers of a level: which ones a run's :class:`~cleanslate.bench.ObserveOptions` makes
+(:func:`observers_for`), and starting and stopping them around a measurement
+(:func:`start_all`, :func:`stop_all`). Apart from :mod:`cleanslate.bench._observe` (the seam's
+types, which every observer imports) so that no observer imports what imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from cleanslate.bench import _gpu  # noqa: F401  (registers the GPU telemetry of options.gpus)
+from cleanslate.bench._metric_names import MetricMap, registered_maps
+from cleanslate.bench._observe import (
+    OPTION_OBSERVERS,
+    Harness,
+    LevelContext,
+    LevelEnd,
+    LevelObserver,
+    Observed,
+    ObserveOptions,
+    ObserverFactory,
+)
+from cleanslate.bench._server_metrics import ServerMetricsObserver
+
+
+def metrics_observer(options: ObserveOptions,
+                     maps: Sequence[MetricMap] | None = None) -> ObserverFactory:
+    """The engine-metrics observer of each measurement: scrapes ``config.url`` through the
+    run's pool every ``options.interval_s``. ``maps``: the engine's own (one) or every
+    engine's (a bare URL); by default those the engines registered
+    (:func:`~cleanslate.bench._metric_names.registered_maps`: ``options.engine``'s own, else
+    all). With none registered (``cleanslate.engines`` never imported) there is nothing to
+    read the names with: no observer, said by the level's missing ``server_metrics``."""
+    def make(ctx: LevelContext) -> LevelObserver | None:
+        known = maps if maps is not None else registered_maps(options.engine)
+        if not known:
+            return None
+        return ServerMetricsObserver(ctx.config.url, known, session=ctx.session,
+                                     interval_s=options.interval_s)
+
+    return make
+
+
+def observers_for(options: ObserveOptions | None, *,
+                  maps: Sequence[MetricMap] | None = None,
+                  extra: Sequence[ObserverFactory] = ()) -> tuple[ObserverFactory, ...]:
+    """The observers ``options`` asks for (none when ``options`` is ``None`` or disabled:
+    ``extra`` neither), then ``extra`` (the harness's own: the GPU telemetry of a run whose
+    GPUs the caller knows)."""
+    if options is None or not options.enabled:
+        return ()
+    made: list[ObserverFactory] = []
+    if options.metrics:
+        made.append(metrics_observer(options, maps))
+    for maker in OPTION_OBSERVERS:  # GPU telemetry of the GPUs the options name
+        factory = maker(options)
+        if factory is not None:
+            made.append(factory)
+    return (*made, *extra)
+
+
+async def start_all(harness: Harness, ctx: LevelContext) -> list[LevelObserver]:
+    """Make and start the observers of one measurement: those ``ctx.config.observe`` asks
+    for, then the harness's own."""
+    started: list[LevelObserver] = []
+    for factory in observers_for(ctx.config.observe, extra=harness.observers):
+        observer = factory(ctx)
+        if observer is None:
+            continue
+        await observer.start()
+        started.append(observer)
+    return started
+
+
+async def stop_all(observers: Sequence[LevelObserver], end: LevelEnd) -> list[Observed]:
+    """Stop every observer of a measurement, in parallel (each takes a final sample)."""
+    return list(await asyncio.gather(*(o.stop(end) for o in observers)))
+
+
+__all__ = ["metrics_observer", "observers_for", "start_all", "stop_all"]
