@@ -494,13 +494,14 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
             if out.exists():
                 level = json.loads(out.read_text())["levels"][0]
                 seen = level.get("server_metrics") or {}
-            pair[mode] = {"ok": res.ok, "note": res.note, "tok_s": round(res.tok_s),
-                          "tok_s_per_core": round(1000 / res.cpu_per_1k),
+            usable = res.ok and res.tokens > 0 and res.cpu_s > 0
+            pair[mode] = {"ok": usable, "note": res.note, "tok_s": round(res.tok_s),
+                          "tok_s_per_core": round(1000 / res.cpu_per_1k) if usable else 0,
                           "cpu_per_1k": res.cpu_per_1k, "scrapes": seen.get("samples", 0),
                           "failed_scrapes": seen.get("failed_scrapes", 0),
                           "flavour": seen.get("flavour"), "unreadable": seen.get("unreadable")}
             report(f"pair {i + 1} {mode:>3}: {res.tok_s:>9,.0f} tok/s  "
-                   f"{1000 / res.cpu_per_1k:>9,.0f} tok/s per busy core  scrapes "
+                   f"{pair[mode]['tok_s_per_core']:>9,} tok/s per busy core  scrapes "
                    f"{seen.get('samples', 0)} ({seen.get('flavour')}, failed "
                    f"{seen.get('failed_scrapes', 0)})  {res.note}")
         if pair["on"]["ok"] and pair["off"]["ok"]:
