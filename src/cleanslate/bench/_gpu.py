@@ -47,6 +47,7 @@ from cleanslate.bench._observe import (
     Observed,
     ObserveOptions,
     ObserverFactory,
+    register_option_observer,
 )
 from cleanslate.bench._observed import GaugeStats, GpuTelemetry
 from cleanslate.hosts.base import Executor
@@ -811,6 +812,17 @@ def gpu_observer(executor: Executor | None = None, gpus: Sequence[int] | None = 
                            chosen)
 
     return make
+
+
+def _from_options(options: ObserveOptions) -> ObserverFactory | None:
+    """The observer of the GPUs ``options.gpus`` names on this machine (``bench --gpus``); a
+    run on another host brings its own (``tune``'s trial harness)."""
+    if not options.gpus:
+        return None
+    return gpu_observer(None, options.gpus, options.gpu_source)
+
+
+register_option_observer(_from_options)
 
 
 def local_gpus(url: str, source: str = "auto", ledger: str | None = None,
