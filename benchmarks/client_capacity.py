@@ -55,6 +55,7 @@ PEERS = {"aiperf": "aiperf==0.13.0", "guidellm": "guidellm==0.8.1"}
 OURS = r"""
 import asyncio, sys
 from pathlib import Path
+import cleanslate.engines  # registers the engines' metric names, as cleanslate bench does
 from cleanslate.bench import (BenchConfig, ClosedLoop, ObserveOptions, parse_workload,
                               run_benchmark)
 url, conc, n, workload, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
