@@ -21,6 +21,7 @@ import pytest
 
 from cleanslate.bench import (
     BenchConfig,
+    BenchResult,
     ClosedLoop,
     Harness,
     LevelContext,
@@ -233,3 +234,26 @@ def test_a_hung_endpoint_costs_a_short_baseline_and_no_final_scrape_after_its_fi
     for errors in (first_errors, second_errors):
         assert errors[-1] == f"{whole}; the final scrape not tried" or errors[-1] == (
             f"{short}; the final scrape not tried"), errors
+
+
+def test_bytes_sent_past_a_short_content_length_never_reach_a_benchmark_request() -> None:
+    """``/metrics`` answers with a Content-Length of 10 and sends the rest (a whole HTTP answer
+    and more) 50 ms later: on a connection back in the run's pool it would be read as the
+    answer to the next completion request (it was, in 4 of 5 runs, through the run's
+    configuration read). The observers and the configuration read use connections of their
+    own: three runs, every request completed."""
+
+    async def go() -> list[BenchResult]:
+        server = await start_fake_server(FakeOptions(itl_s=0.002))
+        try:
+            cfg = config(f"{server.url}/length-short-late").model_copy(
+                update={"loads": (ClosedLoop(concurrency=8),), "num_prompts": 16})
+            return [await run_benchmark(cfg) for _ in range(3)]
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    for result in asyncio.run(asyncio.wait_for(go(), 30)):
+        level = result.levels[0]
+        assert level.completed == 16 and level.failed == 0, level.errors
+        assert level.server_metrics is not None and level.server_metrics.unreadable

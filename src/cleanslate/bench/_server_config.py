@@ -704,6 +704,11 @@ async def _first_answer(session: aiohttp.ClientSession, base: str,
     return None, None
 
 
+def _unpooled(session: aiohttp.ClientSession) -> bool:
+    connector = session.connector
+    return connector is not None and connector.force_close
+
+
 async def read_server_config(
     session: aiohttp.ClientSession | None,
     base_url: str,
@@ -737,9 +742,18 @@ async def read_server_config(
     if flavour == "none":
         return ServerConfig(**known, engine=engine, flavour="none",
                             note=note or "the engine has no configuration endpoint")
-    if session is None:
+    if session is None or not _unpooled(session):
+        # Its own connections, to where the caller's pool connects, never pooled: aiohttp pools
+        # a connection once an answer's end is read, and bytes a server sends past a short
+        # Content-Length would be read as the answer to the benchmark request that took it
+        # next (a hostile /metrics failed a level's request so in 4 of 5 runs).
+        from cleanslate.hosts.forward import same_connector
+
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S * 4)
-        async with aiohttp.ClientSession(timeout=timeout) as own:
+        connector = same_connector(session.connector if session else None, force_close=True)
+        async with aiohttp.ClientSession(
+                connector=connector, timeout=timeout,
+                auto_decompress=session.auto_decompress if session else True) as own:
             return await read_server_config(
                 own, base_url, flavour=flavour, engine=engine, requested=requested,
                 log_text=log_text, abbrev=abbrev, aliases=aliases, ignore=ignore, note=note,
