@@ -111,7 +111,7 @@ def test_what_could_not_be_read_is_said_once_with_its_reason() -> None:
     table = text_of(mixed)
     cells = [c.strip() for c in next(line for line in table.splitlines()
                                      if "c=4" in line).split("│")[1:-1]]
-    assert cells[-3:] == ["-", "-", "-"]  # running, waiting, KV %
+    assert cells[-4:-1] == ["-", "-", "-"]  # running, waiting, KV % (then bound by)
     assert "GPU % / W" not in table  # no GPU gave a reading: no column
 
 

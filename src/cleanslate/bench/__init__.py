@@ -41,6 +41,7 @@ from cleanslate.bench._bottleneck import (
     diagnosed,
     register_advice,
 )
+from cleanslate.bench._bound_text import bound_by, bound_evidence, bound_line, bound_lines
 from cleanslate.bench._capacity import (
     CAPACITY_OBJECTIVES,
     DEFAULT_CLIFF,
@@ -274,6 +275,10 @@ __all__ = [
     "WorkloadSpec",
     "advice_book",
     "advice_for",
+    "bound_by",
+    "bound_evidence",
+    "bound_line",
+    "bound_lines",
     "check_workload_files",
     "combine",
     "detail_tables",

@@ -11,7 +11,9 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from cleanslate.bench._bound_text import bound_by, bound_line
 from cleanslate.bench._client import printable
 from cleanslate.bench._models import BenchResult, LevelResult
 from cleanslate.bench._runner import LevelProgress
@@ -19,15 +21,24 @@ from cleanslate.bench._runner import LevelProgress
 
 class LiveView:
     """Shows the current level: requests done, in flight, output tokens/s, errors, achieved vs
-    target rate. Use as a context manager and pass :meth:`on_progress` to ``run_benchmark``."""
+    target rate; above it, each level that ended with its bottleneck verdict. Use as a context
+    manager and pass :meth:`on_progress` and :meth:`on_level` to ``run_benchmark`` (the
+    harness's ``on_progress`` and ``on_level``)."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.current: LevelProgress | None = None
+        #: one line per level that ended: ``c=64 bound by running_cap: <evidence>: <advice>``
+        self.ended: list[str] = []
         self._live = Live(console=console, refresh_per_second=4, get_renderable=self.render)
 
     def on_progress(self, progress: LevelProgress) -> None:
         self.current = progress
+
+    def on_level(self, level: LevelResult) -> None:
+        """A level ended: keep its verdict's line (none for a level not diagnosed)."""
+        if level.bottleneck is not None:
+            self.ended.append(bound_line(level.label, level.bottleneck))
 
     def __enter__(self) -> LiveView:
         self._live.__enter__()
@@ -43,8 +54,9 @@ class LiveView:
 
     def render(self) -> RenderableType:
         p = self.current
+        ended = [Text(line, style="dim") for line in self.ended]
         if p is None:
-            return "starting..."
+            return Group(*ended, "starting...")
         elapsed = max(perf_counter() - p.t_start, 1e-9)
         total = f"/{p.total}" if p.total is not None else f" ({elapsed:.0f}/{p.duration_s:.0f} s)"
         errors = ", ".join(f"{k}={v}" for k, v in sorted(p.errors.items())) or "none"
@@ -60,7 +72,7 @@ class LiveView:
         seen = live_readings(p.watching)
         if seen:
             table.add_row("server", escape(seen))
-        return Group(table)
+        return Group(*ended, table)
 
 
 def live_readings(observers: Sequence[object]) -> str:
@@ -180,7 +192,10 @@ def summary_table(result: BenchResult) -> Table:
     ``waiting`` (requests, ``mean/max`` over the steady window), ``KV %`` (``mean/max``) from
     ``LevelResult.server_metrics``; ``GPU % / W`` (mean utilization over the GPUs / their
     summed mean power) from ``LevelResult.gpu``. A level without them shows ``-``; why is in
-    :func:`observation_notes`, said once."""
+    :func:`observation_notes`, said once. ``bound by``: the level's bottleneck verdict
+    (``running_cap`` clear, ``compute?`` likely, ``unknown``; :func:`~cleanslate.bench.
+    bound_by`), when some level was diagnosed; its evidence and advice are the lines
+    :func:`~cleanslate.bench.bound_lines` gives, printed under the table."""
     table = Table(title=escape(f"{result.model} @ {result.url} ({result.endpoint})"))
     with_slo = not result.slo.is_empty()
     repeated = any(lv.n_repeats > 1 for lv in result.levels)
@@ -189,8 +204,10 @@ def summary_table(result: BenchResult) -> Table:
     cols += ["ITL ms p50", *(["goodput/s"] if with_slo else []), "steady", "cpu"]
     metrics, gpu = observed_kinds(result.levels)
     cols += observed_headers(metrics, gpu)
+    diagnosed = any(lv.bottleneck is not None for lv in result.levels)
+    cols += ["bound by"] if diagnosed else []
     for col in cols:
-        table.add_column(col, justify="right" if col != "level" else "left")
+        table.add_column(col, justify="left" if col in ("level", "bound by") else "right")
     for lv in result.levels:
         flags = ""
         if lv.partial:
@@ -216,6 +233,8 @@ def summary_table(result: BenchResult) -> Table:
         cells.append("-" if lv.steady_share is None else f"{lv.steady_share:.0%}")
         cells.append(f"{lv.client_cpu_util:.0%}")
         cells += observed_cells(lv, metrics, gpu)
+        if diagnosed:
+            cells.append(escape(bound_by(lv.bottleneck)))
         table.add_row(*cells)
     return table
 

@@ -32,7 +32,7 @@ from cleanslate.models import FrozenStrict
 if TYPE_CHECKING:
     import aiohttp
 
-    from cleanslate.bench._models import AnyLoad, BenchConfig
+    from cleanslate.bench._models import AnyLoad, BenchConfig, LevelResult
     from cleanslate.bench._runner import ProgressHook
     from cleanslate.bench._server_config import ServerConfig
     from cleanslate.bench._tokens import Tokenizer
@@ -139,13 +139,16 @@ class Harness:
     #: ``read_config`` with the flags it was launched with); ``None``: the flavour is found
     #: from what the URL answers and nothing was asked
     read_config: ConfigReader | None = None
+    #: called with each level of ``run_benchmark`` once it ended and was diagnosed (its
+    #: ``bottleneck`` set): the live view prints the verdict then
+    on_level: Callable[[LevelResult], None] | None = None
 
     def with_session(self, session: aiohttp.ClientSession,
                      tokenizer: Tokenizer | None) -> Harness:
         """A copy with ``session`` and ``tokenizer`` set (the rest shared)."""
         return Harness(session=session, tokenizer=tokenizer, on_progress=self.on_progress,
                        stop=self.stop, observers=self.observers, on_samples=self.on_samples,
-                       kept=self.kept, read_config=self.read_config)
+                       kept=self.kept, read_config=self.read_config, on_level=self.on_level)
 
     def keep(self, label: str, observed: Observed) -> None:
         if not observed.samples:

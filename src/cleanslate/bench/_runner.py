@@ -802,6 +802,8 @@ async def run_benchmark(
             level = diagnosed(level, levels, server_config, config.observe.engine,
                               workload=config.workload, max_error_rate=config.max_error_rate)
             levels.append(level)
+            if harness.on_level is not None:
+                harness.on_level(level)
             if level.partial:
                 skipped = len(config.loads) - i - 1
                 if skipped:

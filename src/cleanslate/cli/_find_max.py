@@ -299,6 +299,10 @@ def probe_line(probe: Probe, slo: CapacitySLO) -> Text:
         line.append(f"; {probe.output_throughput:,.0f} tok/s")
     if probe.cause:
         line.append(f"; {probe.cause}" + (f": {probe.detail}" if probe.detail else ""))
+    if probe.level is not None and probe.level.bottleneck is not None:
+        from cleanslate.bench import bound_by
+
+        line.append(f"; bound by {bound_by(probe.level.bottleneck)}")
     return line
 
 
@@ -318,8 +322,10 @@ def probe_table(result: CapacityResult) -> Table:
     """The probes in load order: verdict, requests, measurements, the worst check's share with
     its interval against the target, the SLO's statistics, throughput, goodput, what the
     observers saw (running, waiting, KV %, GPU % / W, as in bench's table: only when some
-    probe has them), cause. With one SLO its key is in the title, not in a column."""
-    from cleanslate.bench import observed_cells, observed_headers, observed_kinds
+    probe has them), ``bound by`` (the probe's bottleneck verdict, when some probe has one:
+    :func:`~cleanslate.bench.bound_by`), cause. With one SLO its key is in the title, not in
+    a column."""
+    from cleanslate.bench import bound_by, observed_cells, observed_headers, observed_kinds
 
     what = "concurrency" if result.dimension == "concurrency" else "rate (req/s)"
     keys = list(result.slo.limits) if result.slo.attainment is None else ["attainment"]
@@ -334,7 +340,10 @@ def probe_table(result: CapacityResult) -> Table:
             (stat_keys[0] if len(stat_keys) == 1 else "SLO statistics (ms)", False),
             ("out tok/s", True), ("goodput/s", True)]
     metrics, gpu = observed_kinds([p.level for p in result.probes])
-    cols += [(h, True) for h in observed_headers(metrics, gpu)] + [("cause", False)]
+    diagnosed = any(p.level is not None and p.level.bottleneck is not None
+                    for p in result.probes)
+    cols += [(h, True) for h in observed_headers(metrics, gpu)]
+    cols += [("bound by", False)] * diagnosed + [("cause", False)]
     for col, right in cols:
         table.add_column(escape(col), justify="right" if right else "left")
     for p in sorted(result.probes, key=lambda p: (p.load, p.index)):
@@ -349,6 +358,8 @@ def probe_table(result: CapacityResult) -> Table:
             "-" if p.request_goodput is None else f"{p.request_goodput:.2f}",
             *(observed_cells(p.level, metrics, gpu) if p.level is not None
               else ["-"] * len(observed_headers(metrics, gpu))),
+            *([escape(bound_by(p.level.bottleneck if p.level is not None else None))]
+              if diagnosed else []),
             escape(p.cause or "-"))
     return table
 
@@ -441,6 +452,11 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
     human = console_err if to_stdout else console
     if result.probes:
         human.print(probe_table(result))
+    from cleanslate.bench import bound_lines
+
+    ordered = sorted(result.probes, key=lambda p: (p.load, p.index))
+    for said in bound_lines([p.level for p in ordered]):  # evidence: text, never markup
+        human.print(Text(said), soft_wrap=True)
     for probe in result.probes:
         for warning in probe.warnings:
             console_err.print(Text(f"warning: {probe.label}: {warning}", style="yellow"),

@@ -374,6 +374,9 @@ def bench(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
         confidence=confidence, server_log=server_log, engine=engine)
+    # The engines register their metric maps and advice books: without them a level reads no
+    # engine metrics and its verdict names no engine flag.
+    import cleanslate.engines  # noqa: F401
     if find_max is not None:
         _find_max_command(find_max, opts, search, json_out=json_out, live=live,
                           observe_dir=observe_dir)
@@ -382,7 +385,7 @@ def bench(
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
                          hint="add --find-max concurrency (or rate) with --slo, or leave "
                          f"{given[0]} out")
-    from cleanslate.bench import detail_tables, observation_notes, summary_table
+    from cleanslate.bench import bound_lines, detail_tables, observation_notes, summary_table
 
     config = build_config(opts)
     to_stdout = json_out == "-"
@@ -396,6 +399,8 @@ def bench(
         write_result(Path(json_out), document + "\n", option="--json")
     human = console_err if to_stdout else console
     human.print(summary_table(result))
+    for line in bound_lines(result.levels):  # the server's words in evidence: text, not markup
+        human.print(Text(line), soft_wrap=True)
     for table in detail_tables(result):
         human.print(table)
     for note in observation_notes(result):
@@ -554,7 +559,8 @@ async def _run(config: BenchConfig, show_live: bool,
                                                    on_samples=samples or discard_samples))
     with LiveView(console_err) as view:
         return await run_benchmark(config, Harness(on_progress=view.on_progress, stop=stop,
-                                                   on_samples=samples or discard_samples))
+                                                   on_samples=samples or discard_samples,
+                                                   on_level=view.on_level))
 
 
 def build_config(opts: BenchOptions) -> BenchConfig:
