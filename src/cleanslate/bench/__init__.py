@@ -98,6 +98,7 @@ from cleanslate.bench._models import (
     check_workload_files,
 )
 from cleanslate.bench._observe import (
+    ConfigReader,
     Harness,
     LevelContext,
     LevelEnd,
@@ -231,6 +232,7 @@ __all__ = [
     "Confidence",
     "ConfigDifference",
     "ConfigFlavour",
+    "ConfigReader",
     "ConversationWorkload",
     "Endpoint",
     "GaugeStats",

@@ -220,9 +220,6 @@ def build_plan(
     if warmup is None:
         slots = search.start if dimension == "concurrency" else (max_concurrency or 0)
         warmup = max(MIN_DEFAULT_WARMUP, math.ceil(slots))
-    if engine is not None and server_log is None:
-        raise InputError("--engine names the crash patterns to read --server-log with",
-                         where="--engine", hint="add --server-log FILE (the server's log)")
     if engine is not None:
         from cleanslate.engines import engine_class
 
@@ -400,6 +397,7 @@ def _now() -> str:
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
                   on_probe: object, samples: SampleFiles | None = None) -> CapacityResult:
     from cleanslate.bench import Harness, LiveView, discard_samples, find_max
+    from cleanslate.cli.bench import config_reader
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -411,12 +409,14 @@ async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | Non
               else log_check(plan.server_log, plan.engine)}
     if live is None:
         return await find_max(config, plan.search,
-                              Harness(stop=stop, on_samples=samples or discard_samples),
+                              Harness(stop=stop, on_samples=samples or discard_samples,
+                                      read_config=config_reader(config)),
                               **kwargs)  # type: ignore[arg-type]
     with LiveView(live) as view:
         return await find_max(config, plan.search,
                               Harness(on_progress=view.on_progress, stop=stop,
-                                      on_samples=samples or discard_samples),
+                                      on_samples=samples or discard_samples,
+                                      read_config=config_reader(config)),
                               **kwargs)  # type: ignore[arg-type]
 
 

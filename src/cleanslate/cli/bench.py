@@ -40,7 +40,17 @@ from cleanslate.errors import ExitCode, InputError
 from cleanslate.inputs import check_input_file
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
-    from cleanslate.bench import SLO, BenchConfig, BenchResult, SampleFiles, WorkloadSpec
+    import aiohttp
+
+    from cleanslate.bench import (
+        SLO,
+        BenchConfig,
+        BenchResult,
+        ConfigReader,
+        SampleFiles,
+        ServerConfig,
+        WorkloadSpec,
+    )
 
 
 def parse_slo(text: str | None) -> SLO:
@@ -148,6 +158,7 @@ class BenchOptions:
     observe_interval: float = 0.25
     gpus: str | None = None
     gpu_source: str = "auto"
+    engine: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,9 +177,10 @@ class SearchOptions:
     engine: str | None = None
 
     def given(self) -> list[str]:
-        """The options given, as written on the command line."""
+        """The options given, as written on the command line (``--engine`` is not the
+        search's alone: it names the engine behind any bench)."""
         return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None]
+                if getattr(self, f.name) is not None and f.name != "engine"]
 
 
 def bench(
@@ -354,9 +366,11 @@ def bench(
     ] = None,
     engine: Annotated[
         str | None,
-        typer.Option(help="--find-max: the engine whose crash patterns read --server-log "
-                     "[default: the generic patterns]", show_default=False,
-                     rich_help_panel="Capacity"),
+        typer.Option(help="the engine behind --url (sglang, vllm, llamacpp, trtllm, "
+                     "transformers, sim): the metric names read and the flags a verdict "
+                     "names; with --find-max --server-log, its crash patterns [default: found "
+                     "from what the server answers; the generic crash patterns]",
+                     show_default=False),
     ] = None,
 ) -> None:
     """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
@@ -369,7 +383,7 @@ def bench(
         read_timeout=read_timeout, ignore_eos=ignore_eos, api_key=api_key, repeats=repeats,
         target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp,
         replay=replay, observe=observe, observe_interval=observe_interval, gpus=gpus,
-        gpu_source=gpu_source)
+        gpu_source=gpu_source, engine=engine)
     search = SearchOptions(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
@@ -556,11 +570,30 @@ async def _run(config: BenchConfig, show_live: bool,
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     if not show_live:
         return await run_benchmark(config, Harness(stop=stop,
-                                                   on_samples=samples or discard_samples))
+                                                   on_samples=samples or discard_samples,
+                                                   read_config=config_reader(config)))
     with LiveView(console_err) as view:
         return await run_benchmark(config, Harness(on_progress=view.on_progress, stop=stop,
                                                    on_samples=samples or discard_samples,
-                                                   on_level=view.on_level))
+                                                   on_level=view.on_level,
+                                                   read_config=config_reader(config)))
+
+
+def config_reader(config: BenchConfig) -> ConfigReader | None:
+    """``--engine``'s own reading of the configuration in effect (where that engine says it,
+    nothing asked: the bench did not launch it); ``None``: the flavour is found from what the
+    server answers."""
+    name = config.observe.engine
+    if name is None:
+        return None
+    from cleanslate.engines import get_engine
+
+    adapter = get_engine(name)
+
+    async def read(session: aiohttp.ClientSession, url: str) -> ServerConfig:
+        return await adapter.read_config(session, url)
+
+    return read
 
 
 def build_config(opts: BenchOptions) -> BenchConfig:
@@ -660,6 +693,7 @@ def build_config(opts: BenchOptions) -> BenchConfig:
                 "target_ci_pct": target_ci,
                 "max_error_rate": o.max_error_rate,
                 "observe": {"enabled": o.observe, "interval_s": o.observe_interval,
+                            "engine": _engine(o.engine),
                             **_gpu_options(o)},
             }
         )
@@ -704,6 +738,20 @@ def _gpu_options(o: BenchOptions) -> dict[str, Any]:
     if any(g < 0 or g > 1023 for g in chosen):
         raise InputError(f"{o.gpus!r}: a GPU index is 0 to 1023", where="--gpus")
     return {"gpus": chosen, "gpu_source": o.gpu_source}
+
+
+def _engine(name: str | None) -> str | None:
+    """``--engine``, checked against the registered engines (an unknown name is exit 2 with
+    the closest names)."""
+    if name is None:
+        return None
+    from cleanslate.engines import engine_class
+
+    try:
+        engine_class(name)
+    except InputError as exc:
+        raise InputError(exc.message, where="--engine", hint=exc.hint) from None
+    return name
 
 
 def _workload_spec(o: BenchOptions) -> WorkloadSpec:
