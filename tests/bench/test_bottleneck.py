@@ -299,7 +299,8 @@ def test_nothing_to_read_is_unknown_and_says_what_was_missing() -> None:
     assert (b.verdict, b.confidence, b.rule) == ("unknown", "unknown", "unknown")
     assert b.missing == ("GPU telemetry", "engine metrics (running, waiting)",
                          "the request cap in effect", "a level before with a smaller batch")
-    assert b.advice == () and b.summary().startswith("unknown (unknown): missing: GPU telemetry")
+    assert b.summary().startswith("unknown (unknown): missing: GPU telemetry")
+    assert [a.flag for a in b.advice] == ["--concurrency"]  # measure more, with metrics
     # an engine without an endpoint ("no engine metrics") reads as no metrics
     noted = C16.model_copy(update={"server_metrics": ServerMetrics(note="no engine metrics")})
     assert diagnose(noted).verdict == "unknown"

@@ -29,7 +29,7 @@ FREE_FORM = {"phases", "flags", "params", "env", "errors", "level_verdicts", "ev
              "error_details", "best_params", "spec", "fixed", "space", "baseline", "slo",
              "workload", "extra_body", "headers", "held", "by_kind", "errors_by_kind",
              "limit_counts", "limits", "host_effects", "slo_checks", "requested", "in_effect",
-             "sources", "figures"}
+             "sources", "figures", "clock_events"}
 
 
 def key_paths(doc: Any, prefix: str = "") -> set[str]:

@@ -151,6 +151,10 @@ GENERAL_ADVICE: AdviceBook = MappingProxyType({
     "errors": (AdviceEntry("server log", "check",
                            "requests failed: the level's error details and the server's log "
                            "say why"),),
+    "unknown": (AdviceEntry("--concurrency", "set",
+                            "measure several levels (-c 16,64,256) with the engine's metrics "
+                            "on (SGLang --enable-metrics, llama.cpp --metrics): the rules read "
+                            "them and compare a level with those before it"),),
 })
 
 
@@ -847,6 +851,7 @@ def diagnose(level: LevelResult, before: Sequence[LevelResult] = (),
                        **({"kv_usage_max": kv} if kv is not None else {})}
         return Bottleneck(verdict="unknown", confidence="unknown", evidence=tuple(lines),
                           figures=_figures(figures), missing=tuple(seen.missing),
+                          advice=tuple(e.render(config) for e in GENERAL_ADVICE["unknown"]),
                           rule="unknown")
     name, first = matches[0]
     also: list[BottleneckKind] = []
