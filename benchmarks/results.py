@@ -22,6 +22,7 @@ check      ``check`` wall time and probe time      the seeds' one-liner, ``ps -e
 overhead   the tool's seconds per trial            the engine's seconds in the same trial
 selection  wrong winners, false differences, cost  single-shot selection on the same noise
 capacity   the capacity search's boundary error    the sim's true boundary; a fixed level list
+diagnosis  the bottleneck verdicts' accuracy       the sim's known truth (``binding_constraint``)
 ========== ======================================= ===========================================
 
 A benchmark that fails is reported as such on the page (its last good result is not shown as
@@ -275,6 +276,45 @@ def targets_capacity(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
              f"({within} of {seeds})", within >= 0.9 * seeds)]
 
 
+def render_diagnosis(data: dict[str, Any]) -> list[str]:
+    t = data.get("totals", {})
+    acc = t.get("clear_accuracy")
+    lines = [f"One run, seeds {', '.join(str(s) for s in data.get('seeds', []))} (each a new "
+             f"sim server per configuration, `--noise-seed SEED`), {data.get('date', '?')}, "
+             f"{data.get('seconds')} s, load average {data.get('load_before', ['?'])[0]} before. "
+             "Rows: the truth (`cleanslate.sim.model.binding_constraint`); columns: the verdict, "
+             "each cell `clear / likely or unknown` (`benchmarks/diagnosis.py`).", "",
+             *data.get("matrix_md", []), "",
+             f"Cells {t.get('cells')} ({t.get('not_run', 0)} not run after a crash); clear "
+             f"verdicts {t.get('clear')}, correct {t.get('clear_correct')} "
+             f"({'-' if acc is None else f'{acc:.1%}'}); every verdict correct "
+             f"{t.get('correct')} of {t.get('cells')}; clear verdicts confusing running_cap with "
+             f"compute or kv_capacity {t.get('confused_cap')}; unknown {t.get('unknown')} "
+             f"({(t.get('unknown_share') or 0):.1%}); truth borderline {t.get('borderline')}."]
+    wrong = [c for c in data.get("cells", []) if c.get("verdict") != "not run"
+             and not c.get("correct")]
+    if wrong:
+        lines += ["", "Cells whose verdict is not the truth:", "",
+                  "| configuration | seed | c | truth | verdict | rule | evidence or missing |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in wrong[:40]:
+            why = "; ".join((c.get("evidence") or [])[:1] or c.get("missing") or [])
+            lines.append(f"| {c['config']} | {c['seed']} | {c['concurrency']} | {c['truth']} "
+                         f"| {c['verdict']} ({c['confidence']}) | {c['rule']} | {why} |")
+    return lines
+
+
+def targets_diagnosis(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    t = data.get("totals", {})
+    acc, share, confused = t.get("clear_accuracy"), t.get("unknown_share"), t.get("confused_cap")
+    return [(f"bottleneck verdicts: clear ones correct >= 95 % ({t.get('clear_correct')} of "
+             f"{t.get('clear')})", None if acc is None else acc >= 0.95),
+            (f"bottleneck verdicts: no clear one confusing running_cap with compute or "
+             f"kv_capacity ({confused})", None if confused is None else confused == 0),
+            (f"bottleneck verdicts: unknown <= 10 % ({t.get('unknown')} of {t.get('cells')})",
+             None if share is None else share <= 0.10)]
+
+
 def render_observe(data: dict[str, Any]) -> list[str]:
     lines = ["| pair | order | tok/s off | tok/s on | tok/s per busy core off "
              "| tok/s per busy core on | ratio on/off (per core) | scrapes on |",
@@ -304,16 +344,31 @@ def render_observe(data: dict[str, Any]) -> list[str]:
               f"{cost.get('cpu_ms_per_scrape', float('nan')):.2f} ms CPU, "
               f"{cost.get('wall_ms_per_scrape', float('nan')):.2f} ms wall, "
               f"{cost.get('cpu_share_pct', float('nan')):.2f} % of a core at 4 a second."]
-    return lines
+    together = data.get("together")
+    if together and together.get("capacity_ratio"):
+        iv = together["capacity_ratio"]
+        ratios = ", ".join(f"{p['capacity_ratio']:.3f}" for p in together.get("pairs", [])
+                           if "capacity_ratio" in p)
+        band = f" [{iv['low']:.3f}, {iv['high']:.3f}]" if iv.get("low") is not None else ""
+        lines += ["", f"Together (`--together`, run right after: each pair's two clients at once "
+                  "on the client core, each with its own server, tokens per CPU-second of the "
+                  f"level as each client reports it): {iv['mean']:.3f}{band} over {iv['n']} "
+                  f"pairs ({ratios})."]
+    notes = data.get("notes") or []
+    return lines + ([""] + [f"- {n}" for n in notes] if notes else [])
 
 
 def targets_observe(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
-    iv = data.get("capacity_ratio")
-    if not iv:
-        return [("observers on: client capacity at least 0.97x of off at c=256", None)]
-    band = f" [{iv['low']:.3f}, {iv['high']:.3f}]" if iv.get("low") is not None else ""
-    return [(f"observers on: client capacity at least 0.97x of off at c={data.get('concurrency')}"
-             f" ({iv['mean']:.3f}{band})", iv["mean"] >= 0.97)]
+    rows: list[tuple[str, bool | None]] = []
+    for run in (data, data.get("together") or {}):
+        iv = run.get("capacity_ratio")
+        if not iv:
+            continue
+        band = f" [{iv['low']:.3f}, {iv['high']:.3f}]" if iv.get("low") is not None else ""
+        rows.append((f"observers on: client capacity at least 0.97x of off at "
+                     f"c={run.get('concurrency')}, {run.get('method', 'interleaved')} "
+                     f"(mean {iv['mean']:.3f}{band})", iv["mean"] >= 0.97))
+    return rows or [("observers on: client capacity at least 0.97x of off at c=256", None)]
 
 
 PARTS = [
@@ -363,6 +418,10 @@ PARTS = [
          lambda out, quick: _py("capacity.py", "--json", str(out),
                                 *(["--seeds", "3"] if quick else [])),
          render_capacity, targets=targets_capacity),
+    Part("diagnosis", "Bottleneck verdicts against the sim's known truth",
+         lambda out, quick: _py("diagnosis.py", "--json", str(out),
+                                *(["--seeds", "1"] if quick else [])),
+         render_diagnosis, targets=targets_diagnosis),
 ]
 
 
