@@ -17,6 +17,8 @@ import cleanslate.engines  # noqa: F401  (registers the adapters' advice books)
 from cleanslate.bench import (
     BenchConfig,
     Bottleneck,
+    CapacitySearch,
+    CapacitySLO,
     ClosedLoop,
     GaugeStats,
     GpuTelemetry,
@@ -29,6 +31,7 @@ from cleanslate.bench import (
     SharedPrefixWorkload,
     Stats,
     diagnose,
+    find_max,
     run_benchmark,
 )
 from cleanslate.bench._bottleneck import (
@@ -207,7 +210,7 @@ def test_a_step_time_growing_with_the_batch_is_compute() -> None:
     b = diagnose(big, [small], vllm)
     assert (b.verdict, b.confidence) == ("compute", "clear")
     assert b.figures["step_growth"] == pytest.approx(2.98)
-    assert b.figures["efficiency"] < 0.5 and b.figures["gpu_util_pct"] == 99
+    assert b.figures["elasticity"] < 0.5 and b.figures["gpu_util_pct"] == 99
     assert b.advice[0].flag == "--max-num-batched-tokens"
     # the client's figures alone: likely
     blind = [lv.model_copy(update={"server_metrics": None}) for lv in (small, big)]
@@ -220,7 +223,7 @@ def test_a_batch_that_still_scales_is_the_offered_load_not_compute() -> None:
     big = level(128, tput=11500, ttft=70, tpot=11)
     b = diagnose(big, [small])
     assert (b.verdict, b.confidence) == ("offered_load", "likely")
-    assert b.figures["efficiency"] > 0.5
+    assert b.figures["elasticity"] > 0.5
 
 
 def test_a_client_that_did_not_hold_its_load_is_client() -> None:
@@ -406,6 +409,26 @@ def test_the_sim_capped_at_64_is_bound_by_its_load_at_16_and_by_its_cap_at_256(
     assert high.bottleneck.advice[0].text.startswith("raise --max-running-requests above 64")
     figure(f"c=16: {low.bottleneck.summary()}")
     figure(f"c=256: {high.bottleneck.summary()}")
+
+
+@pytest.mark.slow  # about 2 s: three probes
+def test_each_find_max_probe_carries_its_verdict(capped: SimServer, figure: Any) -> None:
+    """A capacity search from c=32 under an SLO every probe meets (median TTFT 10 s): it
+    doubles to 64 and 128; above the cap of 64 requests queue behind it."""
+    config = BenchConfig(url=capped.url, model=MODEL, num_prompts=256,
+                         workload=RandomWorkload(input_len=32, output_len=8),
+                         observe=ObserveOptions(interval_s=0.05))
+    search = CapacitySearch("concurrency", CapacitySLO(limits={"median_ttft_ms": 10_000}),
+                            start=32, max_load=256, max_probes=3)
+    result = asyncio.run(find_max(config, search))
+    verdicts = {p.label: p.level.bottleneck for p in result.probes if p.level is not None}
+    assert list(verdicts) == ["c=32", "c=64", "c=128"]
+    assert all(b is not None for b in verdicts.values())
+    above = [(label, b) for label, b in verdicts.items() if int(label[2:]) > CAP]
+    assert above and all(b is not None and (b.verdict, b.confidence) == ("running_cap", "clear")
+                         for _, b in above), verdicts
+    figure("; ".join(f"{label} {b.summary()[:220]}" for label, b in verdicts.items()
+                     if b is not None))
 
 
 @pytest.mark.slow  # about 2 s: its own server

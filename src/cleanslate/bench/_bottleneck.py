@@ -248,12 +248,19 @@ BATCH_GROWTH = 1.5
 #: The step time (median TPOT) grew with the batch: by at least this factor.
 STEP_GROWTH = 1.2
 
-#: Compute-bound: less than this share of the batch's growth turned into output throughput
-#: (throughput = batch / step time: a step that grows as fast as the batch adds nothing).
-COMPUTE_EFFICIENCY = 0.5
+#: Compute-bound: the output throughput's elasticity with the batch between two levels,
+#: ``ln(throughput ratio) / ln(batch ratio)``, is below this: one more running request adds
+#: less than half of what an average one carries (throughput = batch / step time; a step that
+#: grows as fast as the batch adds nothing). The sim's known truth uses the same bound on its
+#: marginal gain (``sim.model.SATURATION_GAIN``); between two levels the elasticity is at least
+#: the marginal gain at the larger batch (throughput is concave in the batch), so the rule errs
+#: towards ``offered_load``.
+COMPUTE_ELASTICITY = 0.5
 
-#: A level holds its offered load when the requests in flight (the engine's running plus
-#: waiting, else the client's count) reach this share of its target.
+#: A level holds its offered load when the requests in flight reach this share of its
+#: target: the client's count (``client``), the engine's running plus waiting at their
+#: largest (``offered_load``: with short requests much of one's life is outside the
+#: scheduler, so the means stay below the concurrency).
 HELD_SHARE = 0.9
 
 #: GPU utilisation (mean, percent) at or above which the GPU is busy.
@@ -315,12 +322,18 @@ def in_flight(lv: LevelResult) -> float | None:
     return lv.request_throughput * e2e / 1000.0
 
 
+def _closed_target(concurrency: int, lv: LevelResult) -> int:
+    """A closed loop's concurrency, at most its requests; a level run for a duration records
+    ``num_prompts`` 0 (no count): its concurrency alone."""
+    return min(concurrency, lv.num_prompts) if lv.num_prompts > 0 else concurrency
+
+
 def target(lv: LevelResult) -> float | None:
     """What the level asks to keep in flight: a closed loop's concurrency (at most its
     requests); an open loop's cap when it was reached, else Little's law's mean."""
     load = lv.load
     if load.kind == "closed":
-        return float(min(load.concurrency, lv.num_prompts))
+        return float(_closed_target(load.concurrency, lv))
     cap = getattr(load, "max_concurrency", None)
     if cap is not None and lv.max_concurrent_requests >= cap:
         return float(cap)
@@ -407,6 +420,20 @@ def _ratio(now: float | None, then: float | None) -> float | None:
     return now / then
 
 
+def _scaling(lv: LevelResult, prev: LevelResult) -> tuple[float, float, float] | None:
+    """How the batch and the output throughput grew from ``prev`` to ``lv``, and the
+    throughput's elasticity with the batch; the steady windows' throughputs where both levels
+    have one (a short level's ramp and tail dilute the whole level's)."""
+    grew = _ratio(batch(lv), batch(prev))
+    now, then = lv.steady_output_throughput, prev.steady_output_throughput
+    if not now or not then:
+        now, then = lv.output_throughput, prev.output_throughput
+    gain = _ratio(now, then)
+    if grew is None or gain is None or grew <= 1 or gain <= 0:
+        return None
+    return grew, gain, math.log(gain) / math.log(grew)
+
+
 def _gpus(lv: LevelResult) -> list[GpuTelemetry]:
     return [g for g in lv.gpu or () if g.unreadable is None]
 
@@ -456,7 +483,7 @@ def client(seen: Seen) -> Match | None:
     figures: dict[str, float] = {"client_cpu_util": lv.client_cpu_util}
     load = lv.load
     if load.kind == "closed":
-        want = min(load.concurrency, lv.num_prompts)
+        want = _closed_target(load.concurrency, lv)
         if lv.max_concurrent_requests < want * HELD_SHARE:
             lines.append(f"the client had at most {lv.max_concurrent_requests} requests in "
                          f"flight of the {want} asked")
@@ -629,7 +656,11 @@ def running_cap(seen: Seen) -> Match | None:
     if at <= 0 or running.max < at * AT_CAP:
         return None
     pinned = _pinned(running)
-    if pinned < PINNED_SHARE or waiting.mean < QUEUE_MIN:
+    # above a configured cap every request waiting is the cap's; at or below it, only a queue
+    # longer than the wait for the next step (QUEUE_SHARE) is
+    above = cap is not None and want is not None and want > cap[0]
+    queue = QUEUE_MIN if above else max(QUEUE_MIN, QUEUE_SHARE * running.mean)
+    if pinned < PINNED_SHARE or waiting.mean < queue:
         return None
     kv = m.kv_usage.max if m.kv_usage is not None else None
     if cap is not None:
@@ -701,7 +732,7 @@ def kv_capacity(seen: Seen) -> Match | None:
 def compute(seen: Seen) -> Match | None:
     """The GPU's step is the limit: against the level before with a batch at least
     :data:`BATCH_GROWTH` smaller, the step time (median TPOT) grew by :data:`STEP_GROWTH` or
-    more and less than :data:`COMPUTE_EFFICIENCY` of the batch's growth became throughput,
+    more and the throughput's elasticity with the batch is below :data:`COMPUTE_ELASTICITY`,
     while the batch ran below its cap with no queue beyond :data:`QUEUE_SHARE` of it. Clear
     with the engine's metrics; likely from the client's figures (and GPU utilisation at or
     above :data:`GPU_BUSY_PCT` where telemetry exists)."""
@@ -719,19 +750,19 @@ def compute(seen: Seen) -> Match | None:
     if prev is None:
         seen.lack("a level before with a smaller batch")
         return None
-    grew = _ratio(batch(lv), batch(prev))
+    scaling = _scaling(lv, prev)
     step = _ratio(lv.tpot_ms.median, prev.tpot_ms.median)
-    gain = _ratio(lv.output_throughput, prev.output_throughput)
-    if grew is None or step is None or gain is None or grew <= 1:
+    if scaling is None or step is None:
         return None
-    efficiency = (gain - 1) / (grew - 1)
-    if step < STEP_GROWTH or efficiency >= COMPUTE_EFFICIENCY:
+    grew, gain, elasticity = scaling
+    if step < STEP_GROWTH or elasticity >= COMPUTE_ELASTICITY:
         return None
     busy = _gpu_busy(lv)
     if m is None and busy is not None and busy < GPU_BUSY_PCT:
         return None
     lines = [f"against {prev.label}: batch x{grew:.1f}, step time (TPOT) x{step:.2f}, "
-             f"throughput x{gain:.2f} ({efficiency:.0%} of the batch's growth)"]
+             f"throughput x{gain:.2f} (elasticity {elasticity:.2f}, bound "
+             f"{COMPUTE_ELASTICITY:g})"]
     if busy is not None:
         lines.append(f"GPU utilisation {busy:.0f} %")
     if m is not None and m.running is not None:
@@ -739,7 +770,7 @@ def compute(seen: Seen) -> Match | None:
                      + (f" of cap {cap[0]:.0f}" if cap is not None else "")
                      + f", {m.waiting.mean if m.waiting else 0:.1f} waiting")
     figures = {"batch_growth": grew, "step_growth": step, "throughput_growth": gain,
-               "efficiency": efficiency, **({"gpu_util_pct": busy} if busy is not None
+               "elasticity": elasticity, **({"gpu_util_pct": busy} if busy is not None
                                             else {})}
     return Match("compute", "clear" if m is not None else "likely", tuple(lines), figures)
 
@@ -749,7 +780,7 @@ def offered_load(seen: Seen) -> Match | None:
     admission, at most :data:`QUEUE_SHARE` of it) reaches :data:`HELD_SHARE` of the level's
     target while below its cap: raise the load. Clear with the engine's metrics; likely from
     the client's figures when the throughput grew with the load against a level before (at
-    least :data:`COMPUTE_EFFICIENCY` of the batch's growth) or an open loop met its rate."""
+    least :data:`COMPUTE_ELASTICITY`) or an open loop met its rate."""
     lv = seen.level
     m = _readable(lv)
     want = target(lv)
@@ -757,15 +788,20 @@ def offered_load(seen: Seen) -> Match | None:
     if m is not None and m.running is not None and want:
         waiting = m.waiting.mean if m.waiting is not None else 0.0
         queue_ok = waiting <= max(QUEUE_MIN, QUEUE_SHARE * m.running.mean)
-        held = m.running.mean + waiting >= want * HELD_SHARE or m.running.max >= want
-        below = cap is None or m.running.max < cap[0] * AT_CAP
+        most = m.running.max + (m.waiting.max if m.waiting is not None else 0.0)
+        held = most >= want * HELD_SHARE
+        # a load at the cap is admitted whole: the cap holds nothing back until it is passed
+        below = cap is None or m.running.max < cap[0] * AT_CAP or want <= cap[0]
         if not (queue_ok and held and below):
             return None
+        at_cap = cap is not None and want >= cap[0] * AT_CAP
         return Match("offered_load", "clear",
                      (f"running {m.running.mean:.1f} on average (max {m.running.max:.0f}) of "
                       f"{want:.0f} sent, {waiting:.1f} waiting"
                       + (f", cap {cap[0]:.0f}" if cap is not None else "")
-                      + ": the server runs everything it is sent",),
+                      + ": the server runs everything it is sent"
+                      + ("; the load is at the cap: more would queue behind it" if at_cap
+                         else ""),),
                      {"running_mean": m.running.mean, "running_max": m.running.max,
                       "waiting_mean": waiting, "target": want,
                       **({"cap": cap[0]} if cap is not None else {})})
@@ -781,18 +817,16 @@ def offered_load(seen: Seen) -> Match | None:
     if prev is None:
         seen.lack("a level before with a smaller batch")
         return None
-    grew = _ratio(batch(lv), batch(prev))
-    gain = _ratio(lv.output_throughput, prev.output_throughput)
-    if grew is None or gain is None or grew <= 1:
+    scaling = _scaling(lv, prev)
+    if scaling is None:
         return None
-    efficiency = (gain - 1) / (grew - 1)
-    if efficiency < COMPUTE_EFFICIENCY:
+    grew, gain, elasticity = scaling
+    if elasticity < COMPUTE_ELASTICITY:
         return None
     return Match("offered_load", "likely",
                  (f"against {prev.label}: batch x{grew:.1f}, throughput x{gain:.2f} "
-                  f"({efficiency:.0%} of the batch's growth): more load still adds "
-                  "throughput",),
-                 {"batch_growth": grew, "throughput_growth": gain, "efficiency": efficiency})
+                  f"(elasticity {elasticity:.2f}): more load still adds throughput",),
+                 {"batch_growth": grew, "throughput_growth": gain, "elasticity": elasticity})
 
 
 #: The rules in their order: the first match is the verdict. A level that did not run as
