@@ -9,8 +9,11 @@
 # the observers on (GPU telemetry from NVML, the default for a URL on this machine), then the
 # same levels with --no-observe; the host sampler script (NVML through ctypes, and nvidia-smi)
 # for a few seconds each; the GPU-marked test (PHASES="levels samplers"). PHASES="ab cost": the
-# observers' cost side by side (see below) and each NVML call's cost. Writes to $OUT: env.txt,
-# run.log, on.json, off.json, samplers.txt, observed.tgz; ab.json, nvml_cost.txt.
+# observers' cost side by side (see below) and each NVML call's cost. PHASES=verdicts (issue 37):
+# a short warm-up pass at every level, then the levels with the observers on, each level's
+# bottleneck verdict printed (docs/validation/h100-bottleneck.md). Writes to $OUT: env.txt,
+# run.log, on.json, off.json, samplers.txt, observed.tgz; ab.json, nvml_cost.txt; verdicts.json,
+# verdicts.txt.
 set -u
 START=$(date +%s)
 OUT=${OUT:-$PWD/out}
@@ -18,7 +21,7 @@ mkdir -p "$OUT"
 MODEL=${MODEL:-/tmp/tiny-llama-0.8b}
 DURATION=${DURATION:-12}
 LEVELS=${LEVELS:-1,4,16,64,256}
-PHASES=${PHASES:-levels samplers}   # of: levels samplers ab cost
+PHASES=${PHASES:-levels samplers}   # of: levels samplers ab cost verdicts
 ROUNDS=${ROUNDS:-2}
 AB_LEVELS=${AB_LEVELS:-64,256}
 LOG=$OUT/run.log
@@ -106,6 +109,29 @@ python3 - /tmp/ab-*.json > "$OUT/ab.json" <<'PY'
 import json, os, sys
 print(json.dumps({os.path.basename(p): json.load(open(p)) for p in sys.argv[1:]}))
 PY
+fi
+
+if has verdicts; then
+stamp "verdicts: warm-up pass"
+$BENCH --concurrency $LEVELS --duration 4 --no-observe --json /tmp/warm.json >> "$LOG" 2>&1
+echo "bench exit $?" >> "$LOG"
+stamp "verdicts: bench with observers"
+$BENCH --concurrency $LEVELS --duration $DURATION --json "$OUT/verdicts.json" >> "$LOG" 2>&1
+echo "bench exit $?" >> "$LOG"
+python3 - "$OUT/verdicts.json" > "$OUT/verdicts.txt" 2>&1 <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for lv in doc["levels"]:
+    b = lv.get("bottleneck") or {}
+    print(f"{lv['label']}: {lv['output_throughput']:.0f} tok/s, {lv['completed']} done, "
+          f"{lv['failed']} failed: {b.get('verdict')} ({b.get('confidence')}, rule {b.get('rule')})")
+    for line in b.get("evidence", ()):
+        print("  evidence:", line)
+    for a in b.get("advice", ()):
+        print("  advice:", a["text"])
+    print("  missing:", ", ".join(b.get("missing", ())), "| also:", b.get("also"))
+PY
+cat "$OUT/verdicts.txt" >> "$LOG"
 fi
 
 if has samplers; then

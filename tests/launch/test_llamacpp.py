@@ -128,6 +128,17 @@ def test_serve_smoke_bench_stop_clean(lab: Lab, figure: Any) -> None:
                     f"{metrics['prefix_cache_hit_rate']:.3f}), {metrics['samples']} samples")
     assert one["server_metrics"]["waiting"]["max"] <= 1, one["server_metrics"]
     assert eight["server_metrics"]["waiting"]["max"] > 0, eight["server_metrics"]
+    # Why (issue 37), from the same levels: c=1 runs everything it is sent; at c=8 requests
+    # queue behind the two slots, the cap read from /props' total_slots, and the advice names
+    # --parallel with the value in effect.
+    low, high = one["bottleneck"], eight["bottleneck"]
+    assert (low["verdict"], low["confidence"]) == ("offered_load", "clear"), low
+    assert (high["verdict"], high["confidence"]) == ("running_cap", "clear"), high
+    assert high["figures"]["cap"] == 2 and high["figures"]["waiting_mean"] >= 1, high
+    assert high["advice"][0]["flag"] == "--parallel", high["advice"]
+    assert "above 2" in high["advice"][0]["text"], high["advice"]
+    seen.append(f"verdicts: c=1 {low['verdict']} ({low['confidence']}), c=8 "
+                f"{high['verdict']} ({high['confidence']}: {high['evidence'][0]})")
     t1 = time.monotonic()
     stopped = lab.cli("stop", doc["run_id"], "--store", lab.store, "--json", "--deadline", "30")
     stop_s = time.monotonic() - t1

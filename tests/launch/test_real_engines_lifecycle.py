@@ -334,31 +334,38 @@ def vllm_config(model: Path, port: int, python: str, **flags: Any) -> dict[str, 
             "ready_timeout_s": VLLM_READY_TIMEOUT_S, "smoke_timeout_s": 120, "grace_s": 30}
 
 
-def observed_bench(url: str, model: str, engine: str) -> LevelResult:
-    """One small level (c=2, 4 requests of 8 tokens) through the benchmark runner, observed
-    with ``engine``'s metric names, as a run whose engine is known is."""
-    config = BenchConfig(url=url, model=model, num_prompts=4,
+def observed_bench(url: str, model: str, engine: str,
+                   levels: tuple[int, ...] = (2,), num_prompts: int = 4) -> list[LevelResult]:
+    """Small levels (``num_prompts`` requests of 8 tokens each, at the concurrencies of
+    ``levels``) through the benchmark runner, observed with ``engine``'s metric names, as a run
+    whose engine is known is."""
+    config = BenchConfig(url=url, model=model, num_prompts=num_prompts,
                          workload=RandomWorkload(input_len=16, output_len=8),
-                         loads=(ClosedLoop(concurrency=2),),
+                         loads=tuple(ClosedLoop(concurrency=c) for c in levels),
                          ignore_eos=get_engine(engine).accepts_ignore_eos,
-                         observe=ObserveOptions(engine=engine))
-    (level,) = asyncio.run(run_benchmark(config)).levels
-    return level
+                         observe=ObserveOptions(engine=engine), max_error_rate=0.5)
+    return list(asyncio.run(run_benchmark(config)).levels)
 
 
 def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     """``bench -c 1,8`` against vLLM launched with ``--max-num-seqs 2``: its own metrics show
-    the cap (running never above 2) and the queue behind it at c=8; the KV usage is a fraction
-    (``kv_cache_usage_perc`` is 0 to 1 despite its name: its max times the cache's usable
-    blocks, ``num_gpu_blocks`` read from ``vllm:cache_config_info`` less vLLM's null block, is
-    a whole number of blocks)."""
+    the cap (running never above 2) and the queue behind it at c=8, and the levels' verdicts
+    say so (issue 37: ``offered_load`` at c=1, ``running_cap`` at c=8, both clear); the KV
+    usage is a fraction (``kv_cache_usage_perc`` is 0 to 1 despite its name: its max times the
+    cache's usable blocks, ``num_gpu_blocks`` read from ``vllm:cache_config_info`` less vLLM's
+    null block, is a whole number of blocks)."""
+    # 4 s a level of 256-token answers: with 48-token answers (16 requests) the engine idled
+    # while the API server, starved on 2 busy cores, held the requests (running 0.5 with none
+    # waiting at c=8), and a 0.9 s level left 1 scrape in its window. A scrape every 0.25 s:
+    # each one takes the API server's CPU.
     result = lab.timed("bench_s", "bench", "--url", url, "--model", model, "--concurrency",
-                       "1,8", "--num-prompts", "16", "--workload",
-                       "random:input_len=32,output_len=48", "--observe-interval", "0.1",
-                       "--no-live", "--json", "-", timeout=300)
+                       "1,8", "--duration", "4", "--workload",
+                       "random:input_len=32,output_len=256", "--observe-interval", "0.25",
+                       "--max-error-rate", "0.5", "--no-live", "--json", "-", timeout=300)
     # Greedy decoding of the random-weight model answers a few prompts with tokens whose text
-    # is empty (2 of 16 at c=1 here): the bench counts them failed and exits 1. Not this test's
-    # point; nothing else may fail.
+    # is empty (2 of 16 at c=1 once): the bench counts them failed (and exits 1 where they pass
+    # --max-error-rate, which would make them the level's verdict). Not this test's point;
+    # nothing else may fail.
     assert result.returncode in (0, 1), result.stdout + result.stderr
     doc = result.json()
     for level in doc["levels"]:
@@ -369,7 +376,7 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     blocks = int(config["in_effect"]["num_gpu_blocks"])
     figures = []
     for level in doc["levels"]:
-        assert level["completed"] + level["failed"] == 16 and level["completed"] >= 12, level
+        assert level["completed"] >= 2 and level["failed"] <= level["completed"], level
         metrics = level["server_metrics"]
         what = (level["label"], json.dumps(metrics))
         assert metrics["flavour"] == "vllm" and metrics["unreadable"] is None, what
@@ -391,6 +398,18 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     # start: running 1 with 4 waiting was seen)
     assert eight["waiting"]["max"] > 0 and eight["running"]["max"] >= 1, eight
     assert eight["kv_usage"]["max"] > 0, eight
+    # Why (issue 37), from the same levels: c=1 runs everything it is sent; at c=8 requests
+    # queue behind the cap of 2 (max_num_seqs read from the engine), and the advice names
+    # --max-num-seqs with the value in effect.
+    low, high = (level["bottleneck"] for level in doc["levels"])
+    assert (low["verdict"], low["confidence"]) == ("offered_load", "clear"), (low, one)
+    assert (high["verdict"], high["confidence"]) == ("running_cap", "clear"), (high, eight)
+    # vLLM does not publish max_num_seqs on a bare URL: the cap is the plateau the running
+    # count holds (2 here; 1 was seen on a loaded machine, with 5 waiting)
+    assert 1 <= high["figures"]["cap"] <= 2 and high["figures"]["waiting_mean"] >= 1, high
+    assert high["advice"][0]["flag"] == "--max-num-seqs", high["advice"]
+    figures.append(f"verdicts: c=1 {low['verdict']} ({low['confidence']}), c=8 "
+                   f"{high['verdict']} ({high['confidence']}: {high['evidence'][0]})")
     lab.figure("vLLM --max-num-seqs 2: " + "; ".join(figures))
 
 
@@ -411,15 +430,29 @@ def test_transformers_serve_completion_stop_clean(lab: Lab, tiny_model: Path) ->
     assert complete(doc["url"], str(tiny_model)).strip()
     # The engine has no metrics endpoint: said once, and the bench is what it would be.
     started = time.monotonic()
-    level = observed_bench(doc["url"], str(tiny_model), "transformers")
+    levels = observed_bench(doc["url"], str(tiny_model), "transformers", (1, 4, 16), 16)
     lab.timings["bench_s"] = round(time.monotonic() - started, 1)
-    assert level.completed == 4 and level.failed == 0
-    assert level.server_metrics is not None
-    assert level.server_metrics.note is not None
-    assert level.server_metrics.note.startswith("no engine metrics"), level.server_metrics
-    assert level.server_metrics.unreadable is None and level.server_metrics.samples == 0
-    lab.figure(f"transformers serve c=2: {level.completed}/4 requests, "
-               f"server_metrics.note {level.server_metrics.note!r}")
+    verdicts, note = [], ""
+    for level in levels:
+        # greedy decoding of random weights answers a prompt now and then with tokens whose
+        # text is empty: allowed (max_error_rate 0.5), nothing else
+        assert level.completed >= 12 and set(level.errors) <= {"empty_response"}, level.errors
+        assert level.server_metrics is not None
+        assert level.server_metrics.note is not None
+        note = level.server_metrics.note
+        assert note.startswith("no engine metrics"), level.server_metrics
+        assert level.server_metrics.unreadable is None and level.server_metrics.samples == 0
+        # Why (issue 37): without the engine's metrics no verdict is clear; client figures
+        # alone give likely, or unknown naming what was missing.
+        verdict = level.bottleneck
+        assert verdict is not None and verdict.confidence in ("likely", "unknown"), verdict
+        assert verdict.confidence != "unknown" or verdict.missing, verdict
+        assert (verdict.verdict == "unknown") == (verdict.confidence == "unknown"), verdict
+        verdicts.append(f"{level.label} {level.output_throughput:.0f} tok/s "
+                        f"{verdict.verdict} ({verdict.confidence})")
+    lab.figure(f"transformers serve c=1,4,16 (16 requests each): "
+               f"server_metrics.note {note!r}; "
+               f"verdicts: {'; '.join(verdicts)}")
     recorded = recorded_processes(doc)
     report = assert_stopped_clean(lab.stop(doc["run_id"]), recorded)
     assert report["root_exit_s"] is not None  # SIGTERM was enough
