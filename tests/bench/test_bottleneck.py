@@ -218,6 +218,15 @@ def test_a_step_time_growing_with_the_batch_is_compute() -> None:
             diagnose(blind[1], blind[:1], vllm).confidence) == ("compute", "likely")
 
 
+def test_requests_in_flight_that_queue_are_not_compute_without_the_engines_figures() -> None:
+    """The sim capped at 64, c=16 then c=256, seen by the client alone and without the
+    configuration: in flight x16, TPOT x1.7, throughput x2.2: most of the 256 wait, which the
+    client cannot tell from a cap or a full cache."""
+    blind = [lv.model_copy(update={"server_metrics": None}) for lv in (C16, C256)]
+    b = diagnose(blind[1], blind[:1])
+    assert b.verdict == "unknown" and "engine metrics (running, waiting)" in b.missing
+
+
 def test_a_batch_that_still_scales_is_the_offered_load_not_compute() -> None:
     small = level(32, tput=3200, ttft=60, tpot=10)
     big = level(128, tput=11500, ttft=70, tpot=11)

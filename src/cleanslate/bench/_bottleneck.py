@@ -257,6 +257,13 @@ STEP_GROWTH = 1.2
 #: towards ``offered_load``.
 COMPUTE_ELASTICITY = 0.5
 
+#: Throughput is batch / step time: when the batch's growth over the step time's growth
+#: exceeds the throughput's growth by more than this factor, the requests in flight grew
+#: without running (they queue behind a cap or a full cache), and the step is not what holds
+#: them. Only the client's count (Little's law) can be off this way: the sim capped at 64
+#: from c=16 to c=256 without engine metrics has in flight x16, TPOT x1.5, throughput x2.2.
+QUEUED_GROWTH = 1.5
+
 #: A level holds its offered load when the requests in flight reach this share of its
 #: target: the client's count (``client``), the engine's running plus waiting at their
 #: largest (``offered_load``: with short requests much of one's life is outside the
@@ -732,7 +739,8 @@ def kv_capacity(seen: Seen) -> Match | None:
 def compute(seen: Seen) -> Match | None:
     """The GPU's step is the limit: against the level before with a batch at least
     :data:`BATCH_GROWTH` smaller, the step time (median TPOT) grew by :data:`STEP_GROWTH` or
-    more and the throughput's elasticity with the batch is below :data:`COMPUTE_ELASTICITY`,
+    more and the throughput's elasticity with the batch is below :data:`COMPUTE_ELASTICITY`
+    (and the step's growth explains the throughput's: :data:`QUEUED_GROWTH`),
     while the batch ran below its cap with no queue beyond :data:`QUEUE_SHARE` of it. Clear
     with the engine's metrics; likely from the client's figures (and GPU utilisation at or
     above :data:`GPU_BUSY_PCT` where telemetry exists)."""
@@ -756,6 +764,9 @@ def compute(seen: Seen) -> Match | None:
         return None
     grew, gain, elasticity = scaling
     if step < STEP_GROWTH or elasticity >= COMPUTE_ELASTICITY:
+        return None
+    if grew / step > gain * QUEUED_GROWTH:
+        seen.lack(_NO_METRICS if m is None else "a batch the step time explains")
         return None
     busy = _gpu_busy(lv)
     if m is None and busy is not None and busy < GPU_BUSY_PCT:
