@@ -77,7 +77,8 @@ def level(c: int, *, tput: float, ttft: float, tpot: float, server: ServerMetric
         request_throughput=req_tput, output_throughput=tput,
         total_token_throughput=tput * 5, request_goodput=None, good_requests=None,
         max_concurrency=c, max_concurrent_requests=in_flight if in_flight is not None else c,
-        request_rate=None, burstiness=None, achieved_request_rate=req_tput,
+        request_rate=getattr(load, "rate", None), burstiness=None,
+        achieved_request_rate=req_tput,
         ttft_ms=Stats(count=completed, mean=ttft, median=ttft),
         tpot_ms=Stats(count=completed, mean=tpot, median=tpot),
         itl_ms=Stats(count=completed, mean=tpot, median=tpot),
@@ -161,6 +162,17 @@ def test_the_load_the_server_is_sent_is_the_limit_below_the_cap() -> None:
     assert (b.verdict, b.confidence) == ("offered_load", "clear")
     assert b.figures["running_mean"] == pytest.approx(13.7) and b.figures["target"] == 16
     assert b.advice[0].flag == "--concurrency" and b.advice[0].direction == "raise"
+
+
+def test_an_open_loop_the_server_keeps_up_with_is_the_offered_load() -> None:
+    paced = level(8, tput=800, ttft=20, tpot=5, load=OpenLoop(rate=100.0),
+                  server=metrics(gauge(5.2, 9, 0.1), gauge(0.1, 2)),
+                  schedule_lag_ms=Stats(count=500, median=0.4, p99=2.1, max=4))
+    b = diagnose(paced, [], SIM_CONFIG)
+    assert (b.verdict, b.confidence) == ("offered_load", "clear")
+    assert b.figures["target"] == pytest.approx(100 * 0.055)  # Little's law: 100/s x 55 ms
+    blind = paced.model_copy(update={"server_metrics": None})
+    assert (diagnose(blind).verdict, diagnose(blind).confidence) == ("offered_load", "likely")
 
 
 def test_a_full_kv_cache_with_requests_held_for_room_is_kv_capacity() -> None:
