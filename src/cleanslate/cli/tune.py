@@ -26,7 +26,7 @@ from cleanslate.tune.view import TuneView
 
 if TYPE_CHECKING:  # Optuna and SQLAlchemy are imported when the command runs
     from cleanslate.cli._documents import TunePlan
-    from cleanslate.store import TrialRecord
+    from cleanslate.store import Store, TrialRecord
     from cleanslate.tune.controller import StudyOutcome
     from cleanslate.tune.study import StudySpec
 
@@ -75,6 +75,11 @@ class ConsoleView(TuneView):
         else:
             line = (f"  [red]{escape(record.status)}[/] ({escape(str(record.cause))}): "
                     f"{escape((record.detail or '')[:160])}")
+        from cleanslate.report import bound_cell
+
+        bound = bound_cell(record)
+        if bound != "-":  # the verdicts quote the server's configuration: escaped
+            line += f"  [dim]| bound by {escape(bound)}[/]"
         if best is not None:
             line += f"  [dim]| best so far {best.value:,.1f} (trial {best.number})[/]"
         console.print(line, highlight=False)
@@ -158,7 +163,7 @@ def tune(
 
         emit(TuneDone.of(spec, outcome))
     else:
-        _summary(spec, outcome)
+        _summary(spec, outcome, store)
     stopped = outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED, "systemic")
     if outcome.stopped_by == "systemic" and json_out:  # the reason on stderr too
         console_err.print(Text(f"stopped: {outcome.message}"), highlight=False)
@@ -201,7 +206,11 @@ def launch_command(record: TrialRecord) -> str:
     return shlex.join(record.argv) if record.argv else "(not launched)"
 
 
-def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
+def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None) -> None:
+    """The study's table (each trial's status, best level, value and what bound it: the
+    bottleneck verdict at its best level and at its first miss), why it stopped, the best
+    configuration with its statistics and what bound it, and for an ablation which flag moved
+    which bottleneck (``docs/study.md``, "What bound each trial")."""
     from cleanslate.cli._stats import (
         capacity_cell,
         capacity_lines,
@@ -209,6 +218,7 @@ def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
         statistics_lines,
         value_text,
     )
+    from cleanslate.report import bound_cell, trial_bound_lines
     from cleanslate.store import StudyStatus, TrialStatus
     from cleanslate.tune.race import tie_set
 
@@ -218,7 +228,7 @@ def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
     factors = list(spec.space)
     searched = any(t.capacity is not None for t in results)  # a capacity objective
     for column in ("#", *factors, "status", "best level", spec.objective.metric,
-                   *(("capacity [bracket)",) if searched else ())):
+                   *(("capacity [bracket)",) if searched else ()), "bound by"):
         table.add_column(Text(column), overflow="fold")
     maximize = spec.objective.direction == "maximize"
     ordered = sorted(results, key=lambda t: (t.status is not TrialStatus.FEASIBLE,
@@ -234,7 +244,7 @@ def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
         table.add_row(str(t.number), *(Text(str(t.params.get(f))) for f in factors),
                       Text(status), t.best_level or "-",
                       value_text(t) if feasible and t.value else "-",
-                      *((Text(capacity_cell(t)),) if searched else ()))
+                      *((Text(capacity_cell(t)),) if searched else ()), Text(bound_cell(t)))
     console.print(table)
     if outcome.stopped_by == "systemic":
         console.print("[bold red]stopped: a failure that is not the configuration's[/] "
@@ -260,8 +270,22 @@ def _summary(spec: StudySpec, outcome: StudyOutcome) -> None:
                       f"{level.total_token_throughput:,.0f} tok/s, p99 TTFT "
                       f"{level.ttft_ms.p99 or 0:,.0f} ms, p99 TPOT "
                       f"{level.tpot_ms.p99 or 0:,.1f} ms")
+    for line in trial_bound_lines(best):
+        console.print(Text(f"  {line}"), highlight=False, soft_wrap=True)
     console.print(Text(f"  launch: {launch_command(best)}"), highlight=False,
                   soft_wrap=True)
+    _ablation_moves(spec, store)
+
+
+def _ablation_moves(spec: StudySpec, store: Store | None) -> None:
+    """An ablation's lines: what bound the baseline, then per one-flag change what bound it
+    and the objective's change with its interval (a tie said so)."""
+    if spec.strategy != "ablation" or store is None:
+        return
+    from cleanslate.report import ablation_lines, load_report
+
+    for line in ablation_lines(load_report(store, spec.name)):
+        console.print(Text(line), highlight=False, soft_wrap=True)
 
 
 __all__ = ["ConsoleView", "launch_command", "tune"]

@@ -17,8 +17,16 @@ from cleanslate.report._bench import (
     observed_fields,
     running_cap,
 )
+from cleanslate.report._bounds import (
+    Bound,
+    bound_cell,
+    moved_text,
+    trial_bound_lines,
+    trial_bounds,
+)
 from cleanslate.report._capacity import bracket_text, capacity_document, findings_text
 from cleanslate.report._console import (
+    ablation_lines,
     comparison_table,
     differences_table,
     hosts_table,
@@ -59,6 +67,7 @@ __all__ = [
     "LEVEL_COLUMNS",
     "WIDTH",
     "BenchReport",
+    "Bound",
     "Difference",
     "Effect",
     "Plot",
@@ -68,8 +77,10 @@ __all__ = [
     "StudyReport",
     "Timeline",
     "TrialView",
+    "ablation_lines",
     "bench_csv",
     "bench_json",
+    "bound_cell",
     "bracket_text",
     "capacity_document",
     "comparison_table",
@@ -81,6 +92,7 @@ __all__ = [
     "level_plots",
     "load_bench_report",
     "load_report",
+    "moved_text",
     "observed_fields",
     "pareto",
     "print_differences",
@@ -98,6 +110,8 @@ __all__ = [
     "study_level_plots",
     "to_csv",
     "to_json",
+    "trial_bound_lines",
+    "trial_bounds",
     "trials_table",
     "welch",
     "write_pngs",

@@ -393,7 +393,11 @@ LEVEL_HEAD = ("label", "completed", "failed", "duration", "request_throughput",
 
 
 def level_row(level: LevelResult) -> dict[str, object]:
-    """One level as a flat row: its headline figures, then :func:`observed_fields`."""
+    """One level as a flat row: its headline figures, then :func:`observed_fields`, then what
+    bound it (``bound_by``: the verdict, ``?`` when likely; ``bound_confidence``;
+    ``bound_evidence``: the evidence and the first advice; empty for a level not diagnosed)."""
+    from cleanslate.bench import bound_by, bound_evidence
+
     row: dict[str, object] = {
         "label": level.label, "completed": level.completed, "failed": level.failed,
         "duration": level.duration, "request_throughput": level.request_throughput,
@@ -401,6 +405,10 @@ def level_row(level: LevelResult) -> dict[str, object]:
         "median_ttft_ms": level.ttft_ms.median, "p99_ttft_ms": level.ttft_ms.p99,
         "median_tpot_ms": level.tpot_ms.median, "p99_tpot_ms": level.tpot_ms.p99}
     row.update(observed_fields(level))
+    b = level.bottleneck
+    row.update({"bound_by": bound_by(b) if b is not None else None,
+                "bound_confidence": b.confidence if b is not None else None,
+                "bound_evidence": bound_evidence(b) if b is not None else None})
     return row
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cleanslate.report._bounds import bound_cell, moved_text, trial_bound_lines
 from cleanslate.report._capacity import bracket_text, findings_text, probes_text
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
@@ -73,7 +74,8 @@ CAPACITY_HEADERS = ("capacity [bracket)", "probes (stopped)", "search found")
 
 def trials_table(report: StudyReport) -> Table:
     """Every trial, sorted by the objective: parameters, status and cause, best feasible level,
-    and that level's throughputs and latencies (``mean ± half-width`` over a trial's
+    what bound the trial (:func:`~cleanslate.report._bounds.bound_cell`), and that level's
+    throughputs and latencies (``mean ± half-width`` over a trial's
     measurements when it has several); with statistics, the objective's value with its
     interval and whether the trial is tied with the best or undecided against it; for a
     capacity study, each trial's bracket, probes and findings (:func:`capacity_cells`)."""
@@ -93,6 +95,7 @@ def trials_table(report: StudyReport) -> Table:
         for header in CAPACITY_HEADERS:
             table.add_column(header, overflow="fold")
     table.add_column("best level")
+    table.add_column("bound by", overflow="fold")
     for _, header, _ in LEVEL_COLUMNS:
         table.add_column(header, justify="right")
     best = report.best
@@ -110,6 +113,7 @@ def trials_table(report: StudyReport) -> Table:
         table.add_row(
             str(t.number), *params, status, *extra,
             _t(r.best_level or "-"),
+            _t(bound_cell(r)),
             *(metric_text(report, t, k) for k, _, _ in LEVEL_COLUMNS),
             style="bold" if t is best else None)
     return table
@@ -213,6 +217,22 @@ def print_report(console: Console, report: StudyReport) -> None:
     for text in best_lines(report):
         console.print(_t("  " + text))
     console.print(_t("  launch: " + (best.launch_command or "(not recorded)")), soft_wrap=True)
+    for text in ablation_lines(report):
+        console.print(_t(text), soft_wrap=True)
+
+
+def ablation_lines(report: StudyReport) -> list[str]:
+    """An ablation study's changes against its baseline, each with what bound the baseline
+    and the change and the objective's change with its interval (:func:`~cleanslate.report.
+    _bounds.moved_text`); empty for another strategy."""
+    base = report.baseline_trial()
+    effects = report.ablation_effects()
+    if base is None or not effects:
+        return []
+    lines = [f"what each change moved (against the baseline, trial {base.number}):"]
+    lines += [f"  baseline {line}" for line in trial_bound_lines(base.record)]
+    lines += [f"  {moved_text(e)} (trial {e.trial.number})" for e in effects]
+    return lines
 
 
 def _versus(report: StudyReport, number: int) -> str:
@@ -235,7 +255,7 @@ def best_lines(report: StudyReport) -> list[str]:
                  f"{format_value(found.high, report.metric)})")
     elif report.statistics.fixed_count() == 1 and not report.statistics.racing:
         head += " (one measurement: no interval)"
-    lines = [head]
+    lines = [head, *trial_bound_lines(best.record)]
     standing = report.standing
     if standing.note:
         lines.append(standing.note)

@@ -211,6 +211,8 @@ class Effect:
     better: bool | None
     cause: str | None
     difference: Difference | None = None
+    #: the baseline's trial (what bound it is compared with the change's: ``report._bounds``)
+    baseline: TrialView | None = None
 
     @property
     def significant(self) -> bool:
@@ -520,7 +522,7 @@ class StudyReport:
                               value=t.record.params.get(factor), trial=t, change_pct=pct,
                               better=better,
                               cause=None if t.feasible else (t.record.cause or t.status),
-                              difference=diff))
+                              difference=diff, baseline=base_trial))
         return out
 
     def level_points(self) -> list[tuple[TrialView, LevelResult, float, float]]:

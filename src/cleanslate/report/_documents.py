@@ -168,7 +168,19 @@ class StudyStatisticsDocument(TypedDict):
     host_effects: dict[str, HostEffectDocument]
 
 
-class AblationDocument(TypedDict):
+class MovedDocument(TypedDict):
+    """Which bottleneck a change of an ablation moved: the verdict that bound the baseline
+    and the one that bound the change (at each one's best level, else where it missed;
+    ``None``: not recorded), and ``moved``, the line that says it with the objective's change
+    and interval (``max-running-requests 64 -> 256: running_cap -> offered_load, +120.5 %
+    [+110.2, +131.0]``)."""
+
+    bottleneck_before: str | None
+    bottleneck_after: str | None
+    moved: str
+
+
+class AblationDocument(MovedDocument):
     """One change of an ablation study against its baseline
     (:class:`~cleanslate.report._data.Effect`)."""
 
@@ -214,5 +226,5 @@ class ExportDocument(TypedDict):
 
 __all__ = ["AblationDocument", "BestDocument", "CapacityCells", "CapacityDocument",
            "ComparisonDocument", "DifferenceDocument", "ExportDocument", "HostEffectDocument",
-           "ProbeDocument", "SharedConfigDocument", "SlotDocument", "StudyDocument",
-           "StudyStatisticsDocument"]
+           "MovedDocument", "ProbeDocument", "SharedConfigDocument", "SlotDocument",
+           "StudyDocument", "StudyStatisticsDocument"]

@@ -9,9 +9,11 @@ import math
 import re
 
 from cleanslate.report._bench import LEVEL_HEAD, BenchReport, level_row, observed_fields
+from cleanslate.report._bounds import bound_cell, moved, moved_text, trial_bounds
 from cleanslate.report._capacity import CSV_COLUMNS, capacity_document, csv_fields
 from cleanslate.report._data import (
     LEVEL_COLUMNS,
+    Effect,
     StudyReport,
     TrialView,
     comparable,
@@ -21,6 +23,7 @@ from cleanslate.report._documents import (
     BestDocument,
     ComparisonDocument,
     ExportDocument,
+    MovedDocument,
     StudyDocument,
     StudyStatisticsDocument,
 )
@@ -31,6 +34,10 @@ from cleanslate.report._documents import (
 _HEAD = ("study", "number", "status", "cause", "detail", "value", "ci_low", "ci_high",
          "n_replicates", "standing", "best_level")
 _TAIL = ("verdict_before", "verdict_after", "run_id", "launch_command")
+#: What bound the trial (``report._bounds``): ``bound_by`` the cell the table shows, the
+#: verdict and confidence at its best level, and at ``limit_level`` (its first miss).
+_BOUND = ("bound_by", "best_bottleneck", "best_confidence", "limit_level", "limit_bottleneck",
+          "limit_confidence")
 #: The observer columns of a trial's best level (:func:`trial_row`).
 _OBSERVED = re.compile(r"(server_metrics|gpu\d+)\.")
 
@@ -79,6 +86,13 @@ def trial_row(report: StudyReport, trial: TrialView) -> dict[str, object]:
     best = trial.best
     if best is not None:
         row.update(observed_fields(best))
+    best_bound, limit = trial_bounds(r)
+    row.update({"bound_by": bound_cell(r),
+                "best_bottleneck": best_bound.bottleneck.verdict if best_bound else None,
+                "best_confidence": best_bound.bottleneck.confidence if best_bound else None,
+                "limit_level": limit.label if limit else None,
+                "limit_bottleneck": limit.bottleneck.verdict if limit else None,
+                "limit_confidence": limit.bottleneck.confidence if limit else None})
     row.update({"verdict_before": r.verdict_before, "verdict_after": r.verdict_after,
                 "run_id": r.run_id, "launch_command": trial.launch_command})
     return row
@@ -96,7 +110,7 @@ def to_csv(reports: list[StudyReport]) -> str:
     for row in rows:  # the best level's observer summaries, only when some trial has them
         observed += [k for k in row if _OBSERVED.match(k) and k not in observed]
     columns = [*_HEAD, *capacity, *params, *(k for k, _, _ in LEVEL_COLUMNS), *observed,
-               *_TAIL]
+               *_BOUND, *_TAIL]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writerow({k: csv_cell(k) for k in columns})  # a flag's name is text too
@@ -189,12 +203,23 @@ def study_document(report: StudyReport) -> StudyDocument:
                       "trial": e.trial.number, "change_pct": e.change_pct,
                       "better": e.better, "cause": e.cause,
                       "significant": e.significant,
-                      "difference": e.difference.document() if e.difference else None}
+                      "difference": e.difference.document() if e.difference else None,
+                      **_moved_document(e)}
                      for e in report.ablation_effects()],
         "slots": [slot.document() for slot in report.slots],
         "hosts": [{**h.snapshot.model_dump(mode="json"), "host": h.host, "machine": h.machine,
                    "label": h.label, "summary": h.snapshot.summary()} for h in report.hosts],
     }
+
+
+def _moved_document(effect: Effect) -> MovedDocument:
+    """What bound the baseline and the change (their verdicts at their best level, else
+    where they missed) and the line that says it (:func:`~cleanslate.report._bounds.
+    moved_text`)."""
+    before, after = moved(effect)
+    return {"bottleneck_before": before.bottleneck.verdict if before else None,
+            "bottleneck_after": after.bottleneck.verdict if after else None,
+            "moved": moved_text(effect)}
 
 
 def comparisons_document(reports: list[StudyReport]) -> list[ComparisonDocument]:

@@ -16,8 +16,11 @@ from html import escape
 from typing import Any
 
 from cleanslate import __version__
+from cleanslate.bench import bound_by
+from cleanslate.bench import bound_lines as bench_bound_lines
 from cleanslate.doctor.snapshot import GpuRow, HostSnapshot
 from cleanslate.report._bench import BenchReport
+from cleanslate.report._bounds import bound_cell, moved, trial_bound_lines
 from cleanslate.report._capacity import bracket_text, crash_text, probes_phrase
 from cleanslate.report._console import (
     CAPACITY_HEADERS,
@@ -110,6 +113,7 @@ figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
 .up { color: var(--good); font-weight: 600; }
 .down { color: var(--bad); font-weight: 600; }
 ul.findings { margin: 0; padding-left: 18px; }
+ul.bound { margin: 0 0 12px; padding-left: 18px; color: var(--muted); font-size: 13px; }
 details { margin: 6px 0; }
 summary { cursor: pointer; font-weight: 600; }
 nav { margin: 14px 0 0; font-size: 13px; }
@@ -261,7 +265,10 @@ def _best_section(report: StudyReport) -> str:
         f'<div class="best" id="{_id("best", report.name)}">'
         f"<p><b>Best configuration: trial #{best.number}</b> ({_e(lines[0])})</p>"
         f'<p class="best-params">{_params_html(best.record.params)}</p>'
-        f"<p>{figure_text}</p>{ties}{undecided}{cost}"
+        f"<p>{figure_text}</p>"
+        + "".join(f'<p class="bound-best">{_e(line)}</p>'
+                  for line in trial_bound_lines(best.record))
+        + f"{ties}{undecided}{cost}"
         "<p><b>Launch command</b></p>"
         f'<pre class="launch">{_e(best.launch_command or "(not recorded)")}</pre></div>'
     )
@@ -273,7 +280,7 @@ def _trials_table(report: StudyReport) -> str:
     extra = ["vs best", f"{report.metric} ({report.confidence * 100:g} %)"] if marks else []
     if report.capacity:
         extra += list(CAPACITY_HEADERS)
-    headers = ["#", *factors, "status", "cause", *extra, "best level",
+    headers = ["#", *factors, "status", "cause", *extra, "best level", "bound by",
                *(h for _, h, _ in LEVEL_COLUMNS), "host before", "host after"]
     rows = []
     classes = []
@@ -295,12 +302,13 @@ def _trials_table(report: StudyReport) -> str:
             _e(r.cause or ""),
             *cells,
             _e(r.best_level or "-"),
+            _e(bound_cell(r)),
             *(_e(metric_text(report, t, k)) for k, _, _ in LEVEL_COLUMNS),
             _badge(t.host_verdict("before")),
             _badge(t.host_verdict("after")),
         ])
         classes.append("best-row" if t is best else "tied-row" if mark == "tied" else "")
-    numeric = set(range(first_metric, first_metric + len(LEVEL_COLUMNS)))
+    numeric = set(range(first_metric + 1, first_metric + 1 + len(LEVEL_COLUMNS)))
     if marks:
         numeric.add(first_metric - 2 - (len(CAPACITY_HEADERS) if report.capacity else 0))
     note = (f" With several measurements a figure is their mean ± the half-width of its "
@@ -314,7 +322,9 @@ def _trials_table(report: StudyReport) -> str:
                  "capacity probe.")
     return (f'<p class="meta">Sorted by the objective ({_e(report.direction)} '
             f"<code>{_e(report.metric)}</code>), best first; the figures are those of each "
-            f"trial's best level that met the SLOs.{note}</p>"
+            f"trial's best level that met the SLOs; <b>bound by</b>: the bottleneck verdict "
+            "at that level and at the first level that missed an SLO or crashed "
+            f"(<code>?</code>: likely, from the client's figures alone).{note}</p>"
             + _table(headers, rows, row_classes=classes, numeric=numeric))
 
 
@@ -335,15 +345,19 @@ def _ablation_table(report: StudyReport) -> str:
         else:
             change = (f'<span class="{"up" if e.better else "down"}">'
                       f"{_e(e.effect_text)}</span>")
+        before, after = moved(e)
+        bound = (f"{_e(before.cell if before else '-')} → {_e(after.cell if after else '-')}"
+                 if before is not None or after is not None else "-")
         rows.append([f'<a href="#{_id("trial", report.name, e.trial.number)}">'
                      f"#{e.trial.number}</a>", f"<code>{_e(e.factor)}</code>",
                      _e(show(e.baseline_value)), _e(show(e.value)),
-                     _e(value_text(report, e.trial)), change])
+                     _e(value_text(report, e.trial)), change, bound])
     return (f"<p>Against the baseline, trial #{base.number} "
             f"({_e(report.metric)} = {_e(value_text(report, base))}). A change whose "
-            "interval holds 0 is no significant effect.</p>"
-            + _table(["trial", "flag", "baseline", "changed to", report.metric, "change"], rows,
-                     numeric={4, 5}))
+            "interval holds 0 is no significant effect. <b>bound by</b>: what bound the "
+            "baseline and the change, at each one's best level.</p>"
+            + _table(["trial", "flag", "baseline", "changed to", report.metric, "change",
+                      "bound by (baseline → change)"], rows, numeric={4, 5}))
 
 
 def _failures(report: StudyReport) -> str:
@@ -482,10 +496,15 @@ def _levels_detail(report: StudyReport, t: TrialView) -> str:
         conc = level_concurrency(level)
         rows.append([_e(level.label), _e(f"{conc:g}" if conc else "-"),
                      _badge(t.level_verdict(level)),
-                     *(_e(format_value(level_metric(level, k), k)) for k, _ in keys)])
-    levels = (_table(["level", "load", "verdict", *(h for _, h in keys)], rows,
+                     *(_e(format_value(level_metric(level, k), k)) for k, _ in keys),
+                     _e(bound_by(level.bottleneck))])
+    levels = (_table(["level", "load", "verdict", *(h for _, h in keys), "bound by"], rows,
                      numeric=set(range(3, 3 + len(keys))))
               if rows else '<p class="meta">no level was measured</p>')
+    said = bench_bound_lines(r.levels)
+    if said:
+        levels += ('<ul class="bound">' + "".join(f"<li>{_e(line)}</li>" for line in said)
+                   + "</ul>")
     levels += _replicates_html(report, t)
     phases = " · ".join(f"{_e(k.removesuffix('_s'))} {v:.1f} s" for k, v in r.phases.items())
     status = _badge(r.status) + (f" {_e(t.cause_text)}" if t.cause_text else "")
@@ -718,12 +737,14 @@ def render_bench_html(report: BenchReport, *, plots: list[Plot] | None = None,
     r = report.result
     now = generated_at if generated_at is not None else _dt.datetime.now(_dt.UTC).timestamp()
     headers = ["level", "ok", "err", "out tok/s", "TTFT ms p50/p99", "TPOT ms p50/p99",
-               "running mean/max", "waiting mean/max", "KV % mean/max", "GPU % / W"]
+               "running mean/max", "waiting mean/max", "KV % mean/max", "GPU % / W",
+               "bound by"]
     rows = [[_e(lv.label), str(lv.completed), str(lv.failed),
              f"{lv.output_throughput:,.0f}",
              f"{_fmt_or_dash(lv.ttft_ms.median, '.1f')}/{_fmt_or_dash(lv.ttft_ms.p99, '.1f')}",
              f"{_fmt_or_dash(lv.tpot_ms.median, '.1f')}/{_fmt_or_dash(lv.tpot_ms.p99, '.1f')}",
-             *(_e(c) for c in observed_cells(lv))] for lv in r.levels]
+             *(_e(c) for c in observed_cells(lv)), _e(bound_by(lv.bottleneck))]
+            for lv in r.levels]
     cap = report.cap
     notes = observation_notes(r)
     if report.samples_note:
@@ -740,7 +761,10 @@ def render_bench_html(report: BenchReport, *, plots: list[Plot] | None = None,
             + (f"<b>{cap[0]:g}</b> ({_e(cap[1])})" if cap else "not recorded") + "</p>")
     body = (f"<h1>cleanslate bench report: {_e(report.path.name)}</h1>{meta}"
             f"<h2>Levels</h2>"
-            + _table(headers, rows, numeric=set(range(1, len(headers))))
+            + _table(headers, rows, numeric=set(range(1, len(headers) - 1)))
+            + ('<ul class="bound">' + "".join(f"<li>{_e(line)}</li>"
+                                             for line in bench_bound_lines(r.levels))
+               + "</ul>" if any(lv.bottleneck for lv in r.levels) else "")
             + "".join(f'<p class="meta">{_e(n)}</p>' for n in notes)
             + "<h2>Over each level</h2>" + (_plots_html(plots) or
                                             '<p class="meta">no panels: no samples</p>'))

@@ -58,13 +58,15 @@ if TYPE_CHECKING:
         TrialRecord,
         TrialStatus,
         level_metric,
+        trial_bottlenecks,
     )
 
 # A trial's levels need the benchmark client, which the commands that read only runs
 # (``check``, ``stop``) never load: the names of ``_trials`` load when first used.
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("LevelVerdict", "Race", "Replicate", "StudyRecord", "StudyStatus",
-                     "TrialCause", "TrialRecord", "TrialStatus", "level_metric"),
+                     "TrialCause", "TrialRecord", "TrialStatus", "level_metric",
+                     "trial_bottlenecks"),
                     "cleanslate.store._trials"),
     **dict.fromkeys(("HostRecord", "local_machine"), "cleanslate.store._hosts")})
 
@@ -100,4 +102,5 @@ __all__ = [
     "local_machine",
     "resolve_store_url",
     "study_digest",
+    "trial_bottlenecks",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from cleanslate.bench import CapacityResult, LevelResult
+from cleanslate.bench import Bottleneck, CapacityResult, ClosedLoop, LevelResult, OpenLoop
 from cleanslate.models import Frozen
 from cleanslate.store._records import Record
 from cleanslate.verdict.findings import Finding, Verdict
@@ -78,6 +78,37 @@ class StudyStatus(StrEnum):
     QUARANTINE = "quarantine"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+
+
+#: How a level went when it is where a configuration stopped holding: it missed an SLO,
+#: failed requests, gave bad output or crashed (``interrupted`` and ``unresolved`` say
+#: nothing of the configuration).
+MISSED = frozenset({LevelVerdict.SLO_MISS, LevelVerdict.ERRORS, LevelVerdict.BAD_OUTPUT,
+                    LevelVerdict.CRASHED})
+
+
+def _load_of(level: LevelResult) -> float:
+    load = level.load
+    if isinstance(load, ClosedLoop):
+        return float(load.concurrency)
+    if isinstance(load, OpenLoop):
+        return float(load.rate)
+    return math.inf
+
+
+def trial_bottlenecks(levels: tuple[LevelResult, ...], verdicts: dict[str, LevelVerdict],
+                      best_level: str | None) -> dict[str, Any]:
+    """The fields of a trial's record that say what bound it (``docs/study.md``, "What bound
+    each trial"): ``best_bottleneck``, the verdict at ``best_level``; ``limit_level`` and
+    ``limit_bottleneck``, the least load whose level missed an SLO, failed or crashed
+    (:data:`MISSED`; a climb's first, a capacity search's lowest such probe) and its verdict.
+    ``None`` where there is no such level or it was not diagnosed."""
+    best = next((lv for lv in levels if lv.label == best_level), None)
+    missed = [(i, lv) for i, lv in enumerate(levels) if verdicts.get(lv.label) in MISSED]
+    limit = min(missed, key=lambda pair: (_load_of(pair[1]), pair[0]), default=None)
+    return {"best_bottleneck": best.bottleneck if best is not None else None,
+            "limit_level": limit[1].label if limit is not None else None,
+            "limit_bottleneck": limit[1].bottleneck if limit is not None else None}
 
 
 def level_metric(level: LevelResult, key: str) -> float | None:
@@ -185,6 +216,11 @@ class TrialRecord(Record):
     # A capacity objective (``max_concurrency_under_slo``, ``max_goodput``): the search's
     # answer, its probes without their levels (those are ``levels``, in probe order).
     capacity: CapacityResult | None = None
+    # What bound it (:func:`trial_bottlenecks`): the bottleneck verdict at ``best_level``, and
+    # at ``limit_level``, the least load that missed an SLO, failed or crashed.
+    best_bottleneck: Bottleneck | None = None
+    limit_level: str | None = None
+    limit_bottleneck: Bottleneck | None = None
 
     def counted(self) -> list[Replicate]:
         """The measurements that count toward ``value``: feasible, with a value, not

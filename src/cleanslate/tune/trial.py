@@ -65,6 +65,7 @@ from cleanslate.store import (
     TrialRecord,
     TrialStatus,
     level_metric,
+    trial_bottlenecks,
 )
 from cleanslate.tune.study import StudySpec
 from cleanslate.verdict.check import CheckReport
@@ -432,8 +433,9 @@ async def _cycle(
                verdict_after=verdict_after)
         raise Interrupted()
     if capacity is not None:
+        fields = capacity_fields(spec, capacity, cause if crashed else None)
         return saver.save_trial(record.model_copy(update={
-            **capacity_fields(spec, capacity, cause if crashed else None),
+            **fields, **trial_bottlenecks(tuple(levels), level_verdicts, fields["best_level"]),
             "levels": tuple(levels), "level_verdicts": level_verdicts, "phases": phases,
             "log_tail": tail[-4000:] if tail else None,
             "verdict_after": verdict_after, "findings_after": findings_after,
@@ -443,9 +445,11 @@ async def _cycle(
     status = TrialStatus.FEASIBLE if good else TrialStatus.INFEASIBLE
     if not good and cause is None:
         cause = TrialCause.SLO_MISS
+    best_label = best.label if best is not None else None
     return finish(status, cause, detail=detail,
                   value=spec.objective.value(best) if best is not None else None,
-                  best_level=best.label if best is not None else None, levels=tuple(levels),
+                  best_level=best_label, levels=tuple(levels),
+                  **trial_bottlenecks(tuple(levels), level_verdicts, best_label),
                   level_verdicts=level_verdicts, phases=phases, slo_checks=slo_checks,
                   log_tail=tail[-4000:] if tail else None,
                   verdict_after=verdict_after, findings_after=findings_after)
