@@ -198,7 +198,7 @@ def _bench_report(study: str | None, compare: list[str] | None, bench: Path | No
                   fmt: str | None, out: Path | None) -> None:
     """``report --bench FILE``: the levels table with what the observers saw, a panel per
     level (``--png DIR``: ``level-<label>.png``; ``--html``), a flat export per level."""
-    from cleanslate.bench import observation_notes, summary_table
+    from cleanslate.bench import bound_lines, observation_notes, summary_table
     from cleanslate.report import (
         bench_csv,
         bench_json,
@@ -224,6 +224,8 @@ def _bench_report(study: str | None, compare: list[str] | None, bench: Path | No
     screen = console_err if to_stdout else console
     if not to_stdout:
         screen.print(summary_table(loaded.result))
+        for line in bound_lines(loaded.result.levels):  # the evidence: text, never markup
+            screen.print(Text(line), soft_wrap=True)
         cap = loaded.cap
         screen.print(Text("running cap in effect: " + (f"{cap[0]:g} ({cap[1]})" if cap
                                                         else "not recorded")))

@@ -227,8 +227,11 @@ def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None)
                                f"({outcome.new_trials} new)"), title_justify="left")
     factors = list(spec.space)
     searched = any(t.capacity is not None for t in results)  # a capacity objective
+    bounds = {t.number: bound_cell(t) for t in results}
+    diagnosed = any(cell != "-" for cell in bounds.values())
     for column in ("#", *factors, "status", "best level", spec.objective.metric,
-                   *(("capacity [bracket)",) if searched else ()), "bound by"):
+                   *(("capacity [bracket)",) if searched else ()),
+                   *(("bound by",) if diagnosed else ())):
         table.add_column(Text(column), overflow="fold")
     maximize = spec.objective.direction == "maximize"
     ordered = sorted(results, key=lambda t: (t.status is not TrialStatus.FEASIBLE,
@@ -244,7 +247,8 @@ def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None)
         table.add_row(str(t.number), *(Text(str(t.params.get(f))) for f in factors),
                       Text(status), t.best_level or "-",
                       value_text(t) if feasible and t.value else "-",
-                      *((Text(capacity_cell(t)),) if searched else ()), Text(bound_cell(t)))
+                      *((Text(capacity_cell(t)),) if searched else ()),
+                      *((Text(bounds[t.number]),) if diagnosed else ()))
     console.print(table)
     if outcome.stopped_by == "systemic":
         console.print("[bold red]stopped: a failure that is not the configuration's[/] "

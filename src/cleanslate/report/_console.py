@@ -74,7 +74,8 @@ CAPACITY_HEADERS = ("capacity [bracket)", "probes (stopped)", "search found")
 
 def trials_table(report: StudyReport) -> Table:
     """Every trial, sorted by the objective: parameters, status and cause, best feasible level,
-    what bound the trial (:func:`~cleanslate.report._bounds.bound_cell`), and that level's
+    what bound the trial (:func:`~cleanslate.report._bounds.bound_cell`, when some trial has a
+    verdict), and that level's
     throughputs and latencies (``mean ± half-width`` over a trial's
     measurements when it has several); with statistics, the objective's value with its
     interval and whether the trial is tied with the best or undecided against it; for a
@@ -95,7 +96,10 @@ def trials_table(report: StudyReport) -> Table:
         for header in CAPACITY_HEADERS:
             table.add_column(header, overflow="fold")
     table.add_column("best level")
-    table.add_column("bound by", overflow="fold")
+    bounds = {t.number: bound_cell(t.record) for t in report.trials}
+    diagnosed = any(cell != "-" for cell in bounds.values())
+    if diagnosed:  # a study recorded before verdicts has none: no empty column
+        table.add_column("bound by", overflow="fold")
     for _, header, _ in LEVEL_COLUMNS:
         table.add_column(header, justify="right")
     best = report.best
@@ -113,7 +117,7 @@ def trials_table(report: StudyReport) -> Table:
         table.add_row(
             str(t.number), *params, status, *extra,
             _t(r.best_level or "-"),
-            _t(bound_cell(r)),
+            *([_t(bounds[t.number])] if diagnosed else []),
             *(metric_text(report, t, k) for k, _, _ in LEVEL_COLUMNS),
             style="bold" if t is best else None)
     return table
