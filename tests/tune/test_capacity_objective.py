@@ -94,6 +94,10 @@ def test_a_capacity_study_on_the_sim(tmp_path: Path) -> None:
                                     for p in cap.probes}
         assert all(p.level is None for p in cap.probes)  # kept once, as the trial's levels
         assert cap.probes[0].load == spec.capacity.start
+        # Each probe's level carries its bottleneck verdict, read with the run record's
+        # configuration (the flags asked are known: not a bare URL's read).
+        assert all(lv.bottleneck is not None for lv in t.levels)
+        assert cap.server_config is not None and cap.server_config.requested_known
         assert t.detail == cap.summary()
         assert t.verdict_before == "clean" and t.verdict_after == "clean", t
         # Two measurements, each a whole search on a new server, the same seeds for both
@@ -113,6 +117,8 @@ def test_a_capacity_study_on_the_sim(tmp_path: Path) -> None:
         assert cap.crash is not None and cap.crash.startswith(
             "crashed at c=32 (python_exception: AttributeError")
         assert verdicts["c=32"] == "crashed"
+        crashed = [lv.bottleneck for lv in graphs.levels if lv.label == "c=32"]
+        assert cap is not graphs.capacity or [b.verdict for b in crashed if b] == ["crashed"]
         assert not any(p.passed for p in cap.probes if p.load >= 32)
     assert graphs.cause == "python_exception" and graphs.best_level == "c=16"
     assert "crashed at c=32 (python_exception" in (graphs.detail or "")

@@ -32,6 +32,7 @@ from cleanslate.bench import (
     Probe,
     ProbeVerdict,
     SampleFiles,
+    ServerConfig,
     diagnosed,
     discard_samples,
     gpu_observer,
@@ -786,7 +787,17 @@ async def _capacity_levels(
 
         say(f"capacity search from c={spec.capacity.start} (tolerance "
             f"{spec.capacity.tolerance:.0%}, at most {spec.capacity.max_probes} probes)")
-        result = await find_max(bench, search, trial_harness(stop, executor, spec, run),
+        harness = trial_harness(stop, executor, spec, run)
+        recorded = run.server_config
+        if recorded is not None:
+            # the configuration read at launch, with the flags asked: the probes' verdicts
+            # read it, and the server is not asked again
+            async def read_recorded(_session: object, _url: str,
+                                    config: ServerConfig = recorded) -> ServerConfig:
+                return config
+
+            harness.read_config = read_recorded
+        result = await find_max(bench, search, harness,
                                 warmup=spec.warmup_requests(),
                                 max_extensions=spec.capacity.max_extensions,
                                 check_server=check_server, on_probe=on_probe)
