@@ -8,12 +8,15 @@ stored before observation existed still reads.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
+import cleanslate.engines  # noqa: F401  (the engines register their metric names)
 from cleanslate.bench import (
     BenchConfig,
     CapacitySearch,
@@ -231,3 +234,21 @@ def test_a_level_stored_before_observation_reads_without_it() -> None:
         stored.pop(key, None)
     old = LevelResult.model_validate(stored)
     assert old.server_metrics is None and old.gpu is None
+
+
+def test_a_program_that_never_imported_the_engines_is_told_why_it_has_no_metrics() -> None:
+    """bench never imports an engine; the engines register their metric names. A program
+    that runs the benchmark alone gets a level whose ``server_metrics`` says what to do."""
+    code = (
+        "import asyncio, sys\n"
+        "from cleanslate.bench import BenchConfig, ClosedLoop, RandomWorkload, run_level\n"
+        "from cleanslate.testing.fake_openai import fake_openai_thread\n"
+        "assert 'cleanslate.engines' not in sys.modules\n"
+        "with fake_openai_thread() as server:\n"
+        "    cfg = BenchConfig(url=server.url, model='m', num_prompts=4,\n"
+        "                      workload=RandomWorkload(input_len=8, output_len=4))\n"
+        "    level = asyncio.run(run_level(cfg, ClosedLoop(concurrency=2)))\n"
+        "print(level.completed, level.server_metrics.unreadable)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.startswith("4 ") and "import cleanslate.engines" in out

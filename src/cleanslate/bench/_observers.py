@@ -21,6 +21,7 @@ from cleanslate.bench._observe import (
     ObserveOptions,
     ObserverFactory,
 )
+from cleanslate.bench._observed import ServerMetrics
 from cleanslate.bench._server_metrics import ServerMetricsObserver
 
 
@@ -31,15 +32,35 @@ def metrics_observer(options: ObserveOptions,
     engine's (a bare URL); by default those the engines registered
     (:func:`~cleanslate.bench._metric_names.registered_maps`: ``options.engine``'s own, else
     all). With none registered (``cleanslate.engines`` never imported) there is nothing to
-    read the names with: no observer, said by the level's missing ``server_metrics``."""
-    def make(ctx: LevelContext) -> LevelObserver | None:
+    read the names with, and the level's ``server_metrics`` says so (:data:`NO_MAPS`)."""
+    def make(ctx: LevelContext) -> LevelObserver:
         known = maps if maps is not None else registered_maps(options.engine)
         if not known:
-            return None
+            return _Unobservable(ServerMetrics(url=ctx.config.url, unreadable=NO_MAPS))
         return ServerMetricsObserver(ctx.config.url, known, session=ctx.session,
                                      interval_s=options.interval_s)
 
     return make
+
+
+#: Why a level of a program that never imported the engines has no engine metrics.
+NO_MAPS = ("no engine's metric names are known: import cleanslate.engines (the engines "
+           "register them) before running the benchmark")
+
+
+class _Unobservable:
+    """An observer with nothing to watch: its summary says why, and it makes no request."""
+
+    key = "server_metrics"
+
+    def __init__(self, summary: ServerMetrics) -> None:
+        self.summary = summary
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self, end: LevelEnd) -> Observed:
+        return Observed(self.key, self.summary)
 
 
 def observers_for(options: ObserveOptions | None, *,
