@@ -158,10 +158,18 @@ def test_the_cap_is_likely_from_the_client_alone_when_the_load_is_above_it() -> 
 
 
 def test_the_load_the_server_is_sent_is_the_limit_below_the_cap() -> None:
-    b = diagnose(C16, [], SIM_CONFIG)
+    """Clear once a level before shows that more load still adds throughput; at the first
+    level likely: a batch already saturated also runs everything it is sent."""
+    c8 = level(8, tput=1300, ttft=15, tpot=4.3,
+               server=metrics(gauge(7.5, 8, 0.8), gauge(0.4, 6, 0.05)))
+    b = diagnose(C16, [c8], SIM_CONFIG)
     assert (b.verdict, b.confidence) == ("offered_load", "clear")
     assert b.figures["running_mean"] == pytest.approx(13.7) and b.figures["target"] == 16
+    assert b.figures["elasticity"] == pytest.approx(1.04, abs=0.01)  # ln 1.87 / ln 1.83
     assert b.advice[0].flag == "--concurrency" and b.advice[0].direction == "raise"
+    first = diagnose(C16, [], SIM_CONFIG)
+    assert (first.verdict, first.confidence) == ("offered_load", "likely")
+    assert "a level before with a smaller batch" in first.missing
 
 
 def test_an_open_loop_the_server_keeps_up_with_is_the_offered_load() -> None:

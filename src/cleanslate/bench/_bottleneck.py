@@ -789,9 +789,11 @@ def compute(seen: Seen) -> Match | None:
 def offered_load(seen: Seen) -> Match | None:
     """The server runs everything it is sent: the running batch (plus the short wait before
     admission, at most :data:`QUEUE_SHARE` of it) reaches :data:`HELD_SHARE` of the level's
-    target while below its cap: raise the load. Clear with the engine's metrics; likely from
-    the client's figures when the throughput grew with the load against a level before (at
-    least :data:`COMPUTE_ELASTICITY`) or an open loop met its rate."""
+    target while below its cap: raise the load. Clear with the engine's metrics (for a closed
+    loop, with a level before whose smaller batch shows the throughput still growing with the
+    batch: elasticity at least :data:`COMPUTE_ELASTICITY`; likely without one, since a batch
+    already saturated runs everything it is sent too); likely from the client's figures when
+    the throughput grew so against a level before, or an open loop met its rate."""
     lv = seen.level
     m = _readable(lv)
     want = target(lv)
@@ -806,16 +808,33 @@ def offered_load(seen: Seen) -> Match | None:
         if not (queue_ok and held and below):
             return None
         at_cap = cap is not None and want >= cap[0] * AT_CAP
-        return Match("offered_load", "clear",
-                     (f"running {m.running.mean:.1f} on average (max {m.running.max:.0f}) of "
-                      f"{want:.0f} sent, {waiting:.1f} waiting"
-                      + (f", cap {cap[0]:.0f}" if cap is not None else "")
-                      + ": the server runs everything it is sent"
-                      + ("; the load is at the cap: more would queue behind it" if at_cap
-                         else ""),),
-                     {"running_mean": m.running.mean, "running_max": m.running.max,
-                      "waiting_mean": waiting, "target": want,
-                      **({"cap": cap[0]} if cap is not None else {})})
+        lines = [f"running {m.running.mean:.1f} on average (max {m.running.max:.0f}) of "
+                 f"{want:.0f} sent, {waiting:.1f} waiting"
+                 + (f", cap {cap[0]:.0f}" if cap is not None else "")
+                 + ": the server runs everything it is sent"
+                 + ("; the load is at the cap: more would queue behind it" if at_cap else "")]
+        figures = {"running_mean": m.running.mean, "running_max": m.running.max,
+                   "waiting_mean": waiting, "target": want,
+                   **({"cap": cap[0]} if cap is not None else {})}
+        confidence: Confidence = "clear"
+        if lv.load.kind == "closed":
+            # a closed loop's throughput is also the server's speed at this batch: that
+            # more load still adds throughput takes a level before (a batch already
+            # saturated at the first level runs everything it is sent too)
+            prev = _previous(seen, smaller_by=BATCH_GROWTH)
+            scaling = _scaling(lv, prev) if prev is not None else None
+            if prev is None or scaling is None:
+                seen.lack("a level before with a smaller batch")
+                confidence = "likely"
+            else:
+                grew, gain, elasticity = scaling
+                lines.append(f"against {prev.label}: batch x{grew:.1f}, throughput "
+                             f"x{gain:.2f} (elasticity {elasticity:.2f})")
+                figures.update(batch_growth=grew, throughput_growth=gain,
+                               elasticity=elasticity)
+                if elasticity < COMPUTE_ELASTICITY:
+                    confidence = "likely"
+        return Match("offered_load", confidence, tuple(lines), figures)
     rate = lv.request_rate
     if lv.load.kind != "closed" and rate is not None and math.isfinite(rate) and rate > 0:
         if lv.achieved_request_rate >= rate * HELD_SHARE:
