@@ -62,9 +62,13 @@ wait "$MODEL_PID"; cat /tmp/model.txt >> "$OUT/env.txt"
 [ -f "$MODEL/model.safetensors" ] || { stamp "no model"; exit 1; }
 stamp "model and wheels ready"
 
-transformers serve "$MODEL" --port 8000 --device cuda --dtype bfloat16 --continuous-batching \
-  --cb-use-cuda-graph --cb-max-memory-percent 0.3 > /tmp/serve.log 2>&1 &
+# SERVE_FLAGS: the engine's tuning flags (issue 37 also ran a KV cache of 32 blocks of 32)
+SERVE_FLAGS=${SERVE_FLAGS:---continuous-batching --cb-use-cuda-graph --cb-max-memory-percent 0.3}
+# shellcheck disable=SC2086
+transformers serve "$MODEL" --port 8000 --device cuda --dtype bfloat16 $SERVE_FLAGS \
+  > /tmp/serve.log 2>&1 &
 SERVER=$!
+echo "$SERVER" > /tmp/serve.pid
 trap 'kill -TERM $SERVER 2>/dev/null; sleep 3; kill -KILL $SERVER 2>/dev/null' EXIT
 for _ in $(seq 1 120); do
   python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
@@ -74,7 +78,7 @@ stamp "server ready (pid $SERVER)"
 
 BENCH="python3 -m cleanslate bench --url http://127.0.0.1:8000 --model $MODEL \
   --warmup 32 --no-live --no-ignore-eos \
-  --workload random:input_len=128,output_len=32"
+  --workload random:input_len=128,output_len=32 ${BENCH_EXTRA:-}"
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
 
 if has levels; then
