@@ -238,6 +238,23 @@ def test_a_step_time_growing_with_the_batch_is_compute() -> None:
             diagnose(blind[1], blind[:1], vllm).confidence) == ("compute", "likely")
 
 
+def test_a_queue_below_the_cap_with_room_in_the_cache_is_compute() -> None:
+    """The sim with 1,024-token prefill chunks at c=16 (benchmarks/diagnosis.py, chunk1024):
+    5 wait on average beside 11 running under a cap of 128 with the cache 11 % full: they wait
+    for their prefill."""
+    config = SIM_CONFIG.model_copy(update={"in_effect": {"max_running_requests": 128,
+                                                         "chunked_prefill_size": 1024}})
+    prefill = level(16, tput=822, ttft=180, tpot=11.6, prompts=80, in_tokens=2048,
+                    out_tokens=64, server=metrics(gauge(11.06, 16, 0.3), gauge(4.94, 15, 0.1),
+                                                  kv=gauge(0.08, 0.11, 0.2)))
+    b = diagnose(prefill, [], config)
+    assert (b.verdict, b.confidence) == ("compute", "clear")
+    assert b.evidence[0] == ("4.9 waiting while running 11.1 on average (max 16) below cap 128, "
+                             "KV 11%: the requests wait for the GPU's work (prefill), not for "
+                             "room")
+    assert "--chunked-prefill-size" in [a.flag for a in b.advice]
+
+
 def test_requests_in_flight_that_queue_are_not_compute_without_the_engines_figures() -> None:
     """The sim capped at 64, c=16 then c=256, seen by the client alone and without the
     configuration: in flight x16, TPOT x1.7, throughput x2.2: most of the 256 wait, which the

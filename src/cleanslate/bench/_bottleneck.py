@@ -719,10 +719,9 @@ def kv_capacity(seen: Seen) -> Match | None:
                       "(no KV usage figure)",), figures)
     figures["kv_usage_max"] = kv
     size, need = kv_tokens(seen.config), tokens_per_request(seen.level)
-    no_room = size is not None and need is not None and (1 - kv) * size < need
     if size is not None and need is not None:
         figures.update(kv_free_tokens=(1 - kv) * size, tokens_per_request=need)
-    if not (kv >= KV_FULL or no_room) or not (
+    if not _cache_full(seen, kv) or not (
             pre > 0 or held > 0 or (waiting >= QUEUE_MIN and below_cap)):
         return None
     why = [f"{held:.0f} waiting for room" if held > 0 else "",
@@ -736,24 +735,64 @@ def kv_capacity(seen: Seen) -> Match | None:
                  figures)
 
 
+def _cache_full(seen: Seen, kv: float) -> bool:
+    """KV usage at :data:`KV_FULL`, or a free part too small for one request of the level."""
+    size, need = kv_tokens(seen.config), tokens_per_request(seen.level)
+    return kv >= KV_FULL or (size is not None and need is not None and (1 - kv) * size < need)
+
+
+def _queued_for_compute(seen: Seen, running: GaugeStats, waiting: float,
+                        cap: tuple[float, str] | None) -> Match | None:
+    """Requests queue while the batch runs below its cap and the KV cache has room: nothing
+    holds them back but the GPU's work (their prefill). Clear with a KV usage figure; likely
+    without one (the cache could be what holds them)."""
+    m = _readable(seen.level)
+    kv = m.kv_usage.max if m is not None and m.kv_usage is not None else None
+    if kv is not None and _cache_full(seen, kv):
+        return None
+    if _pinned(running) >= PINNED_SHARE:
+        # a batch held at one count with room in the cache and under the cap is held by a
+        # limit this configuration does not show, not by the GPU's work (which varies it)
+        seen.lack("what holds the running count at its plateau")
+        return None
+    if kv is None:
+        seen.lack("KV-cache usage")
+    busy = _gpu_busy(seen.level)
+    lines = [f"{waiting:.1f} waiting while running {running.mean:.1f} on average (max "
+             f"{running.max:.0f})" + (f" below cap {cap[0]:.0f}" if cap is not None else "")
+             + (f", KV {kv:.0%}" if kv is not None else "")
+             + ": the requests wait for the GPU's work (prefill), not for room"]
+    if busy is not None:
+        lines.append(f"GPU utilisation {busy:.0f} %")
+    more, figures = _against_before(seen)
+    return Match("compute", "clear" if kv is not None else "likely", (*lines, *more),
+                 {"waiting_mean": waiting, "running_mean": running.mean,
+                  "running_max": running.max, **({"kv_usage_max": kv} if kv is not None
+                                                 else {}),
+                  **({"cap": cap[0]} if cap is not None else {}),
+                  **({"gpu_util_pct": busy} if busy is not None else {}), **figures})
+
+
 def compute(seen: Seen) -> Match | None:
     """The GPU's step is the limit: against the level before with a batch at least
     :data:`BATCH_GROWTH` smaller, the step time (median TPOT) grew by :data:`STEP_GROWTH` or
     more and the throughput's elasticity with the batch is below :data:`COMPUTE_ELASTICITY`
-    (and the step's growth explains the throughput's: :data:`QUEUED_GROWTH`),
-    while the batch ran below its cap with no queue beyond :data:`QUEUE_SHARE` of it. Clear
-    with the engine's metrics; likely from the client's figures (and GPU utilisation at or
-    above :data:`GPU_BUSY_PCT` where telemetry exists)."""
+    (and the step's growth explains the throughput's: :data:`QUEUED_GROWTH`), while the batch
+    ran below its cap with no queue beyond :data:`QUEUE_SHARE` of it; or, with the engine's
+    metrics, requests queue beyond that while the batch runs below its cap and the KV cache
+    has room (they wait for prefill). Clear with the engine's metrics; likely from the
+    client's figures (and GPU utilisation at or above :data:`GPU_BUSY_PCT` where telemetry
+    exists)."""
     lv = seen.level
     m = _readable(lv)
     cap = cap_in_effect(seen.config)
     if m is not None and m.running is not None:
         waiting = m.waiting.mean if m.waiting is not None else 0.0
-        if waiting > max(QUEUE_MIN, QUEUE_SHARE * m.running.mean):
-            return None
         if cap is not None and m.running.max >= cap[0] * AT_CAP and _pinned(m.running) >= \
                 PINNED_SHARE:
             return None
+        if waiting > max(QUEUE_MIN, QUEUE_SHARE * m.running.mean):
+            return _queued_for_compute(seen, m.running, waiting, cap)
     prev = _previous(seen, smaller_by=BATCH_GROWTH)
     if prev is None:
         seen.lack("a level before with a smaller batch")

@@ -129,9 +129,9 @@ ADVICE = advice_book({
     "compute": (
         AdviceEntry("--cuda-graph-max-bs", "check",
                     "a batch above it runs without CUDA graphs", "cuda_graph_max_bs"),
-        AdviceEntry("--chunked-prefill-size", "lower",
-                    "shorter prefill chunks stall the decoding batch less",
-                    "chunked_prefill_size")),
+        AdviceEntry("--chunked-prefill-size", "check",
+                    "larger chunks prefill the waiting requests faster, smaller ones stall "
+                    "the decoding batch less", "chunked_prefill_size")),
     "dp_imbalance": (
         AdviceEntry("--load-balance-method", "set",
                     "spread requests over the DP ranks by load (minimum_tokens), not in turn",

@@ -39,8 +39,9 @@ ADVICE = advice_book({
                     "more of the free GPU memory for the KV cache"),
         AdviceEntry("--max_batch_size", "lower", "fewer requests competing for room")),
     "compute": (
-        AdviceEntry("--max_num_tokens", "lower",
-                    "smaller prefill chunks stall the decoding batch less"),),
+        AdviceEntry("--max_num_tokens", "check",
+                    "a larger step budget prefills the waiting requests faster, a smaller one "
+                    "stalls the decoding batch less"),),
 })
 
 

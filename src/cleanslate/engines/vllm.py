@@ -59,9 +59,9 @@ ADVICE = advice_book({
                     "a cap near what the cache holds avoids preempting requests for room",
                     "max_num_seqs")),
     "compute": (
-        AdviceEntry("--max-num-batched-tokens", "lower",
-                    "smaller prefill chunks stall the decoding batch less",
-                    "max_num_batched_tokens"),),
+        AdviceEntry("--max-num-batched-tokens", "check",
+                    "a larger step budget prefills the waiting requests faster, a smaller one "
+                    "stalls the decoding batch less", "max_num_batched_tokens"),),
     "cache_inflated": (
         AdviceEntry("--no-enable-prefix-caching", "set",
                     "measure without the prefix cache", "enable_prefix_caching"),),
