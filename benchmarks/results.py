@@ -281,7 +281,8 @@ def render_diagnosis(data: dict[str, Any]) -> list[str]:
     acc = t.get("clear_accuracy")
     lines = [f"One run, seeds {', '.join(str(s) for s in data.get('seeds', []))} (each a new "
              f"sim server per configuration, `--noise-seed SEED`), {data.get('date', '?')}, "
-             f"{data.get('seconds')} s, load average {data.get('load_before', ['?'])[0]} before. "
+             f"{data.get('seconds')} s, load average {float(data.get('load_before', [0])[0]):.1f} "
+             "before. "
              "Rows: the truth (`cleanslate.sim.model.binding_constraint`); columns: the verdict, "
              "each cell `clear / likely or unknown` (`benchmarks/diagnosis.py`).", "",
              *data.get("matrix_md", []), "",
@@ -293,14 +294,24 @@ def render_diagnosis(data: dict[str, Any]) -> list[str]:
              f"({(t.get('unknown_share') or 0):.1%}); truth borderline {t.get('borderline')}."]
     wrong = [c for c in data.get("cells", []) if c.get("verdict") != "not run"
              and not c.get("correct")]
-    if wrong:
-        lines += ["", "Cells whose verdict is not the truth:", "",
-                  "| configuration | seed | c | truth | verdict | rule | evidence or missing |",
-                  "|---|---|---|---|---|---|---|"]
-        for c in wrong[:40]:
-            why = "; ".join((c.get("evidence") or [])[:1] or c.get("missing") or [])
-            lines.append(f"| {c['config']} | {c['seed']} | {c['concurrency']} | {c['truth']} "
-                         f"| {c['verdict']} ({c['confidence']}) | {c['rule']} | {why} |")
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for c in wrong:
+        groups.setdefault((c["config"], c["truth"], f"{c['verdict']} ({c['confidence']})"),
+                          []).append(c)
+    if groups:
+        lines += ["", "Cells whose verdict is not the truth, by configuration (what the engine's "
+                  "metrics showed: waiting / running, means over the steady window):", "",
+                  "| configuration | truth | verdict | c (seeds) | waiting / running | rule: "
+                  "evidence |", "|---|---|---|---|---|---|"]
+        for (config, truth, verdict), cells in groups.items():
+            where = ", ".join(f"{c['concurrency']} ({c['seed']})" for c in cells)
+            ratios = [c["observed"]["waiting_mean"] / c["observed"]["running_mean"]
+                      for c in cells if (c.get("observed") or {}).get("running_mean")]
+            spread = (f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-")
+            first = cells[0]
+            why = "; ".join((first.get("evidence") or [])[:1] or first.get("missing") or [])
+            lines.append(f"| {config} | {truth} | {verdict} | {where} | {spread} | "
+                         f"{first['rule']}: {why} |")
     return lines
 
 
