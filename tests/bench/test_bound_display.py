@@ -93,7 +93,9 @@ def test_the_table_says_what_bound_each_level_and_the_lines_say_why() -> None:
     row = next(line for line in text.splitlines() if line.startswith("│ c=4 "))
     assert row.rstrip(" │").endswith("running_cap"), row
     low, high = bound_lines(result.levels)
-    assert low.startswith("c=2 bound by offered_load: running 1.9 on average"), low
+    first = result.levels[0].bottleneck
+    assert first is not None and first.verdict == "offered_load"  # likely at a first level
+    assert low.startswith(f"c=2 bound by {bound_by(first)}: running 1.9 on average"), low
     assert high.startswith("c=4 bound by running_cap: running 64 of cap 64"), high
     assert "188 waiting" in high and "KV 31%" in high
     assert high.endswith("raise --max-running-requests above 64: requests queue behind the cap "
@@ -116,7 +118,8 @@ def test_the_live_view_shows_each_verdict_as_its_level_ends() -> None:
         view.on_level(level)
     console.print(view.render())
     shown = console.export_text()
-    assert "c=2 bound by offered_load" in shown and "c=4 bound by running_cap" in shown
+    assert "c=2 bound by offered_load" in shown  # clear or likely ('?')
+    assert "c=4 bound by running_cap:" in shown
 
 
 def test_the_probe_table_has_the_column_and_the_lines() -> None:
