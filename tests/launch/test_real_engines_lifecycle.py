@@ -350,7 +350,7 @@ def observed_bench(url: str, model: str, engine: str,
 def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     """``bench -c 1,8`` against vLLM launched with ``--max-num-seqs 2``: its own metrics show
     the cap (running never above 2) and the queue behind it at c=8, and the levels' verdicts
-    say so (issue 37: ``offered_load`` at c=1, ``running_cap`` at c=8, both clear); the KV
+    say so (issue 37: ``offered_load`` at c=1, ``running_cap`` (clear) at c=8); the KV
     usage is a fraction (``kv_cache_usage_perc`` is 0 to 1 despite its name: its max times the
     cache's usable blocks, ``num_gpu_blocks`` read from ``vllm:cache_config_info`` less vLLM's
     null block, is a whole number of blocks)."""
@@ -402,7 +402,8 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     # queue behind the cap of 2 (max_num_seqs read from the engine), and the advice names
     # --max-num-seqs with the value in effect.
     low, high = (level["bottleneck"] for level in doc["levels"])
-    assert (low["verdict"], low["confidence"]) == ("offered_load", "clear"), (low, one)
+    # (likely at the first level: nothing before it shows the throughput still growing)
+    assert low["verdict"] == "offered_load" and low["confidence"] != "unknown", (low, one)
     assert (high["verdict"], high["confidence"]) == ("running_cap", "clear"), (high, eight)
     # vLLM does not publish max_num_seqs on a bare URL: the cap is the plateau the running
     # count holds (2 here; 1 was seen on a loaded machine, with 5 waiting)
