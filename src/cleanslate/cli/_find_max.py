@@ -51,9 +51,10 @@ from cleanslate.errors import ExitCode, InputError
 from cleanslate.models import FrozenStrict
 
 if TYPE_CHECKING:
+    import aiohttp
     from rich.console import Console
 
-    from cleanslate.bench import SampleFiles
+    from cleanslate.bench import ConfigReader, SampleFiles, ServerConfig
 
 DIMENSIONS = ("concurrency", "rate")
 #: The least warm-up before the first probe when ``--warmup`` is not given.
@@ -394,10 +395,26 @@ def _now() -> str:
 
 
 # --- the run ----------------------------------------------------------------------------------
+def config_reader(config: BenchConfig) -> ConfigReader | None:
+    """``--engine``'s own reading of the configuration in effect (where that engine says it,
+    nothing asked: the bench did not launch it); ``None``: the flavour is found from what the
+    server answers."""
+    name = config.observe.engine
+    if name is None:
+        return None
+    from cleanslate.engines import get_engine
+
+    adapter = get_engine(name)
+
+    async def read(session: aiohttp.ClientSession, url: str) -> ServerConfig:
+        return await adapter.read_config(session, url)
+
+    return read
+
+
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
                   on_probe: object, samples: SampleFiles | None = None) -> CapacityResult:
     from cleanslate.bench import Harness, LiveView, discard_samples, find_max
-    from cleanslate.cli.bench import config_reader
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

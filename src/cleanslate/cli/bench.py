@@ -40,15 +40,12 @@ from cleanslate.errors import ExitCode, InputError
 from cleanslate.inputs import check_input_file
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
-    import aiohttp
 
     from cleanslate.bench import (
         SLO,
         BenchConfig,
         BenchResult,
-        ConfigReader,
         SampleFiles,
-        ServerConfig,
         WorkloadSpec,
     )
 
@@ -562,6 +559,7 @@ def _samples_written(samples: SampleFiles) -> None:
 async def _run(config: BenchConfig, show_live: bool,
                samples: SampleFiles | None = None) -> BenchResult:
     from cleanslate.bench import Harness, LiveView, discard_samples, run_benchmark
+    from cleanslate.cli._find_max import config_reader
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -577,23 +575,6 @@ async def _run(config: BenchConfig, show_live: bool,
                                                    on_samples=samples or discard_samples,
                                                    on_level=view.on_level,
                                                    read_config=config_reader(config)))
-
-
-def config_reader(config: BenchConfig) -> ConfigReader | None:
-    """``--engine``'s own reading of the configuration in effect (where that engine says it,
-    nothing asked: the bench did not launch it); ``None``: the flavour is found from what the
-    server answers."""
-    name = config.observe.engine
-    if name is None:
-        return None
-    from cleanslate.engines import get_engine
-
-    adapter = get_engine(name)
-
-    async def read(session: aiohttp.ClientSession, url: str) -> ServerConfig:
-        return await adapter.read_config(session, url)
-
-    return read
 
 
 def build_config(opts: BenchOptions) -> BenchConfig:
