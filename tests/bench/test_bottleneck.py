@@ -354,6 +354,11 @@ def test_nothing_to_read_is_unknown_and_says_what_was_missing() -> None:
     # an engine without an endpoint ("no engine metrics") reads as no metrics
     noted = C16.model_copy(update={"server_metrics": ServerMetrics(note="no engine metrics")})
     assert diagnose(noted).verdict == "unknown"
+    # the general advice names SGLang's and llama.cpp's switches; an engine without an
+    # endpoint says what it can give instead
+    assert "SGLang" in b.advice[0].text
+    own = diagnose(noted, engine="transformers").advice[0].text
+    assert "no metrics endpoint" in own and "SGLang" not in own
 
 
 def test_the_rules_run_in_the_documented_order() -> None:

@@ -964,9 +964,14 @@ def diagnose(level: LevelResult, before: Sequence[LevelResult] = (),
             figures = {"running_mean": running.mean, "running_max": running.max,
                        **({"waiting_mean": waiting} if waiting is not None else {}),
                        **({"kv_usage_max": kv} if kv is not None else {})}
+        # the engine's own word on what is missing (an engine without a metrics endpoint
+        # says so) before the general advice, which names other engines' switches
+        book = _book(engine, config, level)
+        own = book.get("unknown", ()) if book is not None else ()
         return Bottleneck(verdict="unknown", confidence="unknown", evidence=tuple(lines),
                           figures=_figures(figures), missing=tuple(seen.missing),
-                          advice=tuple(e.render(config) for e in GENERAL_ADVICE["unknown"]),
+                          advice=tuple(e.render(config)
+                                       for e in own or GENERAL_ADVICE["unknown"]),
                           rule="unknown")
     name, first = matches[0]
     also: list[BottleneckKind] = []

@@ -29,6 +29,12 @@ ADVICE = advice_book({
     "compute": (
         AdviceEntry("--cb-use-cuda-graph", "enable", "CUDA graphs shorten each decode step"),
         AdviceEntry("--attn-implementation", "check", "a faster attention kernel")),
+    "unknown": (
+        AdviceEntry("--concurrency", "set",
+                    "transformers serve has no metrics endpoint, so a verdict reads the "
+                    "client's figures and GPU telemetry alone and is at best likely: measure "
+                    "several levels (-c 1,4,16,64) on the GPU's own host (--gpus) so the rules "
+                    "can compare them"),),
 })
 
 
