@@ -16,16 +16,14 @@ import pytest
 from tests._kit import OMIT, study_yaml
 from tests.conftest import run_cli
 
-#: The sim's fast, steady settings (no drift, no cold start, a fixed noise seed), with CUDA
-#: graphs up to the lifted cap (a batch above ``cuda-graph-max-bs``, 160 by default, runs
-#: without them: the lifted trial then ran 59 % slower than the capped one).
-STEADY = {"tp-size": 1, "time-scale": 0.25, "cuda-graph-max-bs": 256, "drift": 0,
-          "cold-start": 1, "cold-start-decode": 1, "noise-seed": 1}
+#: The sim's fast, steady settings (no drift, no cold start, a fixed noise seed).
+STEADY = {"tp-size": 1, "time-scale": 0.25, "drift": 0, "cold-start": 1,
+          "cold-start-decode": 1, "noise-seed": 1}
 
 CAPPED = dict(name="capped", fixed=STEADY, baseline={"max-running-requests": 64},
               space={"max-running-requests": [64, 256]}, strategy="ablation",
               workload={"kind": "random", "input_len": 32, "output_len": 8},
-              concurrency=[16, 256], requests_per_level=320, observe={"interval_s": 0.05},
+              concurrency=[16, 128], requests_per_level=320, observe={"interval_s": 0.05},
               slo=OMIT)
 
 
@@ -49,17 +47,17 @@ def test_the_summary_says_the_cap_bound_the_baseline_and_which_trial_lifted_it(
     assert done.returncode == 0, done.stdout + done.stderr
     trials = _trials(db)
     base, lifted = trials[64], trials[256]
-    assert base["best_level"] == "c=256" and base["best_bottleneck"]["verdict"] == "running_cap"
+    assert base["best_level"] == "c=128" and base["best_bottleneck"]["verdict"] == "running_cap"
     assert base["best_bottleneck"]["confidence"] == "clear"
     assert lifted["best_bottleneck"]["verdict"] != "running_cap", lifted["best_bottleneck"]
     assert base["limit_level"] is None and base["limit_bottleneck"] is None  # nothing missed
     out = done.stdout
     # every trial's verdict in the table, the trial's line as it finished, and the summary
-    assert out.count("running_cap at c=256") >= 2, out
+    assert out.count("running_cap at c=128") >= 2, out
     moved = next(line for line in out.splitlines()
                  if line.strip().startswith("max-running-requests 64 -> 256: running_cap -> "))
     assert f"(trial {lifted['number']})" in moved and "(not moved)" not in moved, moved
-    assert "baseline bound by running_cap at c=256: running 64 of cap 64" in out, out
+    assert "baseline bound by running_cap at c=128: running 64 of cap 64" in out, out
     assert "raise --max-running-requests above 64" in out
     figure(moved.strip())
     figure(f"values: cap 64 {base['value']:,.0f}, cap 256 {lifted['value']:,.0f} tok/s")
@@ -75,12 +73,12 @@ def test_the_summary_says_the_cap_bound_the_baseline_and_which_trial_lifted_it(
     assert ablation["moved"] == moved.strip().removesuffix(f" (trial {lifted['number']})")
     levels = {lv["label"]: lv for t in doc["studies"][0]["trials"] for lv in t["levels"]
               if t["params"]["max-running-requests"] == 64}
-    assert levels["c=256"]["bottleneck"]["verdict"] == "running_cap"
+    assert levels["c=128"]["bottleneck"]["verdict"] == "running_cap"
     rows = list(csv.DictReader(io.StringIO(run_cli(
         "report", "capped", "--store", store, "--format", "csv", env=env).stdout)))
     by_cap = {row["param.max-running-requests"]: row for row in rows}
     assert by_cap["64"]["best_bottleneck"] == "running_cap"
-    assert by_cap["64"]["bound_by"] == "running_cap at c=256"
+    assert by_cap["64"]["bound_by"] == "running_cap at c=128"
     page = tmp_path / "report.html"
     assert run_cli("report", "capped", "--store", store, "--html", str(page),
                    env=env).returncode == 0
