@@ -33,7 +33,7 @@ def _trials(db: Path) -> dict[int, dict[str, Any]]:
     return {t["params"]["max-running-requests"]: t for t in rows}
 
 
-@pytest.mark.slow  # two verified sim trials: about 15 s on 2 cores
+@pytest.mark.slow  # two verified sim trials: about 20 s on 2 cores
 def test_the_summary_says_the_cap_bound_the_baseline_and_which_trial_lifted_it(
         tmp_path: Path, figure: Any) -> None:
     study = tmp_path / "capped.yaml"
