@@ -197,7 +197,7 @@ GRID: tuple[Config, ...] = (
 #: The CI subset (``tests/bench/test_diagnosis_sim.py``): one cell per verdict the engine's
 #: metrics make clear, and the throttle.
 QUICK: tuple[Config, ...] = (
-    Config("cap64", {"max-running-requests": 64}, **SHORT, levels=(8, 256)),
+    Config("cap64", {"max-running-requests": 64}, **SHORT, levels=(2, 8, 256)),
     Config("mem-tiny", {"mem-fraction-static": 0.57, "max-running-requests": 256}, 512, 16,
            levels=(32,)),
     Config("graph-crash", {"max-running-requests": 256, "cuda-graph-max-bs": 32}, **SHORT,
