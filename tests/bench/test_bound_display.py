@@ -7,7 +7,10 @@ level ends; ``--find-max``'s probe table has the same column; the CLI against th
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,3 +177,16 @@ def test_bench_says_the_cap_bound_the_sim_at_256(cli: Any, sim64: SimServer,
     assert said.startswith("c=256 bound by running_cap: running 64 of cap 64"), said
     assert "raise --max-running-requests above 64" in said
     figure(said)
+
+
+def test_report_bench_shows_the_column_and_the_lines(tmp_path: Path) -> None:
+    from cleanslate.report import bench_csv, load_bench_report, render_bench_html
+
+    path = tmp_path / "out.json"
+    path.write_text(capped(measured()).model_dump_json())
+    report = load_bench_report(path)
+    page = render_bench_html(report, plots=[], generated_at=0.0)
+    assert "<th>bound by</th>" in page and "c=4 bound by running_cap: running 64 of cap 64" in page
+    rows = list(csv.DictReader(io.StringIO(bench_csv(report))))
+    assert rows[1]["bound_by"] == "running_cap" and rows[1]["bound_confidence"] == "clear"
+    assert rows[1]["bound_evidence"].startswith("running 64 of cap 64")
