@@ -27,6 +27,7 @@ from tests.report._browser import (
     assert_real_plot,
     assert_screenshot,
     console_messages,
+    png_pixels,
     run_chromium,
 )
 from tests.report.conftest import StudyStore
@@ -79,9 +80,16 @@ def test_png_files(live_store: StudyStore, cli: Any, tmp_path: Path) -> None:
                timeout=120)
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["ablation.png", "pareto.png", "throughput.png"]
+    assert [n for n in names if not n.startswith("level-")] == [
+        "ablation.png", "pareto.png", "throughput.png"]
+    # the best trial's measured levels, one panel each (issue 36): which trial is best varies
+    levels = [n for n in names if n.startswith("level-")]
+    assert levels and all(re.fullmatch(r"level-\d+-c_\d+\.png", n) for n in levels)
     for path in folder.iterdir():
-        assert_real_plot(path.read_bytes())
+        if path.name.startswith("level-"):  # a panel of its own size, drawn, not blank
+            assert png_pixels(path.read_bytes()).std() > 0
+        else:
+            assert_real_plot(path.read_bytes())
 
 
 def test_compare_two_real_studies(live_store: StudyStore, cli: Any, tmp_path: Path) -> None:
@@ -97,8 +105,12 @@ def test_compare_two_real_studies(live_store: StudyStore, cli: Any, tmp_path: Pa
         for trial in Store(live_store.url).trials(name):
             assert f'id="trial-{name}-{trial.number}"' in text
     # The grid study has no ablation plot; the overlay plots hold both.
-    assert sorted(p.name for p in (tmp_path / "png").iterdir()) == [
+    names = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert [n for n in names if not n.startswith("level-")] == [
         "ablation-report-tiny.png", "pareto.png", "throughput.png"]
+    # each study's best trial's level panels, named by the study (issue 36)
+    for name in ("report-tiny", "report-tiny-b"):
+        assert any(re.fullmatch(rf"level-{name}-\d+-c_\d+\.png", n) for n in names), names
 
 
 def _get(url: str) -> Any:
