@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cleanslate.sim.engine import MAX_SM_CLOCK_MHZ, Engine
+from cleanslate.sim.engine import Engine
 from cleanslate.sim.ledger import proc_start_ticks, read_ledger
+from cleanslate.sim.model import MAX_SM_CLOCK_MHZ
 
 #: Seconds between two telemetry files (NVML's utilisation window is 1/6 s to 1 s).
 PERIOD_S = 0.1
