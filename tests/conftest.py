@@ -12,11 +12,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests._kit import sticky_folder, victim_file
+
+if TYPE_CHECKING:
+    from tests.sim.conftest import SimServers
 
 #: Set by ``tests._isolation`` (``-p tests._isolation`` in pyproject's addopts).
 STATE_ENV = "CLEANSLATE_TEST_ISOLATED"
@@ -246,3 +249,17 @@ def shared() -> Iterator[Path]:
 def victim(tmp_path: Path) -> Path:
     """A root-owned file that a planted link points at (:func:`tests._kit.victim_file`)."""
     return victim_file(tmp_path)
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[SimServers]:
+    """Sim servers a test starts (:class:`tests.sim.conftest.SimServers`), each ended by its
+    PID when the test ends; shared by the tests of every folder."""
+    from tests.sim.conftest import SimServers
+
+    servers = SimServers(tmp_path)
+    try:
+        yield servers
+    finally:
+        servers.end_all()
+

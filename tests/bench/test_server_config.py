@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,6 @@ VLLM_METRICS = FIXTURES / "engine-metrics" / "vllm-0.32-idle.txt"
 PROPS_NP2 = FIXTURES / "engine-config" / "llamacpp-11434-props-np2-c4096.json"
 PROPS_AUTO = FIXTURES / "engine-config" / "llamacpp-11434-props-auto.json"
 
-
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimServers]:
-    servers = SimServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        servers.end_all()
 
 
 def kinds(config: ServerConfig) -> dict[str, str]:

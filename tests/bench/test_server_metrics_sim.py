@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -25,15 +23,6 @@ from cleanslate.bench import (
 from cleanslate.engines import engine_class, metric_maps
 from tests.sim._client import MODEL
 from tests.sim.conftest import SimServers
-
-
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimServers]:
-    servers = SimServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        servers.end_all()
 
 
 async def observed_level(url: str, bare: bool) -> tuple[LevelResult, MetricsObservation,

@@ -110,14 +110,6 @@ def slowing() -> Iterator[SlowingServer]:
         server.close()
 
 
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimServers]:
-    servers = SimServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        servers.end_all()
-
 
 SMALL = ["--workload", "random:input_len=8,output_len=4", "--no-live"]
 

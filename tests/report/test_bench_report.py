@@ -8,7 +8,6 @@ import asyncio
 import csv
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -119,14 +118,6 @@ def test_the_throughput_line_is_a_trailing_rate_across_counter_steps() -> None:
     assert all(r >= 0 for _, r in trailing_rate([(0, 50.0), (1, 80.0), (2, 5.0), (3, 25.0)],
                                                 1.5))
 
-
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimServers]:
-    servers = SimServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        servers.end_all()
 
 
 @pytest.mark.slow  # the sim, two short levels and `cleanslate report` twice: 4-10 s

@@ -17,12 +17,10 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from cleanslate.hosts.local import LocalExecutor
 from cleanslate.probe.gpu.sim import SimGpuBackend
@@ -151,11 +149,3 @@ class SimServers:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
 
-
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimServers]:
-    servers = SimServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        servers.end_all()
