@@ -135,7 +135,7 @@ _BOOKS: dict[str, AdviceBook] = {}
 GENERAL_ADVICE: AdviceBook = MappingProxyType({
     "offered_load": (AdviceEntry("--concurrency", "raise",
                                  "the server runs everything it is sent; send more (or a "
-                                 "higher --request-rate) to find its limit"),),
+                                 "higher --rate) to find its limit"),),
     "client": (AdviceEntry("--concurrency", "check",
                            "the client did not hold the load asked: split it over several "
                            "clients (processes or hosts) or lower the load per client"),),
