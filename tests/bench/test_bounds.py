@@ -82,7 +82,9 @@ def test_the_summary_table_is_not_cut_in_a_pipe(cli: Any, procs: Any) -> None:
     assert "a-model-name-[/x]-long" in res.stdout  # external text printed as text, not markup
     header = next(line for line in res.stdout.splitlines() if "TTFT ms p50/p99" in line)
     assert "TPOT ms p50/p99" in header and "goodput/s" in header
-    rows = [line for line in res.stdout.splitlines() if line.lstrip("│ ").startswith("c=")]
+    # the table's rows (the verdict lines under it start with the label too, not with a border)
+    rows = [line for line in res.stdout.splitlines()
+            if line.startswith("│") and line.lstrip("│ ").startswith("c=")]
     assert len(rows) == 2
     for row in rows:  # every figure on one line, e.g. 1.2/3.4
         assert row.count("/") >= 2, row

@@ -71,7 +71,12 @@ def test_bench_json_to_a_normal_path_is_written_with_mode_0600(
     assert res.code == 0, res.err
     assert json.loads(out.read_text())["levels"][0]["completed"] == 2
     assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.stat().st_uid == 0
-    assert [p.name for p in shared.iterdir()] == ["bench.json"]  # no temporary file left
+    # no temporary file left; the observers' raw samples beside it, each file 0600 too
+    assert sorted(p.name for p in shared.iterdir()) == ["bench.json", "bench.json.observed"]
+    observed = shared / "bench.json.observed"
+    assert not observed.is_symlink() and observed.is_dir()
+    files = list(observed.iterdir())
+    assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
 
 
 def test_a_link_planted_during_the_benchmark_is_refused_and_the_result_kept(
