@@ -229,12 +229,15 @@ class Effect:
     @property
     def effect_text(self) -> str:
         """``+4.2 % [+1.0, +7.5]``, or with ``no significant effect`` / ``one run each: no
-        interval`` when it is not a significant difference."""
+        interval`` when it is not a significant difference, ``not compared: no interval`` when
+        the two were not compared."""
         d = self.difference
         if self.change_pct is None:
             return f"infeasible: {self.cause}" if self.cause else "no baseline value"
         if d is None or d.diff is None:
-            return f"{self.change_pct:+.1f} %"
+            # no comparison of measurements (a side without its samples): a bare change
+            # would read as a result
+            return f"{self.change_pct:+.1f} % (not compared: no interval)"
         head = f"{d.diff * 100:+.1f} %"
         if d.low is not None and d.high is not None:
             head += f" [{d.low * 100:+.1f}, {d.high * 100:+.1f}]"
