@@ -252,3 +252,34 @@ def test_a_program_that_never_imported_the_engines_is_told_why_it_has_no_metrics
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out.startswith("4 ") and "import cleanslate.engines" in out
+
+
+class Broken:
+    """An observer that breaks its promise not to raise, at ``start`` or at ``stop``."""
+
+    key = "gpu"
+
+    def __init__(self, at: str) -> None:
+        self.at = at
+
+    async def start(self) -> None:
+        if self.at == "start":
+            raise RuntimeError("boom at start")
+
+    async def stop(self, end: LevelEnd) -> Observed:
+        raise OSError("boom at stop")
+
+
+@pytest.mark.parametrize("at", ["start", "stop"])
+def test_an_observer_that_raises_costs_its_observation_never_the_level(at: str) -> None:
+    log: list[dict[str, Any]] = []
+
+    async def go() -> LevelResult:
+        async with fake_server() as (url, _):
+            return await run_level(config(url), ClosedLoop(concurrency=2),
+                                   Harness(observers=(lambda ctx: Broken(at), recording(log))))
+
+    level = asyncio.run(go())
+    assert level.completed == 8 and level.failed == 0
+    assert level.gpu is None and level.server_metrics is not None  # the other one kept
+    assert any(f"failed at its {at}" in w and "boom" in w for w in level.warnings), level.warnings

@@ -81,22 +81,44 @@ def observers_for(options: ObserveOptions | None, *,
     return (*made, *extra)
 
 
-async def start_all(harness: Harness, ctx: LevelContext) -> list[LevelObserver]:
+async def start_all(harness: Harness, ctx: LevelContext,
+                    failures: list[str] | None = None) -> list[LevelObserver]:
     """Make and start the observers of one measurement: those ``ctx.config.observe`` asks
-    for, then the harness's own."""
+    for, then the harness's own. An observer promises not to raise; one that does anyway (a
+    bug) is left out and said in ``failures``: it costs its observation, never the level."""
     started: list[LevelObserver] = []
     for factory in observers_for(ctx.config.observe, extra=harness.observers):
-        observer = factory(ctx)
-        if observer is None:
+        try:
+            observer = factory(ctx)
+            if observer is None:
+                continue
+            await observer.start()
+        except Exception as exc:  # an observer's bug, reported below
+            if failures is not None:
+                failures.append(_failed("start", exc))
             continue
-        await observer.start()
         started.append(observer)
     return started
 
 
-async def stop_all(observers: Sequence[LevelObserver], end: LevelEnd) -> list[Observed]:
-    """Stop every observer of a measurement, in parallel (each takes a final sample)."""
-    return list(await asyncio.gather(*(o.stop(end) for o in observers)))
+async def stop_all(observers: Sequence[LevelObserver], end: LevelEnd,
+                   failures: list[str] | None = None) -> list[Observed]:
+    """Stop every observer of a measurement, in parallel (each takes a final sample). One
+    that raises is left out and said in ``failures``, as in :func:`start_all`."""
+    results = await asyncio.gather(*(o.stop(end) for o in observers), return_exceptions=True)
+    seen: list[Observed] = []
+    for observer, result in zip(observers, results, strict=True):
+        if isinstance(result, Observed):
+            seen.append(result)
+        elif isinstance(result, asyncio.CancelledError):
+            raise result
+        elif failures is not None:
+            failures.append(_failed(f"stop ({observer.key})", result))
+    return seen
+
+
+def _failed(step: str, exc: BaseException) -> str:
+    return f"an observer failed at its {step}: {type(exc).__name__}: {str(exc)[:200]}"
 
 
 __all__ = ["metrics_observer", "observers_for", "start_all", "stop_all"]

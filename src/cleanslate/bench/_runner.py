@@ -637,7 +637,9 @@ async def _measure(
     if harness.on_progress is not None:
         harness.on_progress(progress)
     # the observers' baselines are taken before the level sends its first request
-    observers = await start_all(harness, LevelContext(progress.label, load, config, session))
+    failures: list[str] = []
+    observers = await start_all(harness, LevelContext(progress.label, load, config, session),
+                                failures)
     progress.watching = tuple(observers)
     level: _Level | None = None
     try:
@@ -652,7 +654,7 @@ async def _measure(
         with contextlib.suppress(Exception):
             await stop_all(observers, level_end(load, level.records if level else []))
         raise
-    observed = await stop_all(observers, level_end(load, level.records))
+    observed = await stop_all(observers, level_end(load, level.records), failures)
     progress.finished = True
     latency = m.samples_ms(level.records)
     expected = (expected_cached([prompts[i] for i in level.sent_order])
@@ -670,6 +672,8 @@ async def _measure(
         for seen in observed:
             harness.keep(progress.label, seen)
         result = result.model_copy(update={seen.key: seen.summary for seen in observed})
+    if failures:
+        result = result.model_copy(update={"warnings": (*result.warnings, *failures)})
     return result, latency
 
 
