@@ -1,6 +1,7 @@
-"""``cleanslate doctor`` as a user runs it: on this CPU machine (no NVIDIA driver: exit 0 with
-the environment section), over SSH against the test sshd (the same report as local), an
-unreachable host (exit 3) and mistakes on the command line (exit 2, no traceback)."""
+"""``cleanslate doctor`` as a user runs it: on this CPU machine (no NVIDIA driver: a problem,
+exit 1, with the environment section; exit 0 with ``--gpu-backend none``), over SSH against
+the test sshd (the same report as local), an unreachable host (exit 3) and mistakes on the
+command line (exit 2, no traceback)."""
 
 from __future__ import annotations
 
@@ -28,27 +29,39 @@ def doc_of(stdout: str) -> dict[str, Any]:
     return doc
 
 
-def test_this_machine_without_a_driver_exits_0_with_the_environment() -> None:
+def test_this_machine_without_a_driver_is_a_problem_with_the_environment() -> None:
+    """Before: "NO PROBLEM FOUND", exit 0, on a host where nothing can be served on GPUs."""
     code, out, err, _ = doctor("--json")
-    assert code == 0, err
+    assert code == 1, err
     doc = doc_of(out)
     (host,) = doc["hosts"]
-    assert host["host"] == "local" and host["error"] is None and host["exit_code"] == 0
+    assert host["host"] == "local" and host["error"] is None and host["exit_code"] == 1
     assert host["driver"]["present"] is False
     assert host["devices"] == [] and host["pairs"] == []
     env = host["environment"]
     assert env["kernel"] and env["shm_bytes"] > 0 and env["memlock"]
-    assert "no_driver" in [f["code"] for f in host["findings"]]
-    assert doc["exit_code"] == 0
+    (no_driver,) = [f for f in host["findings"] if f["code"] == "no_driver"]
+    assert no_driver["severity"] == "error" and host["findings"][0] == no_driver
+    assert doc["exit_code"] == 1
 
 
 def test_the_human_report_and_bandwidth_skipped() -> None:
     code, out, err, _ = doctor("--bandwidth")
-    assert code == 0, err
-    assert "no NVIDIA driver" in out and "environment:" in out
+    assert code == 1, err
+    assert "error: no NVIDIA driver or GPU found" in out and "environment:" in out
+    assert "means: nothing can be served on NVIDIA GPUs here" in out
     assert "bandwidth: skipped: no NVIDIA GPU on local" in out
+    assert out.strip().splitlines()[-1] == "PROBLEMS FOUND"
+    assert "NO PROBLEM FOUND" not in out and "Traceback" not in err
+
+
+def test_a_host_meant_to_serve_without_gpus() -> None:
+    code, out, err, _ = doctor("--gpu-backend", "none")
+    assert code == 0, err
+    assert "info: no NVIDIA driver or GPU found (none expected: --gpu-backend none)" in out
     assert out.strip().splitlines()[-1] == "NO PROBLEM FOUND"
-    assert "Traceback" not in err
+    code, _, err, _ = doctor("--gpu-backend", "bogus")
+    assert code == 2 and "--gpu-backend" in err and "Traceback" not in err
 
 
 def test_mistakes_are_input_errors() -> None:
@@ -71,7 +84,7 @@ def test_over_ssh_the_same_report_as_local(sshd: Sshd) -> None:
     env = sshd.client_env()
     code_l, out_l, err_l, local_s = doctor("--json", env=env)
     code_r, out_r, err_r, remote_s = doctor("--json", "--host", "plain", env=env)
-    assert code_l == code_r == 0, (err_l, err_r)
+    assert code_l == code_r == 1, (err_l, err_r)  # no driver on either
     local, remote = doc_of(out_l)["hosts"][0], doc_of(out_r)["hosts"][0]
     assert remote["host"] != "local" and remote["error"] is None
     for key in ("driver", "devices", "pairs"):

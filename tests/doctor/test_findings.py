@@ -210,9 +210,15 @@ def test_a_machine_without_a_driver() -> None:
     assert report.driver.nvidia_smi == "missing"
     assert report.devices == () and report.environment is not None
     f = finding(report, "no_driver")
-    assert f.severity == DoctorSeverity.INFO
+    # Examined and found unfit to serve on GPUs: a problem (exit 1), never "no problem found".
+    assert f.severity == DoctorSeverity.ERROR and report.exit_code == 1
+    assert f.message == "no NVIDIA driver or GPU found"
+    assert "nothing can be served on NVIDIA GPUs here" in f.consequence
+    assert "--gpu-backend none" in f.consequence
     assert "NVML: NVML did not start: NVML Shared Library Not Found" in f.evidence
-    assert report.exit_code == 0
+    # A host meant to serve without GPUs (doctor --gpu-backend none; the snapshot of a run):
+    cpu = analyze(raw, host="cpu", gpus_expected=False)
+    assert finding(cpu, "no_driver").severity == DoctorSeverity.INFO and cpu.exit_code == 0
 
 
 def test_gpus_in_scope() -> None:

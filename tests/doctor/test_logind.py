@@ -249,7 +249,7 @@ def _doctor(root: Path, *, uid: int | None) -> HostDoctor:
                           input=script_source("doctor._doctor_script"), capture_output=True,
                           timeout=30, cwd="/", user=uid)
     assert done.returncode == 0, done.stderr.decode()
-    return analyze(json.loads(done.stdout), host="fixture")
+    return analyze(json.loads(done.stdout), host="fixture", gpus_expected=False)  # a CPU host
 
 
 def _as_user() -> int | None:

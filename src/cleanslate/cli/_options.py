@@ -14,7 +14,7 @@ from typer.models import OptionInfo
 from cleanslate.errors import InputError
 
 
-def _known_backend(value: str) -> str:
+def known_backend(value: str) -> str:
     """``--gpu-backend``: ``auto`` or a registered backend, checked before anything runs (an
     unknown name is an input error, exit 2, not a failed verification after a teardown)."""
     if value != "auto":
@@ -67,7 +67,7 @@ def store_option(help: str = STORE_HELP) -> OptionInfo:
 
 
 GpuBackendOption = Annotated[str, typer.Option(
-    "--gpu-backend", callback=_known_backend,
+    "--gpu-backend", callback=known_backend,
     help="How GPUs are read: auto (the first that works), nvml, nvidia-smi, sim or none.")]
 StoreOption = Annotated[str | None, store_option()]
 JsonOption = Annotated[bool, typer.Option(
@@ -85,5 +85,5 @@ SettleOption = Annotated[float, typer.Option(
     "meanwhile is DIRTY); at most --deadline.")]
 
 __all__ = ["STORE_HELP", "DeadlineOption", "GpuBackendOption", "GraceOption", "JsonOption",
-           "SettleOption", "StoreOption", "check_settle", "named_host",
+           "SettleOption", "StoreOption", "check_settle", "known_backend", "named_host",
            "store_option"]

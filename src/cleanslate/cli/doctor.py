@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cleanslate.cli._common import console, parse_gpus
-from cleanslate.cli._options import JsonOption, named_host
+from cleanslate.cli._options import JsonOption, known_backend, named_host
 from cleanslate.errors import InputError
 from cleanslate.hosts import executor_for
 
@@ -35,6 +35,11 @@ def doctor(
     accept_new_host_key: Annotated[bool, typer.Option(
         "--accept-new-host-key", help="Trust and record unknown SSH host keys (changed keys are "
         "always refused).")] = False,
+    gpu_backend: Annotated[str, typer.Option(
+        "--gpu-backend", callback=known_backend,
+        help="none (or sim): the host serves without NVIDIA GPUs, so no driver is not a "
+        "problem; auto (the default) or another backend: no NVIDIA driver is a problem "
+        "(exit 1).")] = "auto",
     json_out: JsonOption = False,
 ) -> None:
     """Examine GPU host(s): driver, devices, topology and P2P, environment, and what each
@@ -49,7 +54,8 @@ def doctor(
     from cleanslate.doctor.run import doctor_hosts
 
     report = asyncio.run(doctor_hosts(executors, gpus=gpu_list, bandwidth=bandwidth,
-                                      timeout=timeout))
+                                      timeout=timeout,
+                                      gpus_expected=gpu_backend not in ("none", "sim")))
     if json_out:
         typer.echo(report.model_dump_json())
     else:

@@ -432,13 +432,14 @@ def environment(env: Mapping[str, Any]) -> Environment:
 
 
 def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,
-            gpus: list[int] | None = None) -> HostDoctor:
+            gpus: list[int] | None = None, gpus_expected: bool = True) -> HostDoctor:
     """The report of one host from the host script's output ``raw``; ``gpus``: the indices in
-    scope (``None``: all). Never raises on a malformed ``raw``: what is missing is unknown, and
-    an ``nvidia-smi -q`` that exited 0 with text that does not parse as its log
-    (:class:`~cleanslate.doctor.parse.SmiParseError`: nothing, garbage, a field twice, a GPU
-    more than it says) is a report with ``error`` (exit 3), since a field read from it may be
-    a line that a process name printed."""
+    scope (``None``: all); ``gpus_expected``: whether no NVIDIA driver is a problem (see
+    :func:`~cleanslate.doctor.findings.judge`). Never raises on a malformed ``raw``: what is
+    missing is unknown, and an ``nvidia-smi -q`` that exited 0 with text that does not parse
+    as its log (:class:`~cleanslate.doctor.parse.SmiParseError`: nothing, garbage, a field
+    twice, a GPU more than it says) is a report with ``error`` (exit 3), since a field read
+    from it may be a line that a process name printed."""
     commands = raw.get("commands") if isinstance(raw.get("commands"), Mapping) else {}
     assert isinstance(commands, Mapping)
     nvml = raw.get("nvml") if isinstance(raw.get("nvml"), Mapping) else {"missing": "not read"}
@@ -486,7 +487,7 @@ def analyze(raw: Mapping[str, Any], *, host: str, elapsed_s: float = 0.0,
     driver = _driver(raw, nvml, _command_state(commands), smi.driver if smi else None,
                      smi.cuda if smi else None, count)
     env = environment(env_raw)
-    findings = judge(driver, devices, pairs, env, gpus_total=count)
+    findings = judge(driver, devices, pairs, env, gpus_total=count, gpus_expected=gpus_expected)
     missing = [g for g in in_scope if g >= count]
     if missing and driver.present:
         findings.insert(0, DoctorFinding(

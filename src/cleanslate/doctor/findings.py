@@ -289,15 +289,31 @@ def _logind_findings(ipc: LogindIpc | None) -> list[DoctorFinding]:
 
 
 def judge(driver: Driver, devices: list[Device], pairs: list[Pair], env: Environment, *,
-          gpus_total: int) -> list[DoctorFinding]:
-    """Every finding for one host, errors first."""
+          gpus_total: int, gpus_expected: bool = True) -> list[DoctorFinding]:
+    """Every finding for one host, errors first. ``gpus_expected``: the host is meant to serve
+    on NVIDIA GPUs, so no driver is an error (a host examined and found unfit, exit 1); without
+    it (``doctor --gpu-backend none``, a snapshot beside a CPU engine) it is information."""
     out: list[DoctorFinding] = []
     if not driver.present:
-        out.append(DoctorFinding(
-            code="no_driver", severity=DoctorSeverity.INFO,
-            message="no NVIDIA driver: no GPU to examine",
-            consequence="nothing GPU-related to check here; the environment is still reported",
-            evidence=(f"nvidia-smi: {driver.nvidia_smi}", f"NVML: {driver.nvml}")))
+        evidence = (f"nvidia-smi: {driver.nvidia_smi}", f"NVML: {driver.nvml}",
+                    "/proc/driver/nvidia/version: not read")
+        if gpus_expected:
+            out.append(DoctorFinding(
+                code="no_driver", severity=DoctorSeverity.ERROR,
+                message="no NVIDIA driver or GPU found",
+                consequence="nothing can be served on NVIDIA GPUs here: an engine asked for "
+                "GPUs fails to start (CUDA finds no device), and GPU memory, clocks and links "
+                "cannot be checked. Install the driver or use a GPU host; if this host is "
+                "meant to serve on CPU (the sim, transformers on CPU), run doctor with "
+                "--gpu-backend none",
+                evidence=evidence))
+        else:
+            out.append(DoctorFinding(
+                code="no_driver", severity=DoctorSeverity.INFO,
+                message="no NVIDIA driver or GPU found (none expected: --gpu-backend none)",
+                consequence="nothing GPU-related to check here; the environment is still "
+                "reported",
+                evidence=evidence))
     else:
         if driver.nvidia_smi == "missing":
             out.append(DoctorFinding(

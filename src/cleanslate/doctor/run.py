@@ -165,9 +165,10 @@ def bandwidth_findings(bandwidth: Bandwidth) -> list[DoctorFinding]:
 
 
 async def doctor_host(executor: Executor, *, gpus: list[int] | None = None,
-                      bandwidth: bool = False, timeout: float = DEFAULT_TIMEOUT_S
-                      ) -> HostDoctor:
-    """One host's report; a host that cannot be probed is a report with ``error`` (exit 3).
+                      bandwidth: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                      gpus_expected: bool = True) -> HostDoctor:
+    """One host's report; a host that cannot be probed is a report with ``error`` (exit 3);
+    without an NVIDIA driver, an error finding (exit 1) unless not ``gpus_expected``.
     Never raises for a host-side failure."""
     started = time.monotonic()
     raw, error, _ = await run_script(executor, {"cmd_timeout_s": timeout},
@@ -175,7 +176,7 @@ async def doctor_host(executor: Executor, *, gpus: list[int] | None = None,
     if raw is None:
         return HostDoctor(host=executor.name, elapsed_s=round(time.monotonic() - started, 3),
                           error=error)
-    report = analyze(raw, host=executor.name, gpus=gpus)
+    report = analyze(raw, host=executor.name, gpus=gpus, gpus_expected=gpus_expected)
     if bandwidth:
         measured = await measure(executor, report, gpus)
         report = report.model_copy(update={
@@ -185,12 +186,14 @@ async def doctor_host(executor: Executor, *, gpus: list[int] | None = None,
 
 
 async def doctor_hosts(executors: Sequence[Executor], *, gpus: list[int] | None = None,
-                       bandwidth: bool = False, timeout: float = DEFAULT_TIMEOUT_S
-                       ) -> DoctorReport:
+                       bandwidth: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                       gpus_expected: bool = True) -> DoctorReport:
     """Every host's report, in parallel; executors are closed afterwards."""
     try:
         reports = await asyncio.gather(*(doctor_host(e, gpus=gpus, bandwidth=bandwidth,
-                                                     timeout=timeout) for e in executors))
+                                                     timeout=timeout,
+                                                     gpus_expected=gpus_expected)
+                                         for e in executors))
     finally:
         for e in executors:
             await e.close()

@@ -265,7 +265,9 @@ async def _snapshot(executor: Executor, timeout: float | None) -> HostSnapshot:
         if raw is None:
             return HostSnapshot.failed(executor.name, error or "the doctor's host script failed",
                                        elapsed_s=time.monotonic() - started, taken_at=taken_at)
-        report = analyze(raw, host=executor.name)
+        # A record of the host beside a run, not a verdict on it: a study or server on
+        # CPU (the sim, transformers) expects no driver, and one on GPUs fails on its own.
+        report = analyze(raw, host=executor.name, gpus_expected=False)
     except TimeoutError:
         return HostSnapshot.failed(executor.name, f"the doctor probe did not end within "
                                    f"{limit + 5.0:g} s", elapsed_s=time.monotonic() - started,
