@@ -177,12 +177,12 @@ def test_a_launching_run_is_written_as_the_current_version_and_refused_by_an_old
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``launching`` is a status a reader of version 2 cannot parse, version 4's fields
     (what watched a level, the configuration in effect) a reader of 3 would drop, and
-    version 5's (a level's bottleneck verdict) a reader of 4 refuses: the row says its
-    version and an older reader refuses it (an input error naming the store), never
-    misreads it."""
+    version 5's (a level's bottleneck verdict) a reader of 4 refuses, and a reader of 5
+    knows no recorded bench (version 6): the row says its version and an older reader
+    refuses it (an input error naming the store), never misreads it."""
     run = RunRecord.from_document({**recorded_run(), "status": "launching"})
     document = run.to_document()
-    assert document["schema_version"] == 5 and document["status"] == "launching"
-    monkeypatch.setattr(_records, "SCHEMA_VERSION", 4)
-    with pytest.raises(NewerSchemaError, match="schema version 5"):
+    assert document["schema_version"] == 6 and document["status"] == "launching"
+    monkeypatch.setattr(_records, "SCHEMA_VERSION", 5)
+    with pytest.raises(NewerSchemaError, match="schema version 6"):
         RunRecord.from_document(document)

@@ -439,9 +439,10 @@ async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | Non
 
 def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_live: bool,
         console: Console, console_err: Console,
-        samples: SampleFiles | None = None) -> tuple[ExitCode, str | None]:
-    """Run the search, print it, and return the exit code and the JSON document (``None``
-    without ``--json``). Probe lines go to stderr unless the document goes to stdout.
+        samples: SampleFiles | None = None) -> tuple[ExitCode, str]:
+    """Run the search, print it, and return the exit code and the JSON document (made with
+    or without ``--json``: the bench is recorded from it). Probe lines go to stderr unless the
+    document goes to stdout.
     ``samples``: where each probe's observers' raw samples go (``bench --observe-dir``)."""
     to_stdout = json_out == "-"
     slo = plan.search.slo
@@ -458,14 +459,11 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
     result = asyncio.run(_search(config, plan, live=console_err if show_live else None,
                                  on_probe=on_probe, samples=samples))
     finished = _now()
-    document = None
-    if json_out is not None:
-        doc = FindMaxDocument(
-            version=__version__, started_at=started, finished_at=finished, url=config.url,
-            model=config.model, endpoint=config.endpoint, workload=config.workload,
-            seed=config.seed, warmup=plan.warmup, max_extensions=plan.max_extensions,
-            find_max=result)
-        document = doc.model_dump_json(indent=2)
+    document = FindMaxDocument(
+        version=__version__, started_at=started, finished_at=finished, url=config.url,
+        model=config.model, endpoint=config.endpoint, workload=config.workload,
+        seed=config.seed, warmup=plan.warmup, max_extensions=plan.max_extensions,
+        find_max=result).model_dump_json(indent=2)
     human = console_err if to_stdout else console
     if result.probes:
         human.print(probe_table(result))

@@ -36,11 +36,11 @@ from cleanslate.cli._common import (
     parse_int_list,
     write_result,
 )
+from cleanslate.cli._options import StoreOption
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.inputs import check_input_file
 
 if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the command runs
-
     from cleanslate.bench import (
         SLO,
         BenchConfig,
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the comm
         SampleFiles,
         WorkloadSpec,
     )
+    from cleanslate.cli._bench_record import BenchRecorder
 
 
 def parse_slo(text: str | None) -> SLO:
@@ -369,6 +370,12 @@ def bench(
                      "from what the server answers; the generic crash patterns]",
                      show_default=False),
     ] = None,
+    store_url: StoreOption = None,
+    no_store: Annotated[
+        bool,
+        typer.Option("--no-store", help="do not record this bench in the store (every bench "
+                     "is recorded by default, under an id `cleanslate runs` lists)"),
+    ] = False,
 ) -> None:
     """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
     (--rate), streaming, with TTFT/TPOT/ITL/E2E percentiles, throughputs and goodput."""
@@ -390,7 +397,7 @@ def bench(
     import cleanslate.engines  # noqa: F401
     if find_max is not None:
         _find_max_command(find_max, opts, search, json_out=json_out, live=live,
-                          observe_dir=observe_dir)
+                          observe_dir=observe_dir, record=(store_url, not no_store))
     given = search.given()
     if given:
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
@@ -403,9 +410,10 @@ def bench(
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
     samples = _sample_files(config, json_out, observe_dir)
+    recorder = _recorder(store_url, not no_store, opts)
     show_live = live and not to_stdout and console_err.is_terminal
     result = asyncio.run(_run(config, show_live, samples))
-    document = json.dumps(result.model_dump(mode="json"), indent=2)
+    document = recorder.stamp(json.dumps(result.model_dump(mode="json"), indent=2))
     if json_out is not None and not to_stdout:
         write_result(Path(json_out), document + "\n", option="--json")
     human = console_err if to_stdout else console
@@ -437,11 +445,24 @@ def bench(
         _samples_written(samples)
     if result.failed:
         human.print(f"[bold red]{_failure(result)}[/]: see the levels above")
-        raise typer.Exit(ExitCode.FAILED)
-    sent = sum(lv.sent for lv in result.levels)
-    human.print(f"[bold green]DONE[/]: {len(result.levels)} level(s), {sent} requests sent, "
-                "all completed, no failed request")
-    raise typer.Exit(ExitCode.OK)
+    else:
+        sent = sum(lv.sent for lv in result.levels)
+        human.print(f"[bold green]DONE[/]: {len(result.levels)} level(s), {sent} requests "
+                    "sent, all completed, no failed request")
+    recorder.record(document, config, kind="levels", written_to=json_out,
+                    samples_dir=samples.folder if samples is not None and samples.written
+                    else None)
+    recorder.said(human)
+    raise typer.Exit(ExitCode.FAILED if result.failed else ExitCode.OK)
+
+
+def _recorder(store_url: str | None, enabled: bool, opts: BenchOptions,
+              run_id: str | None = None) -> BenchRecorder:
+    """The bench's record in the store (``--store``, ``--no-store``), opened before the run:
+    a store that cannot be opened is exit 2 before any request."""
+    from cleanslate.cli._bench_record import BenchRecorder
+
+    return BenchRecorder(store_url, enabled=enabled, run_id=run_id, engine=opts.engine)
 
 
 def _failure(result: BenchResult) -> str:
@@ -459,6 +480,7 @@ def _failure(result: BenchResult) -> str:
 def _find_max_command(
     dimension: str, opts: BenchOptions, search: SearchOptions, *, json_out: str | None,
     live: bool, observe_dir: Path | None = None,
+    record: tuple[str | None, bool] = (None, True),
 ) -> None:
     """``bench --find-max``: refuse what a search cannot take, run it, exit 0 with an answer,
     1 without (:mod:`cleanslate.cli._find_max`)."""
@@ -506,17 +528,22 @@ def _find_max_command(
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
     samples = _sample_files(config, json_out, observe_dir)
+    recorder = _recorder(record[0], record[1], opts)
     show_live = live and not to_stdout and console_err.is_terminal
     code, document = fm.run(config, plan, json_out=json_out, show_live=show_live,
                             console=console, console_err=console_err, samples=samples)
-    if document is not None:
-        if to_stdout:
-            sys.stdout.write(document + "\n")
-            sys.stdout.flush()
-        else:
-            write_result(Path(json_out or ""), document + "\n", option="--json")
+    document = recorder.stamp(document)
+    if to_stdout:
+        sys.stdout.write(document + "\n")
+        sys.stdout.flush()
+    elif json_out is not None:
+        write_result(Path(json_out), document + "\n", option="--json")
     if samples is not None:
         _samples_written(samples)
+    recorder.record(document, config, kind="find_max", written_to=json_out,
+                    samples_dir=samples.folder if samples is not None and samples.written
+                    else None, extra={"find_max": dimension, "search_slo": opts.slo})
+    recorder.said(console_err if to_stdout else console)
     raise typer.Exit(code)
 
 

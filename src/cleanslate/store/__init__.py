@@ -6,9 +6,10 @@ Artifacts (logs) live in a folder beside the database (:func:`artifacts_root`).
 
 What crosses the store is a frozen record with a schema version: :class:`RunRecord`,
 :class:`TrialRecord`, :class:`StudyRecord`, :class:`LeaseRecord`, :class:`SlotRecord`,
-:class:`HostRecord` (a host's doctor snapshot) (``_records``, ``_trials``, ``_leases``,
-``_hosts``), their statuses :class:`StrEnum` values. Other packages import these names from
-here, never from the private modules. The JSON a record dumps is the JSON a row holds.
+:class:`HostRecord` (a host's doctor snapshot), :class:`BenchRecord` (a ``bench``)
+(``_records``, ``_trials``, ``_leases``, ``_hosts``, ``_benches``), their statuses
+:class:`StrEnum` values. Other packages import these names from here, never from the private
+modules. The JSON a record dumps is the JSON a row holds.
 
 The store never holds a secret: every record is redacted on the way in and again on the way out
 (:meth:`Store.redacted`), a SQLite file is created with mode 0600 and the artifacts folder with
@@ -47,6 +48,7 @@ from cleanslate.store._store import (
 )
 
 if TYPE_CHECKING:
+    from cleanslate.store._benches import BenchKind, BenchRecord, bench_url, new_bench_id
     from cleanslate.store._hosts import HostRecord, local_machine
     from cleanslate.store._trials import (
         LevelVerdict,
@@ -68,13 +70,17 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                      "TrialCause", "TrialRecord", "TrialStatus", "level_metric",
                      "trial_bottlenecks"),
                     "cleanslate.store._trials"),
-    **dict.fromkeys(("HostRecord", "local_machine"), "cleanslate.store._hosts")})
+    **dict.fromkeys(("HostRecord", "local_machine"), "cleanslate.store._hosts"),
+    **dict.fromkeys(("BenchKind", "BenchRecord", "bench_url", "new_bench_id"),
+                    "cleanslate.store._benches")})
 
 
 __all__ = [
     "DEFAULT_STORE_URL",
     "SCHEMA_VERSION",
     "STORE_ENV",
+    "BenchKind",
+    "BenchRecord",
     "Claim",
     "HostRecord",
     "LeaseOutcome",
@@ -96,10 +102,12 @@ __all__ = [
     "TrialRecord",
     "TrialStatus",
     "artifacts_root",
+    "bench_url",
     "config_key",
     "display_url",
     "level_metric",
     "local_machine",
+    "new_bench_id",
     "resolve_store_url",
     "study_digest",
     "trial_bottlenecks",

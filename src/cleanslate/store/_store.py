@@ -21,9 +21,10 @@ from cleanslate.store._open import (
     tighten,
 )
 from cleanslate.store._records import RunRecord, RunStatus
-from cleanslate.store._tables import HostRow, RunRow, StudyRow, TrialRow
+from cleanslate.store._tables import BenchRow, HostRow, RunRow, StudyRow, TrialRow
 
 if TYPE_CHECKING:  # the benchmark client (a trial's levels) is imported when trials are read
+    from cleanslate.store._benches import BenchRecord
     from cleanslate.store._hosts import HostRecord
     from cleanslate.store._trials import StudyRecord, StudyStatus, TrialRecord, TrialStatus
 
@@ -245,6 +246,68 @@ class Store(LeaseStore):
                 query = query.where(HostRow.run_id == run_id)
             return [HostRecord.from_document({**self.redacted(r.data), "id": r.id})
                     for r in session.scalars(query)]
+
+    # -- benches --------------------------------------------------------------------------------
+
+    def _has_benches(self) -> bool:
+        """Whether the database has the benches table (a store of schema 5 or older, opened
+        by a reading command, has none)."""
+        return not self._empty and inspect(self.engine).has_table(BenchRow.__tablename__)
+
+    @_guarded("saving a bench")
+    def save_bench(self, bench: BenchRecord) -> None:
+        """Insert or replace a bench record, redacted (:meth:`redacted`), at the current
+        schema version."""
+        data = self.redacted(bench.to_document())
+        with Session(self.engine) as session, session.begin():
+            row = session.get(BenchRow, bench.id)
+            if row is None:
+                session.add(BenchRow(id=bench.id, run_id=bench.run_id, model=data["model"],
+                                     created_at=bench.created_at, data=data))
+            else:
+                row.run_id = bench.run_id
+                row.model = data["model"]
+                row.created_at = bench.created_at
+                row.data = data
+
+    @_guarded("reading a bench")
+    def bench(self, bench_id: str) -> BenchRecord | None:
+        """The bench with this id, redacted; ``None`` for an unknown id (or a store without
+        benches)."""
+        from cleanslate.store._benches import BenchRecord
+
+        if not self._has_benches():
+            return None
+        with Session(self.engine) as session:
+            row = session.get(BenchRow, bench_id)
+            return None if row is None else BenchRecord.from_document(self.redacted(row.data))
+
+    @_guarded("reading benches")
+    def benches(self, *, run_id: str | None = None, limit: int | None = None
+                ) -> list[BenchRecord]:
+        """Bench records, newest first, redacted: only those of this run when ``run_id`` is
+        given; at most ``limit``."""
+        from cleanslate.store._benches import BenchRecord
+
+        if not self._has_benches():
+            return []
+        with Session(self.engine) as session:
+            query = select(BenchRow).order_by(BenchRow.created_at.desc(), BenchRow.id.desc())
+            if run_id is not None:
+                query = query.where(BenchRow.run_id == run_id)
+            if limit is not None:
+                query = query.limit(limit)
+            return [BenchRecord.from_document(self.redacted(r.data))
+                    for r in session.scalars(query)]
+
+    @_guarded("reading benches")
+    def bench_ids(self, limit: int = 5) -> list[str]:
+        """The ids of the newest benches (for a hint naming what there is)."""
+        if not self._has_benches():
+            return []
+        with Session(self.engine) as session:
+            return list(session.scalars(select(BenchRow.id).order_by(
+                BenchRow.created_at.desc()).limit(limit)))
 
 
 __all__ = ["DEFAULT_STORE_URL", "STORE_ENV", "SQLAlchemyError", "Store", "artifacts_root",

@@ -113,3 +113,16 @@ class HostRow(Base):
     machine: Mapped[str] = mapped_column(String(255), default="")
     taken_at: Mapped[float] = mapped_column(Float)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class BenchRow(Base):
+    """One ``cleanslate bench`` (``store/_benches.py``): its result and options, linked to the
+    run it measured (``run_id``; ``None`` for a bench of a bare URL)."""
+
+    __tablename__ = "cs_benches"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    model: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
