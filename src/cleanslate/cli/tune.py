@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # Optuna and SQLAlchemy are imported when the command runs
     from cleanslate.store import Store, TrialRecord
     from cleanslate.tune.controller import StudyOutcome
     from cleanslate.tune.study import StudySpec
+    from cleanslate.verdict.baseline import Baseline
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -101,6 +102,12 @@ def tune(
         "--register", help="Validate the study and record it in the store for workers "
         "started elsewhere (cleanslate worker, a Kubernetes Job); run no trial here.")
     ] = False,
+    baseline: Annotated[Path | None, typer.Option(
+        "--baseline", help="Compare every check before and after a trial with an idle-state "
+        "baseline saved by `cleanslate check --save-baseline FILE` on the study's host (a "
+        "shared host): what was there then (GPU memory in use, device-file holders, /dev/shm "
+        "entries) is accepted; a listener new since then, a process on the study's port and "
+        "an engine's process are not.")] = None,
 ) -> None:
     """Run a study: every trial is verify -> launch -> ready -> smoke -> levels -> teardown ->
     verify, recorded in the store. Rerunning the same study resumes it."""
@@ -115,6 +122,7 @@ def tune(
     if host is not None:  # one host instead of the study's host or hosts
         spec = spec.model_copy(update={"host": host, "hosts": None})
     check_slot_hosts(spec)  # before the store is opened: bad input writes nothing
+    host_baseline = _load_baseline(baseline, spec)
     if not register:  # a model path that is not on the host: before any launch (workers
         # started elsewhere check theirs)
         from cleanslate.tune.controller import check_model_paths, model_where
@@ -156,8 +164,12 @@ def tune(
     note = asyncio.run(validate_study_flags(spec, root, study_file, executor))
     if note and not json_out:
         console_err.print(f"[yellow]note:[/] {escape(note)}")
-    outcome = asyncio.run(run_study(executor, store, spec, view=ConsoleView(quiet=json_out),
-                                    gpu_backend=gpu_backend))
+    from cleanslate.launch.lifecycle import using_baseline
+
+    with using_baseline(host_baseline):
+        outcome = asyncio.run(run_study(executor, store, spec,
+                                        view=ConsoleView(quiet=json_out),
+                                        gpu_backend=gpu_backend))
     if json_out:
         from cleanslate.cli._documents import TuneDone, emit
 
@@ -167,7 +179,36 @@ def tune(
     stopped = outcome.stopped_by in (StudyStatus.QUARANTINE, StudyStatus.INTERRUPTED, "systemic")
     if outcome.stopped_by == "systemic" and json_out:  # the reason on stderr too
         console_err.print(Text(f"stopped: {outcome.message}"), highlight=False)
+    if no_trial_ran(outcome) and json_out:
+        console_err.print(Text(no_trial_ran(outcome) or ""), highlight=False, soft_wrap=True)
     raise typer.Exit(ExitCode.FAILED if outcome.best is None or stopped else ExitCode.OK)
+
+
+def _load_baseline(path: Path | None, spec: StudySpec) -> Baseline | None:
+    """``--baseline``'s file, read and checked (an input error naming it, exit 2); refused for
+    a study on several hosts: a baseline describes one host."""
+    if path is None:
+        return None
+    if spec.hosts is not None and len(spec.hosts) > 1:
+        raise InputError(f"the study runs on {len(spec.hosts)} hosts and a baseline describes "
+                         "one", where="--baseline",
+                         hint="run the study on one host (--host), or leave --baseline out")
+    from cleanslate.verdict.baseline import Baseline
+
+    return Baseline.load(path)
+
+
+def no_trial_ran(outcome: StudyOutcome) -> str | None:
+    """The last line of a study whose slots were all quarantined before any trial of this run
+    gave a result (``no trial ran: the host is not clean (<first finding>)``), else ``None``:
+    such a study measured nothing, and "no feasible configuration" would blame the flags."""
+    from cleanslate.store import StudyStatus
+    from cleanslate.tune.trial import not_clean_findings
+
+    if outcome.stopped_by != StudyStatus.QUARANTINE or outcome.new_trials or \
+            outcome.report is None:
+        return None
+    return f"no trial ran: the host is not clean ({not_clean_findings(outcome.report, 1)})"
 
 
 def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
@@ -260,6 +301,13 @@ def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None)
         console.print(f"[bold red]stopped: {outcome.stopped_by}[/] {escape(outcome.message)}")
         if outcome.report is not None:
             render_report(outcome.report)
+    if no_trial_ran(outcome):
+        from cleanslate.tune.trial import how_to_proceed
+
+        console.print(Text(how_to_proceed(outcome.report)), highlight=False, soft_wrap=True)
+        console.print(Text(no_trial_ran(outcome) or "", style="bold red"), highlight=False,
+                      soft_wrap=True)
+        return
     best = outcome.best
     if best is None:
         console.print("[bold red]no feasible configuration[/]")

@@ -20,7 +20,8 @@ import fnmatch
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ from cleanslate.teardown import (
     teardown,
     valid_cgroup,
 )
+from cleanslate.verdict.baseline import Baseline
 from cleanslate.verdict.check import CheckOptions, CheckReport, check_hosts
 from cleanslate.verdict.findings import Verdict
 from cleanslate.verdict.rules import Scope
@@ -75,6 +77,29 @@ from cleanslate.verdict.rules import Scope
 Progress = Callable[[str], None]
 #: Markers of runs that a check leaves to others, read after each probe (see ``CheckOptions``).
 Exclusions = Callable[[], frozenset[str]]
+
+#: The idle-state baseline (``cleanslate check --save-baseline``) that the checks before a
+#: launch and after a teardown compare with, for everything run in this context: ``tune
+#: --baseline`` sets it for a whole study (:func:`using_baseline`). ``None``: no baseline. A
+#: context variable rather than an argument: it reaches every check of a study's trials,
+#: replicates and recoveries, and asyncio tasks inherit it.
+_BASELINE: ContextVar[Baseline | None] = ContextVar("cleanslate_baseline", default=None)
+
+
+@contextlib.contextmanager
+def using_baseline(baseline: Baseline | None) -> Iterator[None]:
+    """Compare every check of a launch or teardown run inside this block with ``baseline``
+    (see :data:`_BASELINE`)."""
+    token = _BASELINE.set(baseline)
+    try:
+        yield
+    finally:
+        _BASELINE.reset(token)
+
+
+def current_baseline() -> Baseline | None:
+    """The baseline the checks of this context compare with (:func:`using_baseline`)."""
+    return _BASELINE.get()
 
 
 @dataclass
@@ -180,7 +205,7 @@ def verify_options(run: RunRecord, *, gpu_backend: str = "auto", timeout: float 
     )
     return CheckOptions(scope=scope, ports=(run.port,),
                         gpu_backend=run_gpu_backend(gpu_backend, run.engine, run.env),
-                        timeout=timeout, exclusions=exclusions)
+                        timeout=timeout, exclusions=exclusions, baseline=current_baseline())
 
 
 def shm_remover(run: RunRecord, leftovers: Leftovers) -> Callable[[Snapshot], list[str]]:
@@ -263,7 +288,7 @@ async def start_server(
         scope=Scope(gpus=frozenset(config.gpus) if config.gpus is not None else None,
                     exclude_roots=frozenset({os.getpid()})),
         ports=(port,), gpu_backend=run_gpu_backend(gpu_backend, config.engine, env),
-        exclusions=exclusions)
+        exclusions=exclusions, baseline=current_baseline())
     host: HostSnapshot | None = None
     if snapshot:
         # Before the check, not beside it: the doctor's nvidia-smi holds the GPUs' device

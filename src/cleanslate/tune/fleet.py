@@ -52,7 +52,7 @@ from cleanslate.errors import CleanslateError, InputError
 from cleanslate.hosts import executor_for
 from cleanslate.hosts.base import Executor
 from cleanslate.launch.launcher import new_run_id
-from cleanslate.launch.lifecycle import Exclusions, stop_server
+from cleanslate.launch.lifecycle import Exclusions, current_baseline, stop_server
 from cleanslate.store import (
     Claim,
     HostRecord,
@@ -77,6 +77,7 @@ from cleanslate.tune.study import Slot, StudySpec
 from cleanslate.tune.trial import (
     HostQuarantined,
     Interrupted,
+    how_to_proceed,
     run_replicate,
     run_trial,
     verdict_of,
@@ -556,6 +557,8 @@ class Fleet:
             port=slot.port, state=SlotState.QUARANTINED, reason=str(exc),
             findings=_errors(exc.report)))
         say(f"slot {slot.key} quarantined: {exc!s}")
+        if exc.report is not None:
+            say(how_to_proceed(exc.report))
         end.why, end.message, end.report = QUARANTINE, str(exc), exc.report
         end.infra_failures += 1
 
@@ -656,7 +659,8 @@ class Fleet:
             options = CheckOptions(
                 scope=Scope(gpus=frozenset(slot.gpus) if slot.gpus is not None else None,
                             exclude_roots=frozenset({os.getpid()})),
-                ports=(slot.port,), gpu_backend=self.gpu_backend, exclusions=exclusions)
+                ports=(slot.port,), gpu_backend=self.gpu_backend, exclusions=exclusions,
+                baseline=current_baseline())
             report = await check_hosts([executor], options)
             if report.verdict == Verdict.CLEAN:
                 self.store.save_slot(record.model_copy(update={

@@ -70,7 +70,7 @@ from cleanslate.store import (
 )
 from cleanslate.tune.study import StudySpec
 from cleanslate.verdict.check import CheckReport
-from cleanslate.verdict.findings import Finding, Severity, Verdict
+from cleanslate.verdict.findings import Finding, FindingKind, Severity, Verdict
 
 Say = Callable[[str], None]
 
@@ -153,6 +153,54 @@ def _summary(report: CheckReport | None) -> tuple[Verdict, tuple[Finding, ...]]:
     findings = tuple(f for host in report.hosts for f in host.findings
                      if f.severity in (Severity.ERROR, Severity.UNKNOWN))
     return report.verdict, findings
+
+
+#: Findings a "host not clean" line names (the rest are counted).
+NAMED_FINDINGS = 3
+
+
+def not_clean_findings(report: CheckReport | None, n: int = NAMED_FINDINGS) -> str:
+    """The first ``n`` errors and unknowns of a check that refused a trial, each on its own
+    briefly with its PID, port or path (:meth:`~cleanslate.verdict.findings.Finding.brief`),
+    ``; ``-joined, ``(+K more)`` for the rest: ``port 30917 is bound (127.0.0.1) by PID 18320
+    `python3```. A check that did not run says so."""
+    if report is None:
+        return "the check did not run"
+    _, findings = _summary(report)
+    if not findings:
+        return f"{report.verdict}, with no error named"
+    text = "; ".join(f.brief() for f in findings[:n])
+    return text + (f" (+{len(findings) - n} more)" if len(findings) > n else "")
+
+
+def how_to_proceed(report: CheckReport | None) -> str:
+    """What a user can do about a host that refused a trial, in the commands they type: a held
+    port (the server needs it) and another engine's process are named with their PIDs, since
+    no baseline accepts them; what was there before and stays (another user's GPU memory,
+    device files, ``/dev/shm`` entries, kernel lines) is accepted by a baseline saved with
+    ``check --save-baseline`` and given to ``tune --baseline``."""
+    _, findings = _summary(report)
+    steps: list[str] = []
+    held = [f for f in findings if f.kind == FindingKind.PORT_IN_USE]
+    if held:
+        owners = ", ".join(sorted({str(f.pid) for f in held if f.pid is not None}))
+        steps.append(f"the server needs port {held[0].port}: end PID {owners or '(not visible)'}"
+                     " if it is yours, or give the study another `port:`")
+    strays = [f for f in findings if f.kind == FindingKind.STRAY_PROCESS]
+    runs = sorted({str(f.evidence.get("run_marker")) for f in strays
+                   if f.evidence.get("run_marker")})
+    if runs:
+        steps.append("end the cleanslate runs still up if they are yours: "
+                     + ", ".join(f"`cleanslate stop {r}`" for r in runs[:3]))
+    engines = sorted({str(f.pid) for f in strays if not f.evidence.get("run_marker")})
+    if engines:
+        steps.append(f"another engine's processes (PID {', '.join(engines[:5])}) stop every "
+                     "trial: end them if they are yours, or run the study on a host without "
+                     "them")
+    steps.append("for what was there before you and stays (another user's GPU memory, "
+                 "device files, /dev/shm entries): `cleanslate check --save-baseline FILE` "
+                 "on the idle host, then `cleanslate tune STUDY.yaml --baseline FILE`")
+    return "to go on: " + "; ".join(steps)
 
 
 def on_slot(run: RunRecord, spec: StudySpec) -> bool:
@@ -335,7 +383,8 @@ async def _cycle(
                                          validate=False, run_id=run_id, exclusions=exclusions)
             if outcome.refused is None:
                 break
-            say("host not clean before the trial: cleaning up this study's runs")
+            say(f"host not clean before the trial ({not_clean_findings(outcome.refused)}): "
+                "cleaning up this study's runs")
             if await recover_host(executor, store, spec, say, exclusions) == 0 and \
                     attempt == spec.retries:
                 break
@@ -349,8 +398,8 @@ async def _cycle(
         finish(TrialStatus.INFRA_FAILED, TrialCause.HOST_NOT_CLEAN,
                detail="; ".join(f.message for f in findings[:5]),
                verdict_before=verdict, findings_before=findings)
-        raise HostQuarantined(f"{executor.name} is not clean and cleaning did not help",
-                              outcome.refused)
+        raise HostQuarantined(f"{executor.name} is not clean and cleaning did not help "
+                              f"({not_clean_findings(outcome.refused)})", outcome.refused)
     run = outcome.run
     phases = dict(outcome.phases)
     before_verdict, before_findings = _summary(run.verdict_before if run else None)

@@ -71,6 +71,16 @@ class FindingKind(StrEnum):
     RESPAWNED = "respawned"
 
 
+#: Characters of a process's command line a finding's message quotes.
+COMMAND_SHOWN = 120
+
+
+def shown_command(command: str) -> str:
+    """A command line as a finding's message quotes it: at most :data:`COMMAND_SHOWN`
+    characters, ``...`` where it was cut."""
+    return command if len(command) <= COMMAND_SHOWN else command[:COMMAND_SHOWN - 3] + "..."
+
+
 class Finding(Frozen):
     """One reason a host is not (or may not be) a clean slate, with its evidence."""
 
@@ -81,6 +91,20 @@ class Finding(Frozen):
     pid: int | None = None
     port: int | None = None
     evidence: dict[str, Any] = Field(default_factory=dict)
+
+    def brief(self, limit: int = 100) -> str:
+        """The message on one line of at most ``limit`` characters, without the command line
+        of the process it names (its PID and name stay: ``port 30917 is bound (127.0.0.1) by
+        PID 18320 `python3```). The command is known from the evidence (``cmdline``); a
+        finding without one keeps its text, cut at ``limit``."""
+        text = self.message
+        cmdline = self.evidence.get("cmdline")
+        if isinstance(cmdline, list):
+            command = " ".join(str(a) for a in cmdline) if cmdline else \
+                f"[{self.evidence.get('comm')}]"
+            text = text.replace(f" ({shown_command(command)})", "", 1)
+        text = " ".join(text.split())
+        return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class HostVerdict(Frozen):

@@ -34,7 +34,14 @@ from cleanslate._types import RUN_MARKER_ENV
 from cleanslate.engines import match_engine
 from cleanslate.probe.snapshot import Gpu, ProcessInfo, ShmSpace, Snapshot, is_kernel_thread
 from cleanslate.verdict.baseline import Baseline, had_process
-from cleanslate.verdict.findings import Finding, FindingKind, HostVerdict, Severity, Verdict
+from cleanslate.verdict.findings import (
+    Finding,
+    FindingKind,
+    HostVerdict,
+    Severity,
+    Verdict,
+    shown_command,
+)
 
 #: MiB above the baseline (or above 0 without one) that an idle GPU may show. An idle H200 reads
 #: 0-4 MiB through NVML v2 / nvidia-smi; the smallest CUDA context is several hundred MiB.
@@ -182,10 +189,7 @@ def _gpu_memory_by_pid(gpus: Iterable[Gpu]) -> dict[int, dict[int, int | None]]:
 def _describe(proc: ProcessInfo | None, pid: int) -> str:
     if proc is None:
         return f"PID {pid} (not visible in this PID namespace)"
-    command = proc.command
-    if len(command) > 120:
-        command = command[:117] + "..."
-    return f"PID {pid} `{proc.comm}` ({command})"
+    return f"PID {pid} `{proc.comm}` ({shown_command(proc.command)})"
 
 
 def _evidence(proc: ProcessInfo | None) -> dict[str, object]:
@@ -438,7 +442,8 @@ def _port_rules(
             pid=owners[0] if owners else None,
             message=f"port {sock.port}{f' ({reason})' if reason else ''} is bound "
                     f"({sock.address}) by {who}",
-            evidence={"address": sock.address, "pids": owners, "inode": sock.inode,
+            evidence={**(_evidence(by_pid.get(owners[0])) if owners else {}),
+                      "address": sock.address, "pids": owners, "inode": sock.inode,
                       "why_in_scope": reason or "asked for"},
         ))
     return out
