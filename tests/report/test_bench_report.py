@@ -155,11 +155,12 @@ def test_a_panel_per_level_from_a_real_sim_bench(sims: SimServers, tmp_path: Pat
                    "--out", str(export))
     assert done.returncode == 0, done.stderr
     shots = sorted(pngs.iterdir())
-    assert [p.name for p in shots] == ["level-c_16.png", "level-c_2.png"]
+    assert [p.name for p in shots] == ["level-c_16.png", "level-c_2.png",
+                                       "throughput-latency.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") and p.stat().st_size > 10_000
                for p in shots)
     html = page.read_text()
-    assert html.count("data:image/png;base64,") == 2 and "running mean/max" in html
+    assert html.count("data:image/png;base64,") == 3 and "running mean/max" in html
     doc = json.loads(export.read_text())
     assert [lv["server_metrics.running_max"] for lv in doc["levels"]] == [2, 4]
     done = run_cli("report", "s", "--bench", str(out))

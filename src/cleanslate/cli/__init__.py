@@ -1,7 +1,7 @@
 """The ``cleanslate`` command line (typer + rich).
 
 Each command is a function in its own module of this package (``check``, ``serve``, ``stop``,
-``clean``, ``bench``, ``tune``, ``worker``, ``report``; ``slurm`` and ``sim`` are groups;
+``clean``, ``bench``, ``tune``, ``worker``, ``report``, ``runs``; ``slurm`` and ``sim`` are groups;
 ``sim`` mounts
 :mod:`cleanslate.sim.cli`) that turns its options into one call of the library and renders
 the result; :func:`build_app` registers them here, so that no command module imports this
@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
     "stop": ("cleanslate.cli.stop", {}),
     "clean": ("cleanslate.cli.clean", {}),
     "report": ("cleanslate.cli.report", {}),
+    "runs": ("cleanslate.cli.runs", {}),
     "tune": ("cleanslate.cli.tune", {}),
     "worker": ("cleanslate.cli.worker", {}),
 }

@@ -1,4 +1,5 @@
-"""``cleanslate report``: a study's trials as tables, PNG plots, one HTML page, CSV or JSON."""
+"""``cleanslate report``: a study's trials as tables, PNG plots, one HTML page, CSV or JSON;
+or one bench, or several side by side (a recorded bench's id, a ``bench --json`` file)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from cleanslate.cli._options import StoreOption
 from cleanslate.errors import InputError
 
 if TYPE_CHECKING:  # SQLAlchemy is imported when the command runs
+    from cleanslate.report import BenchReport
     from cleanslate.store import Store
 
 _FORMATS = ("csv", "json")
@@ -98,14 +100,17 @@ def _format(fmt: str | None, out: Path | None) -> str | None:
 
 
 def report(
-    study: Annotated[str | None, typer.Argument(
-        metavar="[STUDY]", help="The study's name (the `name:` of its file); or --bench.",
+    targets: Annotated[list[str] | None, typer.Argument(
+        metavar="[STUDY|BENCH_ID|FILE]...",
+        help="A study's name (the `name:` of its file), a recorded bench's id (`cleanslate "
+             "runs` lists them) or a `bench --json` file; several are put side by side.",
         show_default=False)] = None,
     store_url: StoreOption = None,
     compare: Annotated[list[str] | None, typer.Option(
-        "--compare", metavar="OTHER_STUDY",
-        help="Another study of the store to put side by side (repeatable); each "
-             "configuration it shares with STUDY gets its difference with the interval.")
+        "--compare", metavar="OTHER",
+        help="Another study (or bench) of the store to put side by side (repeatable); each "
+             "configuration a study shares with STUDY gets its difference with the "
+             "interval.")
     ] = None,
     png: Annotated[Path | None, typer.Option(
         "--png", metavar="DIR", help="Write the plots as PNG files into DIR.")] = None,
@@ -127,14 +132,23 @@ def report(
         show_default=False)] = None,
 ) -> None:
     """Report on a study: its trials sorted by the objective, the best configuration and its
-    launch command; plots, an HTML page, CSV/JSON exports on request. With --bench, on one
-    benchmark run instead."""
+    launch command; plots, an HTML page, CSV/JSON exports on request. On a bench (its id, or
+    --bench FILE): its levels and throughput against latency; on several, side by side."""
     if bench is not None or observed is not None:
-        _bench_report(study, compare, bench, observed, png=png, html=html, fmt=fmt, out=out)
+        _bench_report(targets[0] if targets else None, compare, bench, observed, png=png,
+                      html=html, fmt=fmt, out=out)
         return
-    if study is None:
-        raise InputError("no study to report on", where="STUDY",
-                         hint="give the study's name, or --bench FILE for a bench result")
+    if not targets:
+        raise InputError("nothing to report on", where="STUDY",
+                         hint="give a study's name or a bench's id (`cleanslate runs` lists "
+                              "them), or --bench FILE for a bench result")
+    names = list(dict.fromkeys([*targets, *(compare or [])]))
+    benches = _benches(names, store_url)
+    if benches is not None:
+        _render_benches(benches, png=png, html=html, fmt=fmt, out=out)
+        return
+    study = names[0]
+    compare = names[1:]
     from cleanslate.report import (
         comparison_table,
         load_report,
@@ -154,8 +168,7 @@ def report(
             _check_output(path, option, folder=folder)
     store = _open_store(store_url)
     try:
-        names = [study, *(compare or [])]
-        reports = [load_report(store, name) for name in dict.fromkeys(names)]
+        reports = [load_report(store, name) for name in [study, *compare]]
     finally:
         store.close()
     # An export to stdout keeps stdout for the export: no tables, notes on stderr.
@@ -196,16 +209,9 @@ def report(
 def _bench_report(study: str | None, compare: list[str] | None, bench: Path | None,
                   observed: Path | None, *, png: Path | None, html: Path | None,
                   fmt: str | None, out: Path | None) -> None:
-    """``report --bench FILE``: the levels table with what the observers saw, a panel per
-    level (``--png DIR``: ``level-<label>.png``; ``--html``), a flat export per level."""
-    from cleanslate.bench import bound_lines, observation_notes, summary_table
-    from cleanslate.report import (
-        bench_csv,
-        bench_json,
-        level_plots,
-        load_bench_report,
-        render_bench_html,
-    )
+    """``report --bench FILE``: :func:`_render_bench` of the file (``--png DIR``:
+    ``throughput-latency.png`` and ``level-<label>.png``)."""
+    from cleanslate.report import load_bench_report
 
     if bench is None:
         raise InputError("--observed goes with --bench", where="--observed",
@@ -213,13 +219,94 @@ def _bench_report(study: str | None, compare: list[str] | None, bench: Path | No
     if study is not None or compare:
         raise InputError("--bench reports on a bench result, not a study",
                          where="STUDY" if study is not None else "--compare",
-                         hint="leave out the study (or --bench)")
+                         hint="leave out the study (or --bench); several benches: give their "
+                              "ids or files without --bench")
+    _check_outputs(png=png, html=html, fmt=fmt, out=out)
+    _render_bench(load_bench_report(bench, observed), png=png, html=html, fmt=fmt, out=out)
+
+
+def _check_outputs(*, png: Path | None, html: Path | None, fmt: str | None,
+                   out: Path | None) -> str | None:
+    """The export format (:func:`_format`), every output checked before any work."""
     export = _format(fmt, out)
     for option, path, folder in (("--png", png, True), ("--html", html, False),
                                  ("--out", out, False)):
         if path is not None:
             _check_output(path, option, folder=folder)
-    loaded = load_bench_report(bench, observed)
+    return export
+
+
+#: How a report names what it was given, in its errors.
+_TARGET = "STUDY|BENCH_ID|FILE"
+
+
+def _benches(names: list[str], store_url: str | None) -> list[BenchReport] | None:
+    """The benches ``names`` are (a recorded bench's id, or a ``bench --json`` file), or
+    ``None`` when they are studies. A name that is neither a study nor a bench of the store is
+    an :class:`InputError` naming what was looked for (exit 2); so are studies and benches
+    mixed."""
+    from cleanslate.report import load_bench_report, stored_bench_report
+
+    found: list[tuple[str, BenchReport | None]] = []
+    store: Store | None = None
+    try:
+        for name in names:
+            if os.path.isfile(name):  # `report bench.json`: a file as --bench takes it
+                found.append(("bench", load_bench_report(Path(name))))
+                continue
+            if name.endswith(".json"):
+                raise InputError(f"no file {name}", where=_TARGET,
+                                 hint="give the file `cleanslate bench --json FILE` wrote, or "
+                                      "a bench's id (`cleanslate runs` lists them)")
+            if store is None:
+                store = _open_store(store_url)
+            if store.study(name) is not None:
+                found.append(("study", None))
+                continue
+            record = store.bench(name)
+            if record is None:
+                raise _unknown(store, name)
+            found.append(("bench", stored_bench_report(record)))
+    finally:
+        if store is not None:
+            store.close()
+    kinds = {kind for kind, _ in found}
+    if kinds == {"study"}:
+        return None
+    if len(kinds) > 1:
+        raise InputError("studies and benches cannot be put side by side", where=_TARGET,
+                         hint="report the studies, or the benches, in one command each")
+    return [item for _, item in found if item is not None]
+
+
+def _unknown(store: Store, name: str) -> InputError:
+    """``name`` is neither a study nor a bench of ``store``: what was looked for, and what
+    there is."""
+    studies, benches = store.studies()[-5:], store.bench_ids()
+    there = "; ".join(part for part in (
+        ("studies: " + ", ".join(studies)) if studies else "",
+        ("recent benches: " + ", ".join(benches)) if benches else "") if part)
+    return InputError(f"no study named {name!r} and no bench with id {name!r} in "
+                      f"{store.display_url}, and no file {name}", where=_TARGET,
+                      hint=(there or "the store holds no study and no bench")
+                      + "; `cleanslate runs` lists runs and benches; pass --store if it is "
+                        "another store")
+
+
+def _render_bench(loaded: BenchReport, *, png: Path | None, html: Path | None,
+                  fmt: str | None, out: Path | None) -> None:
+    """One bench: its levels table with what the observers saw, throughput against latency
+    and a panel per level (``--png DIR``, ``--html``), a flat export per level."""
+    from cleanslate.bench import bound_lines, observation_notes, summary_table
+    from cleanslate.report import (
+        bench_csv,
+        bench_json,
+        level_plots,
+        render_bench_html,
+        throughput_latency_plot,
+    )
+
+    export = _format(fmt, out)
     to_stdout = export is not None and out is None
     screen = console_err if to_stdout else console
     if not to_stdout:
@@ -237,7 +324,7 @@ def _bench_report(study: str | None, compare: list[str] | None, bench: Path | No
         if f.problem:
             console_err.print(Text(f"{f.label} ({f.key}): {f.problem}", style="yellow"))
     if png is not None or html is not None:
-        plots = level_plots(loaded)
+        plots = [throughput_latency_plot([loaded]), *level_plots(loaded)]
         if png is not None:
             _write("--png", png, None)
             for plot in plots:
@@ -249,6 +336,51 @@ def _bench_report(study: str | None, compare: list[str] | None, bench: Path | No
             screen.print(Text(f"wrote {html}"), highlight=False)
     if export is not None:
         text = bench_csv(loaded) if export == "csv" else bench_json(loaded)
+        if out is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            _write("--out", out, text)
+            screen.print(Text(f"wrote {out}"), highlight=False)
+
+
+def _render_benches(benches: list[BenchReport], *, png: Path | None, html: Path | None,
+                    fmt: str | None, out: Path | None) -> None:
+    """One bench (:func:`_render_bench`), or several side by side: a table of every bench's
+    levels, throughput against latency with a line per bench (``--png DIR``:
+    ``throughput-latency.png``; ``--html``), CSV/JSON with a row per bench and level."""
+    export = _check_outputs(png=png, html=html, fmt=fmt, out=out)
+    if len(benches) == 1:
+        _render_bench(benches[0], png=png, html=html, fmt=fmt, out=out)
+        return
+    from cleanslate.report import (
+        benches_csv,
+        benches_json,
+        benches_table,
+        render_benches_html,
+        throughput_latency_plot,
+    )
+
+    to_stdout = export is not None and out is None
+    screen = console_err if to_stdout else console
+    if not to_stdout:
+        screen.print(benches_table(benches))
+    for item in benches:
+        if item.samples_note and png is not None:
+            console_err.print(Text(f"{item.name}: {item.samples_note}", style="yellow"))
+    if png is not None or html is not None:
+        plots = [throughput_latency_plot(benches)]
+        if png is not None:
+            _write("--png", png, None)
+            for plot in plots:
+                path = png / f"{plot.name}.png"
+                _write("--png", path, plot.png, shared=True)
+                screen.print(Text(f"wrote {path}"), highlight=False)
+        if html is not None:
+            _write("--html", html, render_benches_html(benches, plots=plots))
+            screen.print(Text(f"wrote {html}"), highlight=False)
+    if export is not None:
+        text = benches_csv(benches) if export == "csv" else benches_json(benches)
         if out is None:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -4,7 +4,9 @@ Everything is drawn from a :class:`StudyReport` that :func:`load_report` reads f
 (``cs_studies``, ``cs_trials``, ``cs_runs``, ``cs_leases``, ``cs_slots``, ``cs_hosts``).
 A single benchmark run (``report --bench``) is a :class:`BenchReport` that
 :func:`load_bench_report` reads from a ``bench --json`` file and the observers' samples beside
-it. matplotlib is imported only by the plotting functions.
+it, or :func:`stored_bench_report` from a bench the store recorded (``report BENCH_ID``);
+several side by side are drawn by ``_bench_compare``. matplotlib is imported only by the
+plotting functions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from cleanslate.report._bench import (
     load_bench_report,
     observed_fields,
     running_cap,
+    stored_bench_report,
+)
+from cleanslate.report._bench_compare import (
+    benches_csv,
+    benches_json,
+    benches_table,
+    render_benches_html,
+    throughput_latency_plot,
 )
 from cleanslate.report._bounds import (
     Bound,
@@ -80,6 +90,9 @@ __all__ = [
     "ablation_lines",
     "bench_csv",
     "bench_json",
+    "benches_csv",
+    "benches_json",
+    "benches_table",
     "bound_cell",
     "bracket_text",
     "capacity_document",
@@ -99,6 +112,7 @@ __all__ = [
     "print_report",
     "print_table",
     "render_bench_html",
+    "render_benches_html",
     "render_html",
     "render_plots",
     "running_cap",
@@ -106,8 +120,10 @@ __all__ = [
     "shared_configs",
     "slots_table",
     "standing",
+    "stored_bench_report",
     "study_document",
     "study_level_plots",
+    "throughput_latency_plot",
     "to_csv",
     "to_json",
     "trial_bound_lines",

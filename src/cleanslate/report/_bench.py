@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cleanslate.bench import (
     MAX_SAMPLE_FILE_BYTES,
@@ -47,6 +47,9 @@ from cleanslate.bench import (
 )
 from cleanslate.errors import InputError
 from cleanslate.report._data import safe_url
+
+if TYPE_CHECKING:
+    from cleanslate.store import BenchRecord
 
 #: Keys of the configuration in effect that cap the running batch, by engine: SGLang and the
 #: sim ``max_running_requests``, vLLM ``max_num_seqs``, llama.cpp ``parallel`` (its slots).
@@ -306,8 +309,10 @@ def running_cap(document: Mapping[str, Any]) -> tuple[float, str] | None:
 
 @dataclass
 class BenchReport:
-    """A bench result and its observers' samples, as :func:`load_bench_report` read them.
-    ``samples_note``: why there are no samples (no folder, an unreadable index)."""
+    """A bench result and its observers' samples, as :func:`load_bench_report` read them
+    from a file or :func:`stored_bench_report` from the store (``bench_id`` set; ``path`` is
+    then the id). ``samples_note``: why there are no samples (no folder, an unreadable
+    index)."""
 
     path: Path
     result: BenchResult
@@ -315,6 +320,12 @@ class BenchReport:
     folder: Path
     files: list[SampleFile] = field(default_factory=list)
     samples_note: str | None = None
+    bench_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How the report names the bench: its id in the store, else its file's name."""
+        return self.bench_id or self.path.name
 
     @property
     def cap(self) -> tuple[float, str] | None:
@@ -349,8 +360,6 @@ def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
     """Read a ``bench --json`` result, or a ``bench --find-max --json`` search (its probes'
     levels), an :class:`InputError` naming the file when it is neither, and the samples in
     ``observed`` (default: beside it, ``OUT.json.observed``)."""
-    from pydantic import ValidationError
-
     from cleanslate.inputs import read_input
 
     raw = read_input(path, kind="other", where="--bench")
@@ -359,10 +368,20 @@ def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
     except (ValueError, UnicodeDecodeError):
         raise InputError(f"{path} is not JSON", where="--bench",
                          hint="give the file `cleanslate bench --json FILE` wrote") from None
+    document, result = _bench_result(document, str(path), "--bench")
+    folder = observed if observed is not None else observed_folder(path)
+    return _with_samples(BenchReport(path, result, document, folder))
+
+
+def _bench_result(document: Any, name: str, where: str) -> tuple[dict[str, Any], BenchResult]:
+    """A bench's JSON document (a ``--find-max`` one as its probes' levels) and the
+    :class:`BenchResult` in it; an :class:`InputError` naming ``name`` when it is not one."""
+    from pydantic import ValidationError
+
     if isinstance(document, dict) and "levels" not in document:
         document = _search_as_bench(document)
     if not isinstance(document, dict) or "levels" not in document:
-        raise InputError(f"{path} is not a bench result (it has no levels)", where="--bench",
+        raise InputError(f"{name} is not a bench result (it has no levels)", where=where,
                          hint="give the file `cleanslate bench --json FILE` wrote")
     known = {k: v for k, v in document.items() if k in BenchResult.model_fields}
     try:
@@ -370,10 +389,28 @@ def load_bench_report(path: Path, observed: Path | None = None) -> BenchReport:
     except ValidationError as exc:
         first = exc.errors()[0]
         at = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{path} is not a bench result this cleanslate reads: {at}: "
-                         f"{first.get('msg', 'invalid')}", where="--bench") from None
-    folder = observed if observed is not None else observed_folder(path)
-    report = BenchReport(path, result, document, folder)
+        raise InputError(f"{name} is not a bench result this cleanslate reads: {at}: "
+                         f"{first.get('msg', 'invalid')}", where=where) from None
+    return document, result
+
+
+def stored_bench_report(record: BenchRecord) -> BenchReport:
+    """A bench the store recorded (:class:`~cleanslate.store.BenchRecord`) as a report: its
+    result document, and the observers' samples where ``bench`` wrote them when that folder
+    is still there (said in ``samples_note`` otherwise)."""
+    document, result = _bench_result(record.result, f"bench {record.id}", "BENCH_ID")
+    folder = Path(record.samples_dir) if record.samples_dir else Path(record.id + ".observed")
+    report = BenchReport(Path(record.id), result, document, folder, bench_id=record.id)
+    if not record.samples_dir:
+        report.samples_note = ("no samples recorded: the panels need the observers' samples "
+                               "(bench --json FILE writes them beside it)")
+        return report
+    return _with_samples(report)
+
+
+def _with_samples(report: BenchReport) -> BenchReport:
+    """``report`` with the samples of its folder read (or why there are none)."""
+    folder = report.folder
     if not folder.exists():
         report.samples_note = (f"no samples folder {folder.name}: the panels need the "
                                "observers' samples (bench --json FILE writes them beside it)")
@@ -415,7 +452,7 @@ def level_row(level: LevelResult) -> dict[str, object]:
 def bench_json(report: BenchReport) -> str:
     """``{"bench", "url", "model", "cap", "levels": [flat rows], "samples": [files]}``."""
     cap = report.cap
-    doc = {"bench": str(report.path), "url": safe_url(report.result.url),
+    doc = {"bench": report.bench_id or str(report.path), "url": safe_url(report.result.url),
            "model": report.result.model,
            "running_cap": {"value": cap[0], "key": cap[1]} if cap else None,
            "levels": [level_row(lv) for lv in report.result.levels],
@@ -435,6 +472,7 @@ __all__ = [
     "load_bench_report",
     "observed_fields",
     "running_cap",
+    "stored_bench_report",
     "timelines",
     "trial_sample_files",
 ]
