@@ -63,6 +63,7 @@ from cleanslate.bench._capacity import (
     share_target,
     worst_check,
 )
+from cleanslate.bench._context import KnownContext
 from cleanslate.bench._conversation import ConversationWorkload, TurnResult
 from cleanslate.bench._gpu import GPU_SOURCES, GpuObserver, gpu_observer, local_gpus
 from cleanslate.bench._limits import (
@@ -124,7 +125,7 @@ from cleanslate.bench._server_config import (
     requested_flags,
 )
 from cleanslate.bench._server_config import Flavour as ConfigFlavour
-from cleanslate.bench._trace import TraceInfo, TraceWorkload
+from cleanslate.bench._trace import TraceFit, TraceInfo, TraceWorkload
 from cleanslate.bench._workloads import (
     WORKLOADS,
     Prompt,
@@ -239,6 +240,7 @@ __all__ = [
     "GpuObserver",
     "GpuTelemetry",
     "Harness",
+    "KnownContext",
     "LevelContext",
     "LevelEnd",
     "LevelObserver",
@@ -269,6 +271,7 @@ __all__ = [
     "Source",
     "Stats",
     "StopReason",
+    "TraceFit",
     "TraceInfo",
     "TraceWorkload",
     "TurnResult",

@@ -256,6 +256,8 @@ def detail_tables(result: BenchResult) -> list[Table]:
             f"start {trace.start:g} s, duration {_fmt(trace.duration, 'g')} s, sample "
             f"{trace.sample:g}, speedup {trace.speedup:g}: {_fmt(trace.rate, '.2f')} req/s"
             f"{'' if share is None else f', cache share predicted {share:.1%}'}"))
+        if trace.fit is not None:  # the server's words (a source) are text, never markup
+            table.add_row(f"fit={trace.fit.mode}", escape(trace.fit.line()))
         out.append(table)
     lagged = [lv for lv in result.levels if lv.schedule_lag_ms is not None]
     if lagged:

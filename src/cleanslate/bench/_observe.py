@@ -32,6 +32,7 @@ from cleanslate.models import FrozenStrict
 if TYPE_CHECKING:
     import aiohttp
 
+    from cleanslate.bench._context import KnownContext
     from cleanslate.bench._models import AnyLoad, BenchConfig, LevelResult
     from cleanslate.bench._runner import ProgressHook
     from cleanslate.bench._server_config import ServerConfig
@@ -142,13 +143,20 @@ class Harness:
     #: called with each level of ``run_benchmark`` once it ended and was diagnosed (its
     #: ``bottleneck`` set): the live view prints the verdict then
     on_level: Callable[[LevelResult], None] | None = None
+    #: the server's context (prompt plus output tokens) as its caller knows it (a run
+    #: record): a trace's rows are fitted to it (:mod:`cleanslate.bench._context`)
+    context: KnownContext | None = None
+    #: told, before the first level, what a run does that the user did not ask in so many
+    #: words (a trace's rows dropped to fit the server's context); ``None``: nobody is told
+    on_note: Callable[[str], None] | None = None
 
     def with_session(self, session: aiohttp.ClientSession,
                      tokenizer: Tokenizer | None) -> Harness:
         """A copy with ``session`` and ``tokenizer`` set (the rest shared)."""
         return Harness(session=session, tokenizer=tokenizer, on_progress=self.on_progress,
                        stop=self.stop, observers=self.observers, on_samples=self.on_samples,
-                       kept=self.kept, read_config=self.read_config, on_level=self.on_level)
+                       kept=self.kept, read_config=self.read_config, on_level=self.on_level,
+                       context=self.context, on_note=self.on_note)
 
     def keep(self, label: str, observed: Observed) -> None:
         if not observed.samples:

@@ -55,6 +55,7 @@ from cleanslate.bench._client import (
     printable,
     send_request,
 )
+from cleanslate.bench._context import fit_config
 from cleanslate.bench._conversation import (
     ConversationWorkload,
     History,
@@ -793,6 +794,7 @@ async def run_benchmark(
             session = await stack.enter_async_context(make_session(config))
         run = harness.with_session(session, tokenizer)
         server_config = await read_config_once(harness, session, config)
+        config, fit = await fit_config(config, run, server_config)  # before any request
         for i, load in enumerate(config.loads):
             first = levels[0] if levels else None
             level = await run_repeats(
@@ -815,7 +817,8 @@ async def run_benchmark(
                 break
     spec = config.workload
     return BenchResult(
-        trace=trace_info(spec) if isinstance(spec, TraceWorkload) else None,
+        trace=(trace_info(spec, tokenizer=tokenizer, fit=fit)
+               if isinstance(spec, TraceWorkload) else None),
         version=__version__,
         started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
         finished_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),

@@ -93,7 +93,9 @@ class HFTokenizer:
         self.path = str(p)
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False))
+        # verbose=False: a trace's prompt longer than model_max_length is counted to be cut,
+        # not a mistake for transformers to warn about on the terminal
+        return list(self._tok.encode(text, add_special_tokens=False, verbose=False))
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids))
@@ -104,6 +106,13 @@ class HFTokenizer:
     @property
     def vocab_ids(self) -> list[int]:
         return self._vocab
+
+    @property
+    def model_max_length(self) -> int | None:
+        """The tokenizer's ``model_max_length`` (its ``tokenizer_config.json``; transformers
+        answers 10**30 when none is set); ``None`` without transformers."""
+        value = getattr(self._tok, "model_max_length", None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class _RawAdapter:
@@ -116,7 +125,8 @@ class _RawAdapter:
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size())  # type: ignore[attr-defined]
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, verbose: bool = True
+               ) -> list[int]:
         enc = self._tok.encode(text, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
         return list(enc.ids)
 

@@ -31,6 +31,17 @@ meets the trace's reuse. Each measurement (level, repeat) draws its blocks from 
 the reuse is the trace's, never a cache warmed by the level before. :func:`expected_cached`
 predicts the prompt tokens a prefix cache serves from the hashes, to compare with what the
 server reports.
+
+The server's context: a row whose prompt plus output exceeds it would be refused (HTTP 400), so
+before anything is sent each row is fitted (``fit``): ``drop`` (the default) leaves it out,
+``clip`` cuts its prompt to the context less its output (an output alone at or above the context
+is cut to the context less one prompt token), ``off`` sends it as it is. The context is
+``context=`` when given, else what the run's caller found (:mod:`cleanslate.bench._context`:
+the run record, the server's answers, the tokenizer); unknown, nothing is fitted. Each prompt is
+then cut, as synthesized and measured (by the tokenizer when given, else by the client's own
+count), to at most ``max_input_len`` tokens and to the context less its output: a prompt
+synthesized from token ids may re-encode to more tokens than its row asked for (a 1,900-token
+row became 2,310).
 """
 
 from __future__ import annotations
@@ -64,6 +75,8 @@ from cleanslate.inputs import interruptible, read_input
 from cleanslate.models import FrozenStrict
 
 TraceFormat = Literal["jsonl", "mooncake", "azure"]
+#: What a row that does not fit the server's context becomes (see the module docstring).
+FitMode = Literal["drop", "clip", "off"]
 
 #: What each format's columns become, in the words a result records
 #: (:attr:`TraceInfo.columns`).
@@ -106,6 +119,11 @@ class TraceWorkload(Workload):
     block_size: int = Field(default=512, ge=1, le=MAX_LEN, description="tokens per hash block")
     max_input_len: int = Field(default=131_072, ge=1, le=MAX_LEN)
     max_output_len: int = Field(default=16_384, ge=1, le=MAX_LEN)
+    fit: FitMode = Field(default="drop", description="a row whose prompt plus output exceeds "
+                         "the server's context: drop, clip (cut its prompt) or off (sent)")
+    context: int | None = Field(default=None, ge=2, le=2 * MAX_LEN,
+                                description="the server's context in tokens (prompt plus "
+                                "output); None: found from the server (see bench._context)")
 
     def max_input_tokens(self) -> int:
         """The trace's longest prompt (``max_input_len`` while the file cannot be read: the
@@ -140,6 +158,45 @@ class Trace:
     clipped_rows: int  # rows over max_input_len / max_output_len: dropped
 
 
+class TraceFit(FrozenStrict):
+    """How a run fitted the trace's rows to the server's context, said before the first level
+    and recorded in :attr:`TraceInfo.fit`.
+
+    ``context``: tokens a request (prompt plus output) may hold; ``None``: unknown (nothing
+    fitted). ``source``: where it was read (``context= of the workload``, ``GET /v1/models
+    max_model_len``, ...). ``rows``: the selected rows before the fit; ``dropped`` /
+    ``clipped``: those left out or cut (``fit=off``: ``over`` counts those sent as they are).
+    """
+
+    mode: FitMode
+    context: int | None = Field(description="tokens, prompt plus output; None: unknown")
+    source: str | None = Field(description="where the context was read")
+    rows: int
+    dropped: int = 0
+    clipped: int = 0
+    over: int = Field(default=0, description="rows above the context (prompt plus output, "
+                      "as the trace gives them)")
+
+    def line(self) -> str:
+        """What is printed before sending, e.g. ``dropped 31 of 47 rows: prompt + output
+        above the server's 2,048-token context (read from GET /v1/models max_model_len)``."""
+        if self.context is None:
+            return ("the server's context is unknown: every row of the trace is sent as it is "
+                    f"({self.source or 'nothing told it'}); give context=N to the trace "
+                    "workload to fit its rows")
+        ctx = f"the server's {self.context:,}-token context (read from {self.source})"
+        if self.mode == "off" and self.over:
+            return (f"fit=off: {self.over:,} of {self.rows:,} rows above {ctx} are sent as "
+                    "they are")
+        if self.dropped:
+            return (f"dropped {self.dropped:,} of {self.rows:,} rows: prompt + output above "
+                    f"{ctx}")
+        if self.clipped:
+            return (f"clipped {self.clipped:,} of {self.rows:,} rows to {ctx}: each prompt "
+                    "cut to the context less its output")
+        return f"all {self.rows:,} rows fit {ctx}"
+
+
 class TraceInfo(FrozenStrict):
     """What a run replayed: the file, its format, how each column was read, the selection."""
 
@@ -162,6 +219,8 @@ class TraceInfo(FrozenStrict):
     expected_cached_share: float | None = Field(
         description="share of the selected prompts' tokens a prefix cache with room for "
         "everything serves, predicted from the hashes; None without hashes")
+    fit: TraceFit | None = Field(default=None, description="the rows fitted to the server's "
+                                 "context; None: not fitted (the workload used by itself)")
 
 
 def _where(path: Path, line: int | None = None) -> str:
@@ -390,6 +449,84 @@ def select(spec: TraceWorkload, trace: Trace) -> list[TraceRow]:
                      r.text) for r in window]
 
 
+def row_tokens(row: TraceRow, tok: Tokenizer | None) -> int:
+    """A row's prompt tokens as the trace gives them (its text's, counted as the client counts
+    them: by the tokenizer when given, else :func:`approx_count`)."""
+    if row.text is None:
+        return row.input_len
+    return tok.count(row.text) if tok is not None else approx_count(row.text)
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """Rows fitted to a context (:func:`fit_rows`): those kept (clipped ones cut), and counts."""
+
+    rows: list[TraceRow]
+    dropped: int
+    clipped: int
+    over: int
+
+
+def fit_rows(spec: TraceWorkload, rows: list[TraceRow], tok: Tokenizer | None) -> Fitted:
+    """``rows`` fitted to ``spec.context`` by ``spec.fit`` (see the module docstring); all of
+    them, unchanged, when the context is unknown or the fit is ``off`` (``over`` still
+    counted)."""
+    ctx = spec.context
+    if ctx is None:
+        return Fitted(list(rows), 0, 0, 0)
+    kept: list[TraceRow] = []
+    dropped = clipped = over = 0
+    for row in rows:
+        prompt = row_tokens(row, tok)
+        if prompt + row.output_len <= ctx or spec.fit == "off":
+            over += prompt + row.output_len > ctx
+            kept.append(row)
+            continue
+        over += 1
+        if spec.fit == "drop":
+            dropped += 1
+            continue
+        clipped += 1
+        output = min(row.output_len, ctx - 1)
+        # a text row keeps its text: synthesize cuts it to the context less its output
+        prompt_len = row.input_len if row.text is not None else min(prompt, ctx - output)
+        kept.append(TraceRow(row.t_s, prompt_len, output, row.hash_ids, row.text))
+    return Fitted(kept, dropped, clipped, over)
+
+
+def prompt_bound(spec: TraceWorkload, output_len: int) -> int:
+    """The most prompt tokens one request of ``spec`` sends: ``max_input_len``, and the
+    context less the request's output when the context is known and fitted (at least 1)."""
+    bound = spec.max_input_len
+    if spec.context is not None and spec.fit != "off":
+        bound = min(bound, spec.context - output_len)
+    return max(1, bound)
+
+
+def cut_text(text: str, bound: int, tok: Tokenizer | None) -> tuple[str, int]:
+    """``text`` cut to at most ``bound`` tokens as measured: by the tokenizer (encoded, cut,
+    decoded and counted again until the count is within the bound: decoding and encoding
+    again may add tokens), else by :func:`approx_count` (4 characters a token)."""
+    if tok is None:
+        n = approx_count(text)
+        if n <= bound:
+            return text, n
+        cut = text[: 4 * bound]
+        return cut, approx_count(cut)
+    n = tok.count(text)
+    if n <= bound:
+        return text, n
+    ids = tok.encode(text)
+    keep = min(bound, len(ids))
+    while keep > 0:
+        cut = tok.decode(ids[:keep])
+        n = tok.count(cut)
+        if n <= bound:
+            return cut, n
+        keep -= max(1, n - bound)
+    return "", 0
+
+
 def _block(seed: int, cycle: int, h: int, size: int, tok: Tokenizer | None
            ) -> list[str] | list[int]:
     """The tokens of block ``h`` in one measurement: words, or vocabulary ids with a
@@ -405,16 +542,18 @@ def _block(seed: int, cycle: int, h: int, size: int, tok: Tokenizer | None
 def synthesize(row: TraceRow, index: int, cycle: int, spec: TraceWorkload, seed: int,
                tok: Tokenizer | None) -> Prompt:
     """The prompt of one trace row: its blocks' tokens, then unique random tokens up to its
-    input length (or the row's own text)."""
+    input length (or the row's own text); then cut, as measured, to :func:`prompt_bound`."""
     source: Literal["tokenizer", "approx"] = "tokenizer" if tok else "approx"
     at = row.t_s
+    bound = prompt_bound(spec, row.output_len)
     if row.text is not None:
-        count = tok.count(row.text) if tok is not None else approx_count(row.text)
-        return Prompt(row.text, count, source, row.output_len, at_s=at)
+        text, count = cut_text(row.text, bound, tok)
+        return Prompt(text, count, source, row.output_len, at_s=at)
     size = spec.block_size
     blocks: list[tuple[int, int]] = []
     parts: list[list[str] | list[int]] = []
-    left = row.input_len
+    left = min(row.input_len, bound)
+    length = left
     for h in row.hash_ids:
         if left <= 0:
             break
@@ -429,13 +568,25 @@ def synthesize(row: TraceRow, index: int, cycle: int, spec: TraceWorkload, seed:
         if left > 0:
             tail, _ = random_text(rng, left, None)
             text = f"{text} {tail}" if text else tail
-        return Prompt(text, row.input_len, source, row.output_len, at_s=at,
-                      blocks=tuple(blocks))
+        return Prompt(text, length, source, row.output_len, at_s=at, blocks=tuple(blocks))
     ids = [int(i) for part in parts for i in part]
     if left > 0:
         ids += rng.choices(tok.vocab_ids, k=left)
-    text = tok.decode(ids)
-    return Prompt(text, tok.count(text), source, row.output_len, at_s=at, blocks=tuple(blocks))
+    # decoded and encoded again, the ids may be more tokens than the row asked for
+    text, count = cut_text(tok.decode(ids), bound, tok)
+    return Prompt(text, count, source, row.output_len, at_s=at, blocks=_within(blocks, count))
+
+
+def _within(blocks: list[tuple[int, int]], tokens: int) -> tuple[tuple[int, int], ...]:
+    """``blocks`` of a prompt cut to ``tokens``: those within it, the last one shortened."""
+    out: list[tuple[int, int]] = []
+    left = tokens
+    for h, n in blocks:
+        if left <= 0:
+            break
+        out.append((h, min(n, left)))
+        left -= n
+    return tuple(out)
 
 
 def expected_cached(prompts: list[Prompt]) -> int:
@@ -467,6 +618,10 @@ def _trace(spec: TraceWorkload, n: int, rng: random.Random, tok: Tokenizer | Non
         raise InputError(f"no request in the window start={spec.start:g} s, duration="
                          f"{spec.duration:g} s" if spec.duration else
                          f"no request at or after start={spec.start:g} s", where=spec.path)
+    fitted = fit_rows(spec, rows, tok)
+    if not fitted.rows:
+        raise nothing_fits(spec, len(rows))
+    rows = fitted.rows
     seed = rng.randrange(1 << 62)
     count = min(n, len(rows)) if n >= MAX_NUM_PROMPTS else n
     out: list[Prompt] = []
@@ -486,10 +641,21 @@ def _trace(spec: TraceWorkload, n: int, rng: random.Random, tok: Tokenizer | Non
     return out
 
 
-def trace_info(spec: TraceWorkload, *, tokenizer: Tokenizer | None = None) -> TraceInfo:
-    """What :class:`TraceInfo` records of ``spec``'s trace and selection."""
+def nothing_fits(spec: TraceWorkload, rows: int) -> InputError:
+    """The error of a selection none of whose ``rows`` fits ``spec.context``."""
+    return InputError(f"every one of the {rows:,} selected rows asks for more than the "
+                      f"server's {spec.context or 0:,}-token context (prompt + output)",
+                      where=spec.path, hint="fit=clip cuts their prompts to fit; fit=off "
+                      "sends them as they are (the server refuses them)")
+
+
+def trace_info(spec: TraceWorkload, *, tokenizer: Tokenizer | None = None,
+               fit: TraceFit | None = None) -> TraceInfo:
+    """What :class:`TraceInfo` records of ``spec``'s trace and selection (the rows as
+    ``spec.context`` fits them, recorded as ``fit`` says)."""
     trace = read_trace(spec)
     rows = select(spec, trace)
+    rows = fit_rows(spec, rows, tokenizer).rows or rows
     span = rows[-1].t_s - rows[0].t_s if rows else 0.0
     hashed = [r for r in rows if r.hash_ids]
     share: float | None = None
@@ -505,9 +671,10 @@ def trace_info(spec: TraceWorkload, *, tokenizer: Tokenizer | None = None) -> Tr
         speedup=spec.speedup, start=spec.start, duration=spec.duration, sample=spec.sample,
         block_size=spec.block_size, zero_output_rows=trace.zero_output_rows,
         clipped_rows=trace.clipped_rows, hashed_rows=len(hashed),
-        expected_cached_share=share)
+        expected_cached_share=share, fit=fit)
 
 
-__all__ = ["COLUMNS", "Trace", "TraceInfo", "TraceRow", "TraceWorkload", "check_replay",
-           "expected_cached", "read_trace", "replay_span_s", "select", "synthesize",
-           "trace_info"]
+__all__ = ["COLUMNS", "FitMode", "Fitted", "Trace", "TraceFit", "TraceInfo", "TraceRow",
+           "TraceWorkload", "check_replay", "cut_text", "expected_cached", "fit_rows",
+           "nothing_fits", "prompt_bound", "read_trace", "replay_span_s", "row_tokens", "select",
+           "synthesize", "trace_info"]

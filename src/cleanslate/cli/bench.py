@@ -596,12 +596,20 @@ async def _run(config: BenchConfig, show_live: bool,
     if not show_live:
         return await run_benchmark(config, Harness(stop=stop,
                                                    on_samples=samples or discard_samples,
-                                                   read_config=config_reader(config)))
+                                                   read_config=config_reader(config),
+                                                   on_note=_note))
     with LiveView(console_err) as view:
         return await run_benchmark(config, Harness(on_progress=view.on_progress, stop=stop,
                                                    on_samples=samples or discard_samples,
                                                    on_level=view.on_level,
-                                                   read_config=config_reader(config)))
+                                                   read_config=config_reader(config),
+                                                   on_note=_note))
+
+
+def _note(text: str) -> None:
+    """What the run says before its first level (a trace fitted to the server's context):
+    the server's words among it are text, never markup."""
+    console_err.print(Text(f"trace: {text}"), soft_wrap=True)
 
 
 def build_config(opts: BenchOptions) -> BenchConfig:

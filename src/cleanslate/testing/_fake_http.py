@@ -212,7 +212,10 @@ class Conn(asyncio.Protocol):
             elif path == "/stats":
                 self._write(_plain("200 OK", self.stats.as_dict()))
             elif path == "/v1/models":
-                models = wire.models_body([{"id": opts.model, "owned_by": "cleanslate-fake"}])
+                entry: dict[str, Any] = {"id": opts.model, "owned_by": "cleanslate-fake"}
+                if opts.max_model_len is not None:
+                    entry["max_model_len"] = opts.max_model_len
+                models = wire.models_body([entry])
                 self._write(_plain("200 OK", models))
             else:
                 self._write(_plain("404 Not Found", wire.http_error_body(404, f"no {path}")))
@@ -246,6 +249,15 @@ class Conn(asyncio.Protocol):
             self._write(_plain("422 Unprocessable Entity", detail))
             return
         chat = path.endswith("/chat/completions")
+        if opts.max_model_len is not None:
+            prompt = _prompt_tokens(req, chat)
+            if prompt + n > opts.max_model_len:
+                self.stats.too_long += 1
+                self._write(_plain("400 Bad Request", wire.http_error_body(400, (
+                    f"This model's maximum context length is {opts.max_model_len} tokens. "
+                    f"However, you requested {prompt + n} tokens ({prompt} in the messages, "
+                    f"{n} in the completion)."))))
+                return
         stream = bool(req.get("stream"))
         if faults.error_body:
             event = wire.error_event_body("model crashed")

@@ -10,7 +10,9 @@ Raw asyncio (no framework) so that it costs little CPU per token: every event of
 pre-built bytes, written one per event-loop turn (zero delay) or one per ``itl_s``. It serves
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed and whole; ``max_tokens`` /
 ``max_completion_tokens``, ``stream_options.include_usage``), ``GET /health`` (200 whatever the
-faults, like an engine whose worker died after start-up), ``GET /v1/models`` and ``GET /stats``
+faults, like an engine whose worker died after start-up), ``GET /v1/models`` (with
+``max_model_len`` under ``--max-model-len N``, which answers HTTP 400 to a request whose prompt
+words plus ``max_tokens`` exceed N, in vLLM's words) and ``GET /stats``
 (the server's own record: requests served, tokens written, mean gap between the token writes of
 a response in seconds). A response has ``max_tokens`` tokens (16 when the request names none),
 one word each (``usage`` counts them); the text is varied words. ``GET /metrics`` answers 404,
@@ -56,7 +58,8 @@ In a test: ``async with fake_openai_server("http_500") as url: ...`` (yields the
 that blocks its thread (a command run in-process), ``with fake_openai_thread("hostile=gzip-bomb")
 as server: ...`` runs it in a thread of its own. As a process:
 ``python -m cleanslate.testing.fake_openai --port 0 [--itl-ms 10] [--fault endless] [--cpu 0]
-[--workers N] [--metrics-file PATH]`` prints ``READY <port>`` on stdout once listening.
+[--workers N] [--metrics-file PATH] [--max-model-len N]`` prints ``READY <port>`` on stdout once
+listening.
 """
 
 from __future__ import annotations
@@ -217,6 +220,10 @@ class FakeOptions:
     #: the body ``GET /metrics`` answers as Prometheus text (``None``: 404, unless
     #: :meth:`FakeServer.set_metrics` set hostile answers)
     metrics: bytes | None = None
+    #: the context: a request whose prompt (words) plus ``max_tokens`` exceeds it is answered
+    #: HTTP 400 (as vLLM does), and ``GET /v1/models`` says it as ``max_model_len``; ``None``:
+    #: no context
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -228,6 +235,8 @@ class FakeStats:
     tokens: int = 0
     gap_sum: float = 0.0
     gap_count: int = 0
+    #: requests answered HTTP 400 for exceeding ``max_model_len`` (this process's own)
+    too_long: int = 0
     #: multi-process mode: every worker's figures, 4 slots each (see :func:`main`)
     shared: Any = None
     index: int = 0
@@ -330,10 +339,11 @@ async def fake_openai_server(
     itl_s: float = 0.0,
     ttft_s: float = 0.0,
     default_tokens: int = DEFAULT_TOKENS,
+    max_model_len: int | None = None,
 ) -> AsyncIterator[str]:
     """Run the fake with these faults (``"ok"``: none) and yield ``http://host:port``."""
     opts = FakeOptions(parse_faults(faults), itl_s=itl_s, ttft_s=ttft_s,
-                       default_tokens=default_tokens)
+                       default_tokens=default_tokens, max_model_len=max_model_len)
     server = await start_fake_server(opts, host=host, port=port)
     try:
         yield server.url
@@ -344,12 +354,14 @@ async def fake_openai_server(
 
 @contextmanager
 def fake_openai_thread(*faults: str, host: str = "127.0.0.1", itl_s: float = 0.0,
-                       ttft_s: float = 0.0) -> Iterator[FakeServer]:
+                       ttft_s: float = 0.0, max_model_len: int | None = None
+                       ) -> Iterator[FakeServer]:
     """Run the fake with these faults in a thread of its own (its own event loop), for a
     caller that blocks its thread: a command run in this process (``cleanslate bench`` through
     :func:`cleanslate.cli.main`). Yields the server (``.url``, ``.stats``, read them between
     the caller's steps); stops it, its loop and the thread on exit."""
-    opts = FakeOptions(parse_faults(faults), itl_s=itl_s, ttft_s=ttft_s)
+    opts = FakeOptions(parse_faults(faults), itl_s=itl_s, ttft_s=ttft_s,
+                       max_model_len=max_model_len)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="fake-openai", daemon=True)
     thread.start()
@@ -383,6 +395,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--metrics-file", default=None, metavar="PATH",
                     help="answer GET /metrics with this file as Prometheus text")
     ap.add_argument("--cpu", default=None, help="pin to these CPUs, e.g. 0 or 1-7")
+    ap.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                    help="the context: HTTP 400 to a request of more than N tokens (prompt "
+                    "words plus max_tokens), and max_model_len in GET /v1/models")
     ap.add_argument(
         "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
     )
@@ -397,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
         ttft_s=args.ttft_ms / 1000.0,
         default_tokens=args.tokens,
         metrics=Path(args.metrics_file).read_bytes() if args.metrics_file else None,
+        max_model_len=args.max_model_len,
     )
     cpus: list[int] = []
     for part in (args.cpu or "").split(","):

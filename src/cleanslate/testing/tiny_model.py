@@ -10,6 +10,8 @@ shape that vLLM's CPU attention supports: head_dim 16 crashed on the first reque
 (``tests/fixtures/vllm-cpu/crash_enginedead_first_request.log``). ``generation_config.eos_token_id``
 is ``None`` so random weights do not stop generation early, and ``do_sample`` is on: greedy
 decoding of random weights repeats one token forever, which the smoke test calls degenerate.
+Its tokenizer alone: :func:`build_tiny_tokenizer` (a folder ``--tokenizer`` loads) and
+:func:`tiny_bpe` (the BPE through the ``tokenizers`` package only, for fast tests).
 
 ``torch``, ``transformers`` and ``tokenizers`` are imported inside the function: they are test
 extras, not dependencies of cleanslate.
@@ -57,6 +59,55 @@ def generate_corpus(lines: int = 2000, seed: int = 0) -> list[str]:
     return corpus
 
 
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
+
+
+def tiny_bpe(vocab_size: int = 1024, seed: int = 0) -> Any:
+    """The tiny model's byte-level BPE as a ``tokenizers.Tokenizer`` (the ``tokenizers``
+    package alone: about 0.1 s, no transformers), trained on :func:`generate_corpus`."""
+    tk: Any = importlib.import_module("tokenizers")
+    decoders, models, pre_tokenizers = tk.decoders, tk.models, tk.pre_tokenizers
+    processors, trainers = tk.processors, tk.trainers
+    bpe = tk.Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(generate_corpus(seed=seed), trainer=trainer)
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    return bpe
+
+
+def _tiny_tokenizer(vocab_size: int, model_max_length: int, seed: int) -> Any:
+    """The byte-level BPE of :func:`tiny_bpe`, as a ``PreTrainedTokenizerFast``."""
+    hf: Any = importlib.import_module("transformers")
+    tokenizer = hf.PreTrainedTokenizerFast(
+        tokenizer_object=tiny_bpe(vocab_size, seed),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=model_max_length,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_tokenizer(path: str | os.PathLike[str], *, vocab_size: int = 1024,
+                         model_max_length: int = 2048, seed: int = 0) -> Path:
+    """Write the tiny model's tokenizer alone at ``path`` (created if missing; transformers
+    needed, not torch) and return it: a folder ``--tokenizer`` loads, whose
+    ``model_max_length`` is ``model_max_length``."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    _tiny_tokenizer(vocab_size, model_max_length, seed).save_pretrained(out)
+    return out
+
+
 def build_tiny_llama(
     path: str | os.PathLike[str],
     *,
@@ -83,36 +134,11 @@ def build_tiny_llama(
     # Imported as untyped modules: they are optional (test extras), so the type checker must
     # not depend on whether they are installed.
     torch: Any = importlib.import_module("torch")
-    tk: Any = importlib.import_module("tokenizers")
     hf: Any = importlib.import_module("transformers")
-    decoders, models, pre_tokenizers = tk.decoders, tk.models, tk.pre_tokenizers
-    processors, trainers = tk.processors, tk.trainers
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    special = ["<unk>", "<s>", "</s>", "<pad>"]
-
-    bpe = tk.Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(generate_corpus(seed=seed), trainer=trainer)
-    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
-
-    tokenizer = hf.PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        model_max_length=max_position_embeddings,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = _tiny_tokenizer(vocab_size, max_position_embeddings, seed)
     tokenizer.save_pretrained(out)
 
     config = hf.LlamaConfig(
