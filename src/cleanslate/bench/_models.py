@@ -634,6 +634,10 @@ class BenchResult(_Frozen):
     """One run of the client: its metadata and one :class:`LevelResult` per level, in order."""
 
     tool: str = "cleanslate bench"
+    bench_id: str | None = Field(default=None, description="its id in the store (`cleanslate "
+                                 "runs`, `report BENCH_ID`); None: not recorded (--no-store)")
+    run_id: str | None = Field(default=None, description="the recorded run it measured "
+                               "(bench --run); None: a bare --url")
     version: str
     started_at: str
     finished_at: str

@@ -57,7 +57,8 @@ class BenchRecorder:
         if not self.enabled:
             return document
         data = json.loads(document)
-        return json.dumps({"bench_id": self.bench_id, "run_id": self.run_id, **data},
+        rest = {k: v for k, v in data.items() if k not in ("bench_id", "run_id")}
+        return json.dumps({"bench_id": self.bench_id, "run_id": self.run_id, **rest},
                           indent=2)
 
     def record(self, document: str, config: BenchConfig, *, kind: BenchKind,

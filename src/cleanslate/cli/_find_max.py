@@ -388,6 +388,8 @@ class FindMaxDocument(FrozenStrict):
     warmup: int
     max_extensions: int
     find_max: CapacityResult
+    bench_id: str | None = None  # its id in the store (None: not recorded, --no-store)
+    run_id: str | None = None  # the recorded run it measured (bench --run; None: --url)
 
 
 def _now() -> str:
