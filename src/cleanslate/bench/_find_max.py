@@ -23,6 +23,7 @@ from cleanslate.bench._capacity import (
     StopReason,
     probe_from_level,
 )
+from cleanslate.bench._context import fit_config
 from cleanslate.bench._models import BenchConfig, ClosedLoop, LevelResult, OpenLoop
 from cleanslate.bench._observe import Harness
 from cleanslate.bench._repeats import combine
@@ -102,6 +103,7 @@ async def find_max(
     check = check_server or partial_is_crash
     assert harness.session is not None
     server_config = await read_config_once(harness, harness.session, config)
+    config, _fit = await fit_config(config, harness, server_config)  # a trace: to the context
     template = next((x for x in config.loads if isinstance(x, OpenLoop)), None)
     base = config.model_copy(update={"slo": search.slo.per_request(),
                                      "limits": search.slo.count_keys(), "num_prompts": None

@@ -417,6 +417,10 @@ def config_reader(config: BenchConfig) -> ConfigReader | None:
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
                   on_probe: object, samples: SampleFiles | None = None) -> CapacityResult:
     from cleanslate.bench import Harness, LiveView, discard_samples, find_max
+    from cleanslate.cli._common import console_err
+
+    def note(text: str) -> None:  # a trace fitted to the context: said before the first probe
+        console_err.print(Text(f"trace: {text}"), soft_wrap=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -429,13 +433,13 @@ async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | Non
     if live is None:
         return await find_max(config, plan.search,
                               Harness(stop=stop, on_samples=samples or discard_samples,
-                                      read_config=config_reader(config)),
+                                      read_config=config_reader(config), on_note=note),
                               **kwargs)  # type: ignore[arg-type]
     with LiveView(live) as view:
         return await find_max(config, plan.search,
                               Harness(on_progress=view.on_progress, stop=stop,
                                       on_samples=samples or discard_samples,
-                                      read_config=config_reader(config)),
+                                      read_config=config_reader(config), on_note=note),
                               **kwargs)  # type: ignore[arg-type]
 
 
