@@ -72,7 +72,9 @@ def test_a_server_that_exits_0_mid_level_is_crashed_at_that_level(
     record, run, _spec = _trial(lab, f"exit-after={BEFORE_LEVELS + PER_LEVEL + 3}",
                                 monkeypatch)
     assert record.level_verdicts == {"c=2": "ok", "c=4": "crashed"}
-    assert record.status == "feasible" and record.best_level == "c=2"
+    # decided by its crash (issue 38): infeasible, the value of the level below it kept
+    assert record.status == "infeasible" and record.best_level == "c=2"
+    assert record.value is not None and record.crash_text == "crashed at c=4 (exited)"
     assert record.cause == "exited"
     assert record.detail is not None
     assert record.detail.startswith("c=4: the server exited with status 0 (server unreachable")

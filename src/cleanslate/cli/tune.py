@@ -65,7 +65,15 @@ class ConsoleView(TuneView):
 
         if self.quiet:
             return
-        if record.status is TrialStatus.FEASIBLE and record.capacity is not None:
+        crash = record.crash_text
+        if crash is not None:  # the crash first; a value kept from the levels below it after
+            line = f"  [red]{escape(crash)}[/]: {escape((record.detail or '')[:160])}"
+            if record.value is not None:
+                from cleanslate.cli._stats import value_text
+
+                line += (f"  [dim]| {value_text(record)} at {record.best_level} before "
+                         "the crash[/]")
+        elif record.status is TrialStatus.FEASIBLE and record.capacity is not None:
             from cleanslate.report import bracket_text
 
             line = f"  [green]feasible[/] {escape(bracket_text(record.capacity))}"
@@ -282,12 +290,12 @@ def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None)
         else {}
     for t in ordered:
         feasible = t.status is TrialStatus.FEASIBLE
-        status = "feasible" if feasible else f"{t.status}: {t.cause}"
+        status = t.crash_text or ("feasible" if feasible else f"{t.status}: {t.cause}")
         if t.number in words:
             status += f" ({words[t.number]})"
         table.add_row(str(t.number), *(Text(str(t.params.get(f))) for f in factors),
-                      Text(status), t.best_level or "-",
-                      value_text(t) if feasible and t.value else "-",
+                      Text(status, style="red" if t.crash_text else ""), t.best_level or "-",
+                      value_text(t) if (feasible or t.crash_text) and t.value else "-",
                       *((Text(capacity_cell(t)),) if searched else ()),
                       *((Text(bounds[t.number]),) if diagnosed else ()))
     console.print(table)

@@ -106,7 +106,9 @@ def trials_table(report: StudyReport) -> Table:
     for t in report.sorted_trials():
         r = t.record
         status = _t(r.status, _STYLE.get(r.status, ""))
-        if r.cause:
+        if t.crash_text is not None:  # the crash first, whatever the status
+            status = _t(t.crash_text, "red")
+        elif r.cause:
             status.append(f" ({r.cause})")
         params = (_t(show(r.params.get(f)) if f in r.params else "") for f in report.factors)
         mark = standing_text(report, t)
@@ -200,10 +202,31 @@ def hosts_table(report: StudyReport) -> Table:
     return table
 
 
+def failure_lines(report: StudyReport) -> list[str]:
+    """The failures section as lines of text: every trial that was not feasible or whose
+    server crashed at any level (:attr:`StudyReport.failures`), the crash first
+    (``#4 crashed at c=256 (python_exception): c=256: AttributeError: ...``), then its log
+    excerpt indented (:func:`~cleanslate.report._data.log_excerpt`); empty when there is
+    none."""
+    failures = report.failures
+    if not failures:
+        return []
+    lines = [f"failures of {report.name} ({len(failures)}):"]
+    for t in failures:
+        r = t.record
+        head = t.crash_text or (f"{r.status}: {r.cause}" if r.cause else str(r.status))
+        lines.append(f"  #{t.number} {head}" + (f": {r.detail}" if r.detail else ""))
+        lines += [f"      {row}" for row in t.log_excerpt.splitlines()]
+    return lines
+
+
 def print_report(console: Console, report: StudyReport) -> None:
-    """The trials table, the slots (when the study ran on several, or one was not ok), the
-    hosts' doctor snapshots, then the best configuration and its launch command."""
+    """The trials table, the failures (crashes first said as such, with a log excerpt), the
+    slots (when the study ran on several, or one was not ok), the hosts' doctor snapshots, then
+    the best configuration and its launch command."""
     print_table(console, trials_table(report))
+    for text in failure_lines(report):
+        console.print(_t(text, "red" if text.startswith("  #") else ""), soft_wrap=True)
     if len(report.slots) > 1 or any(s.state != "ok" for s in report.slots):
         print_table(console, slots_table(report))
     if report.hosts:

@@ -91,6 +91,27 @@ def level_concurrency(level: LevelResult) -> float | None:
     return None
 
 
+#: Lines of a failed trial's log that its excerpt shows at most (:func:`log_excerpt`).
+EXCERPT_LINES = 12
+
+
+def log_excerpt(tail: str, lines: int = EXCERPT_LINES) -> str:
+    """The part of a server's log tail that says why it failed, as text (never interpreted):
+    its last Python traceback from ``Traceback`` to the exception's line (its first frames
+    elided past ``lines``), else its last ``lines`` non-empty lines; empty for an empty
+    tail."""
+    rows = tail.splitlines()
+    start = next((i for i in range(len(rows) - 1, -1, -1) if "Traceback" in rows[i]), None)
+    if start is None:
+        return "\n".join([r for r in rows if r.strip()][-lines:])
+    end = next((i for i in range(start + 1, len(rows))
+                if rows[i].strip() and not rows[i][:1].isspace()), len(rows) - 1)
+    block = rows[start:end + 1]
+    if len(block) > lines:
+        block = [block[0], "  ...", *block[-(lines - 2):]]
+    return "\n".join(block)
+
+
 @dataclass(frozen=True)
 class TrialView:
     """One trial with what a report needs beside its record: its run (if recorded)."""
@@ -161,9 +182,16 @@ class TrialView:
         return shlex.join(argv) if argv else ""
 
     @property
+    def crash_text(self) -> str | None:
+        """``crashed at c=256 (python_exception)`` for a trial whose server crashed at a level
+        (:attr:`~cleanslate.store.TrialRecord.crash_text`), else ``None``."""
+        return self.record.crash_text
+
+    @property
     def cause_text(self) -> str:
-        """``cause: detail`` for a trial that was not feasible (empty for a feasible one)."""
-        if self.status == TrialStatus.FEASIBLE:
+        """``cause: detail`` for a trial that was not feasible or whose server crashed (empty
+        for a feasible one that did not)."""
+        if self.status == TrialStatus.FEASIBLE and self.crash_text is None:
             return ""
         parts = [p for p in (self.record.cause, self.record.detail) if p]
         return ": ".join(parts)
@@ -192,6 +220,11 @@ class TrialView:
     def log_tail(self) -> str:
         return self.record.log_tail or (self.run.log_tail if self.run and self.run.log_tail
                                         else "")
+
+    @property
+    def log_excerpt(self) -> str:
+        """The lines of the log tail that say why the trial failed (:func:`log_excerpt`)."""
+        return log_excerpt(self.log_tail)
 
 
 @dataclass(frozen=True)
@@ -465,9 +498,11 @@ class StudyReport:
 
     @property
     def failures(self) -> list[TrialView]:
-        """Trials that were not feasible (results and infrastructure failures), by number."""
-        return sorted((t for t in self.trials if t.status != TrialStatus.FEASIBLE),
-                      key=lambda t: t.number)
+        """Trials that were not feasible (results and infrastructure failures) and those whose
+        server crashed at any level (a capacity search's answer below its crash stands: still
+        feasible, listed here too), by number."""
+        return sorted((t for t in self.trials if t.status != TrialStatus.FEASIBLE
+                       or t.crash_text is not None), key=lambda t: t.number)
 
     def trial(self, number: int) -> TrialView | None:
         return next((t for t in self.trials if t.number == number), None)
@@ -524,7 +559,8 @@ class StudyReport:
             out.append(Effect(factor=factor, baseline_value=base[factor],
                               value=t.record.params.get(factor), trial=t, change_pct=pct,
                               better=better,
-                              cause=None if t.feasible else (t.record.cause or t.status),
+                              cause=None if t.feasible else (
+                                  t.record.crash_text or t.record.cause or t.status),
                               difference=diff, baseline=base_trial))
         return out
 

@@ -29,10 +29,11 @@ from cleanslate.report._documents import (
 )
 
 #: CSV columns before the parameters (``param.<flag>``) and the best level's metrics:
+#: ``crash`` where the server crashed and why (``crashed at c=256 (python_exception)``),
 #: ``ci_low``/``ci_high`` the value's interval (empty with one measurement), ``n_replicates``
 #: the measurements it is the mean of, ``standing`` best, tied or undecided (against the best).
-_HEAD = ("study", "number", "status", "cause", "detail", "value", "ci_low", "ci_high",
-         "n_replicates", "standing", "best_level")
+_HEAD = ("study", "number", "status", "crash", "cause", "detail", "value", "ci_low",
+         "ci_high", "n_replicates", "standing", "best_level")
 _TAIL = ("verdict_before", "verdict_after", "run_id", "launch_command")
 #: What bound the trial (``report._bounds``): ``bound_by`` the cell the table shows, the
 #: verdict and confidence at its best level, and at ``limit_level`` (its first miss).
@@ -71,7 +72,8 @@ def trial_row(report: StudyReport, trial: TrialView) -> dict[str, object]:
     r = trial.record
     found = trial.interval(report.confidence)
     row: dict[str, object] = {"study": report.name, "number": r.number, "status": r.status,
-                              "cause": r.cause, "detail": r.detail, "value": r.value,
+                              "crash": trial.crash_text, "cause": r.cause,
+                              "detail": r.detail, "value": r.value,
                               "ci_low": found.low if found else None,
                               "ci_high": found.high if found else None,
                               "n_replicates": found.n if found else None,
@@ -156,11 +158,14 @@ def best_document(report: StudyReport) -> BestDocument | None:
 def _trial_document(report: StudyReport, trial: TrialView) -> dict[str, object]:
     """A trial record as JSON with its launch command, its standing against the best, its
     comparison with the best (``vs_best``: the race or the paired comparison; ``None`` for
-    the best and a trial not compared), and for a capacity search ``capacity_summary``
+    the best and a trial not compared), ``crash`` and ``crashed_at`` (``crashed at c=256
+    (python_exception)`` and the level, ``None`` when its server did not crash), and for a
+    capacity search ``capacity_summary``
     (:func:`~cleanslate.report._capacity.capacity_document`: the bracket as text and the
     probes' figures; the record's own ``capacity`` holds the whole answer)."""
     comp = report.standing.comparisons.get(trial.number)
     return {**trial.record.model_dump(mode="json"), "launch_command": trial.launch_command,
+            "crash": trial.crash_text, "crashed_at": trial.record.crashed_at,
             "standing": report.mark(trial) or None,
             "vs_best": comp.document() if comp is not None else None,
             "statistics_gpu_s": trial.statistics_gpu_s,

@@ -298,8 +298,9 @@ def _trials_table(report: StudyReport) -> str:
         rows.append([
             f'<a href="#{_id("trial", report.name, t.number)}">#{t.number}</a>',
             *(_e(show(r.params.get(f)) if f in r.params else "") for f in factors),
-            _badge(r.status),
-            _e(r.cause or ""),
+            _badge("crashed") if t.crash_text is not None else _badge(r.status),
+            _e(t.crash_text.removeprefix("crashed ") if t.crash_text is not None
+               else r.cause or ""),
             *cells,
             _e(r.best_level or "-"),
             _e(bound_cell(r)),
@@ -368,12 +369,17 @@ def _failures(report: StudyReport) -> str:
     for t in failures:
         r = t.record
         tail = t.log_tail
+        excerpt = t.log_excerpt
+        # a crash is said first, with its level, whatever the status (text, escaped)
+        head = (f'{_badge("crashed")} {_e(t.crash_text.removeprefix("crashed "))}'
+                if t.crash_text is not None
+                else f"{_badge(r.status)} {_e(r.cause or '')}")
         out.append(
-            f'<div class="failure"><h3>Trial #{t.number} {_badge(r.status)} '
-            f"{_e(r.cause or '')}</h3>"
+            f'<div class="failure"><h3>Trial #{t.number} {head}</h3>'
             f"<p>{_params_html(r.params)}</p>"
             + (f"<p>{_e(r.detail)}</p>" if r.detail else "")
-            + (f'<details open><summary>log tail</summary><pre class="log">{_e(tail)}</pre>'
+            + (f'<pre class="log">{_e(excerpt)}</pre>' if excerpt else "")
+            + (f'<details><summary>whole log tail</summary><pre class="log">{_e(tail)}</pre>'
                "</details>" if tail else "<p class=\"meta\">no log tail recorded</p>")
             + "</div>")
     return "".join(out)

@@ -151,6 +151,42 @@ def _note(fig: Figure, text: str) -> None:
     fig.supxlabel(text, x=0.01, ha="left", fontsize=8, color="#444444")
 
 
+@dataclass(frozen=True)
+class ThroughputLine:
+    """One trial's line in the throughput plot (:func:`throughput_line`): ``points`` the levels
+    that served, ``(concurrency, output tokens/s, level)`` by concurrency; ``crashes`` where its
+    server crashed, ``(concurrency, y)``: ``y`` the last served level's throughput before it
+    (the X sits level with where the line stops), ``None`` when no level below it served."""
+
+    points: list[tuple[float, float, LevelResult]]
+    crashes: list[tuple[float, float | None]]
+
+
+def throughput_line(trial: TrialView) -> ThroughputLine:
+    """A trial's levels as the throughput plot draws them: a level where the server crashed
+    is no point of the line (its partial throughput, near 0 tok/s, would draw a fall to 0
+    that no load produced), but an X at its concurrency; the line stops at the last level
+    that served."""
+    points: list[tuple[float, float, LevelResult]] = []
+    crashed: list[float] = []
+    for lv in trial.record.levels:
+        xv = level_concurrency(lv)
+        if xv is None:
+            continue
+        if trial.level_verdict(lv) == "crashed":
+            crashed.append(xv)
+            continue
+        yv = level_metric(lv, "output_throughput")
+        if yv is not None:
+            points.append((xv, yv, lv))
+    points.sort(key=lambda p: p[0])  # a capacity search probes out of order
+    crashes = []
+    for xc in sorted(crashed):
+        below = [p for p in points if p[0] < xc]
+        crashes.append((xc, below[-1][1] if below else None))
+    return ThroughputLine(points=points, crashes=crashes)
+
+
 @_plain_text
 def throughput_figure(reports: list[StudyReport]) -> Figure:
     """Output tokens/s against concurrency, one line per trial (one line style per study)."""
@@ -161,20 +197,22 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
     named = _named(reports)
     unplotted: list[str] = []
     xs: list[float] = []
+    crash_x: list[float] = []
     for si, report in enumerate(reports):
         style = _LINESTYLES[si % len(_LINESTYLES)]
         for trial in sorted(report.trials, key=lambda t: t.number):
-            points: list[tuple[float, float, LevelResult]] = []
-            for lv in trial.record.levels:
-                xv, yv = level_concurrency(lv), level_metric(lv, "output_throughput")
-                if xv is not None and yv is not None:
-                    points.append((xv, yv, lv))
-            points.sort(key=lambda p: p[0])  # a capacity search probes out of order
+            line = throughput_line(trial)
+            points = line.points
+            color = colors[(report.name, trial.number)]
+            crash_x += [xc for xc, _ in line.crashes]
+            xs += [xc for xc, _ in line.crashes]
             if not points:
-                if trial.status.finished:
+                for xc, _ in line.crashes:  # nothing served below it: the X on the axis
+                    ax.plot([xc], [0.015], marker="X", markersize=10, color=color,
+                            transform=ax.get_xaxis_transform(), clip_on=False)
+                if trial.status.finished and not line.crashes:
                     unplotted.append(f"#{trial.number} {trial.record.cause or trial.status}")
                 continue
-            color = colors[(report.name, trial.number)]
             x = [p[0] for p in points]
             y = [p[1] for p in points]
             errors: list[tuple[float, float]] = []
@@ -198,6 +236,14 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
                 marker, filled = _MARKERS.get(trial.level_verdict(level), ("o", True))
                 ax.plot([xi], [yi], marker=marker, markersize=7, color=color,
                         markerfacecolor=color if filled else "white", markeredgewidth=1.5)
+            for xc, _ in line.crashes:  # level with the line's last point below it, unjoined
+                below = [yi for xi, yi in zip(x, y, strict=True) if xi < xc]
+                if below:
+                    ax.plot([xc], [below[-1]], marker="X", markersize=10, color=color,
+                            linestyle="none")
+                else:
+                    ax.plot([xc], [0.015], marker="X", markersize=10, color=color,
+                            transform=ax.get_xaxis_transform(), clip_on=False)
     title = "Output throughput against concurrency"
     ax.set_title(title + (f": {reports[0].name}" if not multi else ""))
     ax.set_xlabel("concurrency (requests in flight)")
@@ -212,7 +258,10 @@ def throughput_figure(reports: list[StudyReport]) -> Figure:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     else:
         _empty(ax, "no level was measured")
-    note = "filled: met the SLOs   hollow: missed an SLO   X: crashed"
+    note = "filled: met the SLOs   hollow: missed an SLO"
+    if crash_x:
+        note += ("   X: the server crashed at that concurrency (level with the last level that "
+                 "served; the line stops there)")
     if any(r.capacity for r in reports):
         note += "   hollow diamond: unresolved (a capacity probe)"
     if any(r.replicated for r in reports):

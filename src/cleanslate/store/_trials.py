@@ -232,6 +232,23 @@ class TrialRecord(Record):
         """GPU-seconds spent on this configuration's measurements beyond its first."""
         return sum(r.gpu_s for r in self.replicates if r.index > 0)
 
+    @property
+    def crashed_at(self) -> str | None:
+        """The label of the level (a capacity search's probe) at which the trial's server
+        crashed, as ``level_verdicts`` recorded it (``crashed``); ``None`` when it did not."""
+        return next((label for label, verdict in self.level_verdicts.items()
+                     if verdict == LevelVerdict.CRASHED), None)
+
+    @property
+    def crash_text(self) -> str | None:
+        """``crashed at c=256 (python_exception)``: where the server crashed and the cause
+        from its log (``crashed`` when none was classified); ``None`` when it did not. A
+        trial's status as the table, the progress lines and the report show it: it comes
+        before ``feasible`` (a capacity search's answer below the crash stands) and before
+        ``infeasible`` (a ladder that crashed: ``docs/study.md``, "Crashes")."""
+        at = self.crashed_at
+        return None if at is None else f"crashed at {at} ({self.cause or 'crashed'})"
+
     def level(self, label: str | None) -> LevelResult | None:
         """The level with this label (``None`` when there is none)."""
         return next((lv for lv in self.levels if lv.label == label), None)

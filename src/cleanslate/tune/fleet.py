@@ -71,7 +71,7 @@ from cleanslate.store import (
     local_machine,
 )
 from cleanslate.tune._systemic import stop_if_systemic
-from cleanslate.tune.race import Racer, tie_set
+from cleanslate.tune.race import Racer, decided_by_crash, tie_set
 from cleanslate.tune.space import distributions, mark_feasible, planned_configs, trial_budget
 from cleanslate.tune.study import Slot, StudySpec
 from cleanslate.tune.trial import (
@@ -504,6 +504,9 @@ class Fleet:
         stats = spec.statistics
         if record.status != TrialStatus.FEASIBLE or (not stats.racing and
                                                     stats.fixed_count() <= 1):
+            why = decided_by_crash(record)
+            if why is not None and (stats.racing or stats.fixed_count() > 1):
+                say(why)  # zero more launches: said, so that a reader does not wait for a race
             return record, lease, None
         bound = lease
 
@@ -697,11 +700,13 @@ RESULT_OF_ATTR = "result_of_trial"
 
 
 def told_value(record: TrialRecord, spec: StudySpec) -> float:
-    """The value Optuna is told for a finished trial: its value, or for an infeasible one
-    without a value the worst (0 when maximizing, 1e12 when minimizing)."""
+    """The value Optuna is told for a finished trial: its value, or for an infeasible one the
+    worst (0 when maximizing, 1e12 when minimizing), a value kept from the levels below a
+    crash included (the sampler is not drawn to a configuration that crashed)."""
     penalty = 0.0 if spec.objective.direction == "maximize" else 1e12
-    return record.value if record.value is not None and math.isfinite(record.value) \
-        else penalty
+    feasible = record.status == TrialStatus.FEASIBLE
+    return record.value if feasible and record.value is not None and \
+        math.isfinite(record.value) else penalty
 
 
 def tell_result(study: optuna.Study, trial: optuna.trial.Trial, record: TrialRecord,

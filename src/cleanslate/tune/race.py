@@ -170,6 +170,19 @@ def needs_race(first: float, incumbent: float, spec: StudySpec, sd: float) -> bo
     return lead > -band(spec.statistics, sd)
 
 
+def decided_by_crash(trial: TrialRecord) -> str | None:
+    """The race log's line for a trial decided by its crash: its server crashed at a level of
+    the ladder the objective needs (``infeasible``, the value of the levels below kept:
+    ``docs/study.md``, "Crashes"), so it is neither raced nor measured again:
+    ``trial 4 crashed at c=256 (python_exception): decided by its crash, not raced``.
+    ``None`` for any other trial (a capacity search's crash bounds its answer, which is raced
+    as any)."""
+    crash = trial.crash_text
+    if trial.status != TrialStatus.INFEASIBLE or crash is None:
+        return None
+    return f"trial {trial.number} {crash}: decided by its crash, not raced"
+
+
 def pair_order(pair: int) -> tuple[str, str]:
     """Who is measured first in race pair ``pair`` (0 is the two first measurements):
     incumbent then challenger, then challenger then incumbent, alternating."""
@@ -442,6 +455,9 @@ class Racer:
         seed0 = spec.seed
         challenger = self.first(challenger, seed0)
         if challenger.status != TrialStatus.FEASIBLE or challenger.value is None:
+            why = decided_by_crash(challenger)
+            if why is not None:
+                self.say(why)
             return RaceResult(challenger=challenger, incumbent=None)
         others = [t for t in self.trials() if t.number != challenger.number]
         incumbent = tie_set(others, spec).best
@@ -538,5 +554,6 @@ class Racer:
 
 
 __all__ = ["PRIOR_CV", "Measure", "RaceResult", "Racer", "TieSet", "band", "compare",
-           "grid_noise", "host_effects", "interval", "measurements", "needs_race",
-           "pair_order", "pair_sd", "pooled_noise", "summarize", "tie_set", "values"]
+           "decided_by_crash", "grid_noise", "host_effects", "interval", "measurements",
+           "needs_race", "pair_order", "pair_sd", "pooled_noise", "summarize", "tie_set",
+           "values"]

@@ -8,9 +8,11 @@ trial is never left ``running`` by an exception here (only by a controller that 
 which the next controller cleans up).
 
 A configuration that fails to start, runs out of memory, emits NaN, crashes under load or misses
-every SLO is a *result* (``infeasible``, with its cause and log tail). A host that is dirty
-before the trial and does not come clean, that cannot be reached, or that cannot start a run
-(its run folder or the run supervisor fails) is an *infrastructure* failure
+every SLO is a *result* (``infeasible``, with its cause and log tail; a crash at any level of
+a ladder too, the value of the levels below it kept, while a capacity search's answer below its
+crash stands: ``feasible``, marked :attr:`~cleanslate.store.TrialRecord.crash_text`). A host
+that is dirty before the trial and does not come clean, that cannot be reached, or that cannot
+start a run (its run folder or the run supervisor fails) is an *infrastructure* failure
 (:class:`HostQuarantined`): not a result, and the configuration is run again elsewhere or later.
 So is a start that fails once this process was asked to stop (:class:`Interrupted`).
 """
@@ -492,7 +494,10 @@ async def _cycle(
             "finished_at": time.time()}))
     good = [lv for lv in levels if level_verdicts.get(lv.label) == LevelVerdict.OK]
     best = spec.objective.best(good)
-    status = TrialStatus.FEASIBLE if good else TrialStatus.INFEASIBLE
+    # A server that crashed at a level of the ladder is decided by its crash: the objective
+    # needs every level, so the value of the levels below it is kept and shown, but it is no
+    # result to race or to choose (docs/study.md, "Crashes").
+    status = TrialStatus.FEASIBLE if good and not crashed else TrialStatus.INFEASIBLE
     if not good and cause is None:
         cause = TrialCause.SLO_MISS
     best_label = best.label if best is not None else None
