@@ -180,12 +180,61 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, flo
 
 
 class Outcome(StrEnum):
-    """How a challenger compares with the configuration it was raced against."""
+    """How a challenger compares with the configuration it was raced against, and how any
+    configuration stands against the study's best: the one vocabulary of ``tune``, ``report``
+    and their JSON (:data:`OUTCOME_MEANING` says what each word means)."""
 
     WIN = "win"
     LOSS = "loss"
     TIE = "tie"
     UNDECIDED = "undecided"
+
+    @property
+    def meaning(self) -> str:
+        """What the word means, for legends and prose (:data:`OUTCOME_MEANING`)."""
+        return OUTCOME_MEANING[self]
+
+
+#: The one table of what each outcome means; ``tune``, the report's console, HTML, CSV and
+#: JSON print the outcome's value and, where a reader needs it, this meaning.
+OUTCOME_MEANING: dict[Outcome, str] = {
+    Outcome.WIN: "shown better (the interval excludes no difference)",
+    Outcome.LOSS: "shown worse (the interval excludes no difference)",
+    Outcome.TIE: "shown inside the tie margin (two one-sided tests)",
+    Outcome.UNDECIDED: "not told apart: neither a difference nor a tie is shown",
+}
+
+#: Words earlier versions printed or exported for these outcomes, read as the outcome they
+#: meant (:func:`outcome_of`).
+LEGACY_OUTCOMES: dict[str, Outcome] = {
+    "better": Outcome.WIN, "worse": Outcome.LOSS, "beaten": Outcome.LOSS,
+    "tied": Outcome.TIE, "no significant difference": Outcome.UNDECIDED,
+    "not told apart": Outcome.UNDECIDED,
+}
+
+
+#: What an interval of two measurements wider than its difference is marked (:func:`too_few`).
+TOO_FEW = "too few measurements"
+
+
+def too_few(diff: float | None, low: float | None, high: float | None, n: int) -> bool:
+    """Whether a difference ``diff`` with the interval ``low``..``high`` from ``n``
+    measurements (pairs, or the smaller side's) says nothing yet: ``n`` at most 2 and a
+    half-width above ``|diff|`` (two pairs of 2-4 % noise give intervals of ±35-75 %)."""
+    if diff is None or low is None or high is None:
+        return False
+    return n <= 2 and (high - low) / 2 > abs(diff)
+
+
+def outcome_of(text: str) -> Outcome:
+    """The outcome ``text`` names: a value of :class:`Outcome` or a word an earlier version
+    wrote for one (:data:`LEGACY_OUTCOMES`); ``ValueError`` for anything else."""
+    try:
+        return Outcome(text)
+    except ValueError:
+        if text in LEGACY_OUTCOMES:
+            return LEGACY_OUTCOMES[text]
+        raise
 
 
 @dataclass(frozen=True)
@@ -313,6 +362,7 @@ def pooled_squares(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
     return ss, df
 
 
-__all__ = ["MIN_REPEATS", "Comparison", "Interval", "Outcome", "bootstrap_interval",
-           "compare_paired", "log_ratios", "percentile", "pooled_squares", "preload", "t_interval",
-           "t_quantile", "wilson"]
+__all__ = ["LEGACY_OUTCOMES", "MIN_REPEATS", "OUTCOME_MEANING", "TOO_FEW", "Comparison", "Interval",
+           "Outcome", "bootstrap_interval", "compare_paired", "log_ratios", "outcome_of",
+           "percentile", "pooled_squares", "preload", "t_interval", "t_quantile", "too_few",
+           "wilson"]

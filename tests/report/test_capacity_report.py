@@ -125,7 +125,7 @@ def test_replicated_capacities_carry_their_interval_and_standing(
     text = _text(race)
     hand = t_interval([38.0, 36.0, 38.0], 0.95)
     assert race.trial(0).interval().low == pytest.approx(hand.low)  # type: ignore[union-attr]
-    assert f"37.3 ± {hand.half_width:.1f} (n=3)" in _row(text, 0)
+    assert f"mean 37.3 ± {hand.half_width:.1f} (3 runs)" in _row(text, 0)
     # the standing is the study's own decision (tie_set), as for any objective
     for n in (0, 1):
         assert race.mark(race.trial(n)) in _row(text, n)  # type: ignore[arg-type]

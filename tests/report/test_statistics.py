@@ -67,7 +67,8 @@ def test_json_best_carries_its_interval_and_tie_set(reports: dict[str, StudyRepo
     assert {"params", "best_level", "launch_command"} <= set(best)  # the keys it had
     trials = {t["number"]: t for t in doc["trials"]}
     assert [t["number"] for t in doc["trials"]][:1] == [0]  # the best first
-    assert [trials[n]["standing"] for n in range(5)] == ["best", "tied", "beaten",
+    # The outcome's words (cleanslate.stats.Outcome), as tune prints them.
+    assert [trials[n]["standing"] for n in range(5)] == ["best", "tie", "loss",
                                                          "undecided", None]
     one = t_interval(A_VALUES[1])
     assert (trials[1]["ci_low"], trials[1]["ci_high"]) == (pytest.approx(one.low),
@@ -84,7 +85,8 @@ def test_json_best_carries_its_interval_and_tie_set(reports: dict[str, StudyRepo
     assert vs["verdict"] == "tie" and vs["method"] == "race" and vs["pairs"] == 5
     assert (vs["diff"], vs["ci_low"], vs["ci_high"]) == (
         pytest.approx(race.diff), pytest.approx(race.low), pytest.approx(race.high))
-    assert trials[2]["vs_best"]["verdict"] == "worse" and trials[2]["vs_best"]["ci_low"] is None
+    assert trials[2]["vs_best"]["verdict"] == "loss" and trials[2]["vs_best"]["ci_low"] is None
+    assert trials[1]["vs_best"]["too_few_measurements"] is False  # five pairs
     # The statistics' cost: every measurement beyond a configuration's first.
     extra = sum(len(v) - 1 for v in A_VALUES.values())
     total = GPU_S * (sum(len(v) for v in A_VALUES.values()) + 0.25)
@@ -105,7 +107,7 @@ def test_fixed_replicates_tie_set_and_single_shot(reports: dict[str, StudyReport
     best = json.loads(to_json([quick]))["studies"][0]["best"]
     assert best["ci_low"] is None and best["ci_high"] is None and best["tied_with"] == []
     assert best["n_replicates"] == 1
-    assert "one measurement: no interval" in _text(quick)
+    assert "one run: no interval" in _text(quick)
 
 
 def test_compare_gives_each_shared_configuration_its_difference(
@@ -125,7 +127,7 @@ def test_compare_gives_each_shared_configuration_its_difference(
         assert row["diff"] == pytest.approx(hand.diff)
         assert row["ci_low"] == pytest.approx(hand.low)
         assert row["ci_high"] == pytest.approx(hand.high)
-    assert rows[64]["verdict"] == "better" and rows[64]["significant"] is True
+    assert rows[64]["verdict"] == "win" and rows[64]["significant"] is True
     assert 0.055 < rows[64]["diff"] < 0.065
     # The same speed: a tie, never a win, though race-b's mean is higher.
     assert rows[128]["verdict"] == "tie" and rows[128]["significant"] is False
@@ -140,9 +142,9 @@ def test_compare_gives_each_shared_configuration_its_difference(
     print_differences(Console(file=out, width=240, no_color=True), a, b)
     lines = {line.split("│")[1].strip(): line for line in out.getvalue().splitlines()
              if line.startswith("│")}
-    assert "better" in lines["max-running-requests=64"]
+    assert "win" in lines["max-running-requests=64"]
     assert "tie" in lines["max-running-requests=128"]
-    assert "better" not in lines["max-running-requests=128"]
+    assert "win" not in lines["max-running-requests=128"]
     assert "one run on a side: no interval" in lines["max-running-requests=256"]
 
 
@@ -177,31 +179,32 @@ def test_terminal_table_prints_half_widths_and_marks(reports: dict[str, StudyRep
     rows = {line.split("│")[1].strip(): line for line in text.splitlines()
             if line.startswith("│")}
     hand = t_interval(A_VALUES[0])
-    assert f"{hand.mean:,.0f} ± {hand.half_width:.1f} (n=5)" in rows["0"]
-    assert "best" in rows["0"] and "tied" in rows["1"] and "undecided" in rows["3"]
+    assert f"mean {hand.mean:,.0f} ± {hand.half_width:.1f} (5 runs)" in rows["0"]
+    assert "best" in rows["0"] and "tie" in rows["1"] and "undecided" in rows["3"]
+    assert "loss" in rows["2"]
     assert "±" not in rows["2"]  # one measurement
     race = compare_paired(A_VALUES[0], A_VALUES[1], tie_margin=0.03, max_pairs=5)
     assert race.low is not None and race.high is not None
-    assert (f"tied with: #1 ({race.diff * 100:+.1f} % [{race.low * 100:+.1f}, "
+    assert (f"tie with the best: #1 ({race.diff * 100:+.1f} % [{race.low * 100:+.1f}, "
             f"{race.high * 100:+.1f}] tie (race, 5 pairs))") in text
-    assert "undecided against: #3 (" in text
+    assert "undecided against the best: #3 (" in text
     assert "statistics: 12 more measurements, 1,200 GPU-s of 1,625 GPU-s (74 %)" in text
 
 
 def test_html_shows_intervals_and_the_tie(reports: dict[str, StudyReport]) -> None:
     page = render_html([reports["race-a"]], plots=[])
     hand = t_interval(A_VALUES[0])
-    assert f"{hand.mean:,.0f} ± {hand.half_width:.1f} (n=5)" in page
-    assert '<span class="badge b-tied">tied</span>' in page
+    assert f"mean {hand.mean:,.0f} ± {hand.half_width:.1f} (5 runs)" in page
+    assert '<span class="badge b-tie">tie</span>' in page
     assert 'class="tied-row"' in page
     assert "statistics: 12 more measurements" in page
     assert "races run as a challenger" in page  # the race table of #1's details
     # The ablation table calls the tie what it is.
-    assert "no significant effect: a tie" in page
+    assert "(tie)" in page and "no significant effect" not in page
     both = render_html([reports["race-a"], reports["race-b"]], plots=[])
     assert "race-b against race-a" in both
     assert '<span class="badge b-tie">tie</span>' in both
-    assert '<span class="badge b-better">better</span>' in both
+    assert '<span class="badge b-win">win</span>' in both
 
 
 def test_csv_has_interval_columns(reports: dict[str, StudyReport]) -> None:
@@ -210,7 +213,7 @@ def test_csv_has_interval_columns(reports: dict[str, StudyReport]) -> None:
     hand = t_interval(A_VALUES[1])
     assert float(rows[1]["ci_low"]) == pytest.approx(hand.low)
     assert float(rows[1]["ci_high"]) == pytest.approx(hand.high)
-    assert rows[1]["n_replicates"] == "5" and rows[1]["standing"] == "tied"
+    assert rows[1]["n_replicates"] == "5" and rows[1]["standing"] == "tie"
     assert rows[0]["standing"] == "best"
     assert rows[2]["ci_low"] == "" and rows[2]["n_replicates"] == "1"
     assert rows[4]["ci_low"] == "" and rows[4]["n_replicates"] == ""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cleanslate.stats import TOO_FEW, Outcome, too_few
+
 if TYPE_CHECKING:
     from cleanslate.store import TrialRecord
     from cleanslate.tune.race import TieSet
@@ -17,20 +19,31 @@ def _pct(x: float | None) -> str:
 
 
 def value_text(trial: TrialRecord) -> str:
-    """A trial's value as the table shows it: ``mean ± half-width (n)`` with measurements,
-    the value alone with one."""
+    """A trial's value as the table and the progress lines show it: ``mean 6,778.4 ± 840.7
+    (3 runs)`` with several measurements (each a run on a new server), the value alone with
+    one."""
     if trial.value is None:
         return "-"
     if trial.ci_low is None or trial.ci_high is None:
         return f"{trial.value:,.1f}"
     hw = (trial.ci_high - trial.ci_low) / 2
-    return f"{trial.value:,.1f} ± {hw:,.1f} (n={trial.n_replicates})"
+    return f"mean {trial.value:,.1f} ± {hw:,.1f} ({runs_text(trial.n_replicates)})"
+
+
+def runs_text(n: int) -> str:
+    """``3 runs``, ``1 run``: how many measurements a mean is over."""
+    return f"{n} run" + ("" if n == 1 else "s")
 
 
 def marks(found: TieSet) -> dict[int, str]:
-    """A word per trial for the table: ``best``, ``tied``, ``undecided``."""
-    out: dict[int, str] = {n: "tied" for n in found.tied}
-    out.update({n: "undecided" for n in found.undecided})
+    """A word per trial for the table: ``best``, or against it the outcome's word
+    (:class:`cleanslate.stats.Outcome`: ``tie``, ``undecided``, ``loss``), as the report
+    prints it."""
+    out: dict[int, str] = {}
+    for n in (*found.tied, *found.undecided, *found.beaten):
+        outcome = found.against_best(n)
+        if outcome is not None:
+            out[n] = str(outcome)
     if found.best is not None:
         out[found.best.number] = "best"
     return out
@@ -52,16 +65,17 @@ def statistics_lines(spec: StudySpec, trials: list[TrialRecord],
     lines: list[str] = []
     interval = found.interval
     if interval is None or interval.low is None or interval.high is None:
-        lines.append(f"  {metric} = {best.value:,.1f} at {best.best_level}: one measurement, "
+        lines.append(f"  {metric} = {best.value:,.1f} at {best.best_level}: one run, "
                      "no interval (a difference smaller than the run-to-run noise, 2-4 % on an "
                      "H200, cannot be told; statistics: {replicates: auto} measures it)")
         return lines
     hw = interval.half_width or 0.0
-    lines.append(f"  {metric} = {interval.mean:,.1f} ± {hw:,.1f} at {best.best_level} "
-                 f"({stats.confidence:.0%} interval over {interval.n} measurements, each a "
-                 "new server)")
-    for label, numbers in ((f"tied with it (within ±{stats.tie_margin:.0%})", found.tied),
-                           ("not told apart from it", found.undecided)):
+    lines.append(f"  {metric} = mean {interval.mean:,.1f} ± {hw:,.1f} at {best.best_level} "
+                 f"({runs_text(interval.n)}, each a new server; {stats.confidence:.0%} "
+                 "interval)")
+    for outcome, numbers in ((Outcome.TIE, found.tied), (Outcome.UNDECIDED, found.undecided)):
+        label = (f"tie with it (within ±{stats.tie_margin:.0%})" if outcome is Outcome.TIE
+                 else f"undecided against it ({outcome.meaning})")
         for n in numbers:
             t = by_number.get(n)
             c = found.comparisons.get(n)
@@ -69,10 +83,12 @@ def statistics_lines(spec: StudySpec, trials: list[TrialRecord],
                 continue
             versus = (f"{_pct(c.diff)} % [{_pct(c.low)}, {_pct(c.high)}] after {c.pairs} "
                       "pairs" if c is not None and c.low is not None else "not compared in pairs")
+            if c is not None and too_few(c.diff, c.low, c.high, c.pairs):
+                versus += f": {TOO_FEW}"
             lines.append(f"  {label}: trial {n} ({params(t.params)}) {value_text(t)}, "
                          f"{versus}")
     if not found.tied and not found.undecided:
-        lines.append("  no other configuration is tied with it or within its noise")
+        lines.append("  no other configuration is a tie with it or undecided against it")
     share = found.statistics_gpu_s / found.total_gpu_s if found.total_gpu_s else 0.0
     lines.append(f"  statistics: {sum(max(0, len(t.replicates) - 1) for t in trials)} more "
                  f"measurements, {found.statistics_gpu_s:,.0f} GPU-s ({share:.0%} of the "

@@ -80,7 +80,9 @@ class ConsoleView(TuneView):
             if record.value != record.capacity.capacity:  # max_goodput
                 line += f": {record.value:,.1f}"
         elif record.status is TrialStatus.FEASIBLE:
-            line = f"  [green]feasible[/] {record.value:,.1f} at {record.best_level}"
+            from cleanslate.cli._stats import value_text
+
+            line = f"  [green]feasible[/] {value_text(record)} at {record.best_level}"
         else:
             line = (f"  [red]{escape(record.status)}[/] ({escape(str(record.cause))}): "
                     f"{escape((record.detail or '')[:160])}")
@@ -90,7 +92,9 @@ class ConsoleView(TuneView):
         if bound != "-":  # the verdicts quote the server's configuration: escaped
             line += f"  [dim]| bound by {escape(bound)}[/]"
         if best is not None:
-            line += f"  [dim]| best so far {best.value:,.1f} (trial {best.number})[/]"
+            from cleanslate.cli._stats import value_text
+
+            line += f"  [dim]| best so far {value_text(best)} (trial {best.number})[/]"
         console.print(line, highlight=False)
 
 
@@ -326,7 +330,9 @@ def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None)
         console.print(Text(line), highlight=False, soft_wrap=True)
     level = best.level(best.best_level)
     if level is not None:
-        console.print(f"  output {level.output_throughput:,.0f} tok/s, total "
+        # The trial's levels are its first run's; beside a mean they are labelled so.
+        first = "first run: " if best.n_replicates > 1 else ""
+        console.print(f"  {first}output {level.output_throughput:,.0f} tok/s, total "
                       f"{level.total_token_throughput:,.0f} tok/s, p99 TTFT "
                       f"{level.ttft_ms.p99 or 0:,.0f} ms, p99 TPOT "
                       f"{level.tpot_ms.p99 or 0:,.1f} ms")

@@ -25,6 +25,7 @@ from cleanslate.report._data import (
     show,
 )
 from cleanslate.report._stats import Difference, pm_text
+from cleanslate.stats import Outcome
 
 _STYLE = {"feasible": "green", "infeasible": "red", "infra_failed": "yellow",
           "running": "yellow"}
@@ -45,16 +46,22 @@ def metric_text(report: StudyReport, trial: TrialView, key: str) -> str:
 
 
 def value_text(report: StudyReport, trial: TrialView) -> str:
-    """The trial's objective value: ``mean ± half-width (n=4)`` with several measurements."""
+    """The trial's objective value: ``mean 6,778 ± 841 (4 runs)`` with several measurements
+    (each a run on a new server), the value alone with one."""
     found = trial.interval(report.confidence)
     if found is None:
         return "-"
     text = pm_text(found, lambda v: format_value(v, report.metric))
-    return f"{text} (n={found.n})" if found.n > 1 else text
+    return f"mean {text} ({runs_text(found.n)})" if found.n > 1 else text
+
+
+def runs_text(n: int) -> str:
+    """``3 runs``, ``1 run``: how many measurements a mean is over."""
+    return f"{n} run" + ("" if n == 1 else "s")
 
 
 def standing_text(report: StudyReport, trial: TrialView) -> str:
-    """``best``, ``tied``, ``undecided`` (against the best) or empty."""
+    """``best``, else the outcome against it (``tie``, ``undecided``, ``loss``), or empty."""
     return report.mark(trial)
 
 
@@ -112,7 +119,7 @@ def trials_table(report: StudyReport) -> Table:
             status.append(f" ({r.cause})")
         params = (_t(show(r.params.get(f)) if f in r.params else "") for f in report.factors)
         mark = standing_text(report, t)
-        extra = ([_t(mark, {"best": "green", "tied": "cyan", "undecided": "yellow"}.get(
+        extra = ([_t(mark, {"best": "green", Outcome.TIE: "cyan", Outcome.UNDECIDED: "yellow"}.get(
             mark, "dim")), _t(value_text(report, t))] if marks else [])
         if report.capacity:
             extra += [_t(c) for c in capacity_cells(t)]
@@ -277,20 +284,22 @@ def best_lines(report: StudyReport) -> list[str]:
     value = pm_text(found, lambda v: format_value(v, report.metric))
     head = f"{report.metric} = {value} at {best.record.best_level}"
     if found is not None and found.low is not None and found.high is not None:
-        head += (f" ({found.n} measurements, {report.confidence * 100:g} % interval "
+        head = f"{report.metric} = mean {value} at {best.record.best_level}"
+        head += (f" ({runs_text(found.n)}, {report.confidence * 100:g} % interval "
                  f"{format_value(found.low, report.metric)} to "
                  f"{format_value(found.high, report.metric)})")
     elif report.statistics.fixed_count() == 1 and not report.statistics.racing:
-        head += " (one measurement: no interval)"
+        head += " (one run: no interval)"
     lines = [head, *trial_bound_lines(best.record)]
     standing = report.standing
     if standing.note:
         lines.append(standing.note)
     if standing.tied:
-        lines.append("tied with: " + ", ".join(_versus(report, n) for n in standing.tied))
+        lines.append("tie with the best: " + ", ".join(_versus(report, n)
+                                                        for n in standing.tied))
     if standing.undecided:
-        lines.append("undecided against: " + ", ".join(_versus(report, n)
-                                                         for n in standing.undecided))
+        lines.append("undecided against the best: " + ", ".join(_versus(report, n)
+                                                                 for n in standing.undecided))
     if report.replicated or report.statistics.racing or report.statistics.fixed_count() > 1:
         lines.append(standing.cost_text())
     if report.host_effects:
@@ -357,8 +366,9 @@ def comparison_table(reports: list[StudyReport]) -> Table:
 
 def differences_table(a: StudyReport, b: StudyReport) -> Table:
     """Each configuration both studies ran: its value in each (``mean ± half-width (n)``) and
-    ``b`` against ``a`` with the interval and what it means (``tie``, ``no significant
-    difference``, ``better``, ``worse``, ``one run each: no interval``)."""
+    ``b`` against ``a`` with the interval and what it means (the outcome's word: ``win``,
+    ``loss``, ``tie``, ``undecided``, each with ``: too few measurements`` where the interval
+    of two says nothing; ``one run each: no interval``)."""
     table = Table(title=_t(f"{b.name} against {a.name}: the configurations both ran "
                            f"({a.direction} {a.metric}, {a.confidence * 100:g} % intervals)"),
                   title_justify="left", header_style="bold")
@@ -375,14 +385,14 @@ def differences_table(a: StudyReport, b: StudyReport) -> Table:
                 "welch": f"unpaired (Welch), n={d.n_a} and {d.n_b}",
                 "single": "one run" + (" each" if d.n_a == d.n_b == 1 else " on a side")
                 }.get(d.method, "")
-        style = ("green" if d.verdict == "better" else "red" if d.verdict == "worse" else
-                 "cyan" if d.verdict == "tie" else "")
+        style = {Outcome.WIN.value: "green", Outcome.LOSS.value: "red",
+                 Outcome.TIE.value: "cyan"}.get(d.verdict, "")
         table.add_row(
             _t(params_text(shared.params)),
             _t(f"#{shared.a.number} {value_text(a, shared.a)}"),
             _t(f"#{shared.b.number} {value_text(b, shared.b)}"),
             _t(f"{d.diff * 100:+.1f} %" if d.diff is not None else "-"), _t(interval),
-            _t(d.verdict, style), _t(test))
+            _t(d.verdict_text, style), _t(test))
     return table
 
 

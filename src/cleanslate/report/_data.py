@@ -261,9 +261,9 @@ class Effect:
 
     @property
     def effect_text(self) -> str:
-        """``+4.2 % [+1.0, +7.5]``, or with ``no significant effect`` / ``one run each: no
-        interval`` when it is not a significant difference, ``not compared: no interval`` when
-        the two were not compared."""
+        """``+4.2 % [+1.0, +7.5]``, or with the outcome (``tie``, ``undecided``, ``undecided:
+        too few measurements``) / ``one run each: no interval`` when it is not a significant
+        difference, ``not compared: no interval`` when the two were not compared."""
         d = self.difference
         if self.change_pct is None:
             return f"infeasible: {self.cause}" if self.cause else "no baseline value"
@@ -276,9 +276,7 @@ class Effect:
             head += f" [{d.low * 100:+.1f}, {d.high * 100:+.1f}]"
         if d.significant:
             return head
-        if d.low is None:
-            return f"{head} ({d.verdict})"
-        return f"{head} (no significant effect{': a tie' if d.verdict == 'tie' else ''})"
+        return f"{head} ({d.verdict_text})"
 
     @property
     def label(self) -> str:
@@ -493,7 +491,8 @@ class StudyReport:
         return [t for n in sorted(self.standing.tied) if (t := self.trial(n)) is not None]
 
     def mark(self, trial: TrialView) -> str:
-        """``best``, ``tied``, ``undecided`` (against the best) or empty."""
+        """``best``, else the outcome against it (``tie``, ``undecided``, ``loss``), or
+        empty."""
         return self.standing.of(trial.number)
 
     @property

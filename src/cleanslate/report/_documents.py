@@ -79,6 +79,7 @@ class DifferenceDocument(TypedDict):
     n_a: int
     n_b: int
     pairs: int
+    too_few_measurements: bool
 
 
 class SharedConfigDocument(TypedDict):
@@ -101,6 +102,7 @@ class SharedConfigDocument(TypedDict):
     n_a: int
     n_b: int
     pairs: int
+    too_few_measurements: bool
 
 
 class SlotDocument(TypedDict):

@@ -28,6 +28,7 @@ from cleanslate.report._console import (
     best_lines,
     capacity_cells,
     metric_text,
+    runs_text,
     value_text,
 )
 from cleanslate.report._data import (
@@ -50,6 +51,7 @@ from cleanslate.report._plots import (
     level_plots,
     render_plots,
 )
+from cleanslate.stats import TOO_FEW, Outcome
 from cleanslate.store import level_metric
 from cleanslate.verdict.findings import Finding
 
@@ -96,12 +98,13 @@ code { font: 12px ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; 
 .capacity figure img { max-width: 760px; }
 .nowrap { white-space: nowrap; }
 .b-error { background: var(--bad-bg); color: var(--bad); }
-.b-best, .b-better { background: var(--good-bg); color: var(--good); }
-.b-tied, .b-tie { background: #e3ecf9; color: var(--accent); }
-.b-undecided, .b-nosignificantdifference, .b-oneruneachnointerval,
-.b-onerunonasidenointerval { background: var(--panel); color: var(--muted); }
-.b-beaten { background: var(--panel); color: var(--muted); font-weight: 400; }
-.b-worse { background: var(--bad-bg); color: var(--bad); }
+.b-best, .b-win { background: var(--good-bg); color: var(--good); }
+.b-tie { background: #e3ecf9; color: var(--accent); }
+.b-undecided, .b-undecidedtoofewmeasurements, .b-tietoofewmeasurements,
+.b-oneruneachnointerval, .b-onerunonasidenointerval { background: var(--panel);
+  color: var(--muted); }
+.b-loss, .b-losstoofewmeasurements { background: var(--bad-bg); color: var(--bad);
+  font-weight: 400; }
 .b-info { background: var(--panel); color: var(--muted); }
 .host { border-left: 4px solid var(--line); padding: 2px 0 2px 12px; margin: 14px 0; }
 .host.failed { border-left-color: var(--bad); }
@@ -241,6 +244,9 @@ def _best_section(report: StudyReport) -> str:
                 "failed or missed the SLOs; see the failures below.</div>")
     figures = [(h, metric_text(report, best, k)) for k, h, _ in LEVEL_COLUMNS]
     figure_text = " · ".join(f"<b>{_e(h)}</b> {_e(v)}" for h, v in figures)
+    runs = best.interval(report.confidence)
+    if runs is not None and runs.n > 1:
+        figure_text = f"mean of {runs_text(runs.n)}: {figure_text}"
     lines = best_lines(report)
     standing = report.standing
 
@@ -254,7 +260,7 @@ def _best_section(report: StudyReport) -> str:
                        + (f" ({_e(comp.text())})" if comp is not None else ""))
         return "; ".join(out)
 
-    ties = (f'<p class="tied-with"><span class="badge b-tied">tied</span> with the best: '
+    ties = (f'<p class="tied-with"><span class="badge b-tie">tie</span> with the best: '
             f"{linked(standing.tied)}</p>" if standing.tied else "")
     undecided = (f'<p class="undecided-with"><span class="badge b-undecided">undecided</span> '
                  f"against the best: {linked(standing.undecided)}</p>"
@@ -308,14 +314,15 @@ def _trials_table(report: StudyReport) -> str:
             _badge(t.host_verdict("before")),
             _badge(t.host_verdict("after")),
         ])
-        classes.append("best-row" if t is best else "tied-row" if mark == "tied" else "")
+        classes.append("best-row" if t is best else "tied-row" if mark == Outcome.TIE else "")
     numeric = set(range(first_metric + 1, first_metric + 1 + len(LEVEL_COLUMNS)))
     if marks:
         numeric.add(first_metric - 2 - (len(CAPACITY_HEADERS) if report.capacity else 0))
-    note = (f" With several measurements a figure is their mean ± the half-width of its "
-            f"{report.confidence * 100:g} % Student-t interval (n: the measurements); "
-            "<b>tied</b>: a race or the paired measurements put it within the tie margin of "
-            "the best; <b>undecided</b>: not told apart from the best." if marks else "")
+    note = (f" With several runs (measurements, each on a new server) a figure is their mean "
+            f"± the half-width of its {report.confidence * 100:g} % Student-t interval; "
+            f"<b>vs best</b>: <b>tie</b>, {_e(Outcome.TIE.meaning)}; <b>undecided</b>, "
+            f"{_e(Outcome.UNDECIDED.meaning)}; <b>loss</b>, {_e(Outcome.LOSS.meaning)} (a "
+            "race or the paired measurements against the best)." if marks else "")
     if report.capacity:
         note += (" <b>capacity</b>: the highest load that passed, with the bracket "
                  "<code>[capacity, upper)</code> the boundary lies in (the search's "
@@ -355,7 +362,9 @@ def _ablation_table(report: StudyReport) -> str:
                      _e(value_text(report, e.trial)), change, bound])
     return (f"<p>Against the baseline, trial #{base.number} "
             f"({_e(report.metric)} = {_e(value_text(report, base))}). A change whose "
-            "interval holds 0 is no significant effect. <b>bound by</b>: what bound the "
+            "interval holds 0 is a <b>tie</b> (inside the tie margin) or <b>undecided</b> "
+            f"(marked <b>{TOO_FEW}</b> when two measurements give an interval wider than the "
+            "change). <b>bound by</b>: what bound the "
             "baseline and the change, at each one's best level.</p>"
             + _table(["trial", "flag", "baseline", "changed to", report.metric, "change",
                       "bound by (baseline → change)"], rows, numeric={4, 5}))
@@ -507,6 +516,9 @@ def _levels_detail(report: StudyReport, t: TrialView) -> str:
     levels = (_table(["level", "load", "verdict", *(h for _, h in keys), "bound by"], rows,
                      numeric=set(range(3, 3 + len(keys))))
               if rows else '<p class="meta">no level was measured</p>')
+    if rows and len(r.counted()) > 1:  # beside a mean, these are one run's: said so
+        levels = (f'<p class="meta">levels of its first run (the trials table shows the mean of '
+                  f"{runs_text(len(r.counted()))})</p>" + levels)
     said = bench_bound_lines(r.levels)
     if said:
         levels += ('<ul class="bound">' + "".join(f"<li>{_e(line)}</li>" for line in said)
@@ -683,14 +695,15 @@ def _differences(a: StudyReport, b: StudyReport) -> str:
             _e(f"{d.diff * 100:+.1f} %" if d.diff is not None else "-"),
             _e(f"[{d.low * 100:+.1f}, {d.high * 100:+.1f}] %"
                if d.low is not None and d.high is not None else "none"),
-            _badge(d.verdict),
+            _badge(d.verdict_text),
             _e({"paired": f"paired by seed, {d.pairs} pairs",
                 "welch": f"unpaired (Welch), n={d.n_a} and {d.n_b}"}.get(d.method, ""))])
     return (title + f'<p class="meta">Each configuration both ran, {_e(b.name)} against '
             f"{_e(a.name)} ({_e(a.direction)} <code>{_e(a.metric)}</code>, "
             f"{a.confidence * 100:g} % intervals). A difference whose interval holds 0 is a "
-            "<b>tie</b> (inside the tie margin) or <b>no significant difference</b>, never a "
-            "win.</p>"
+            "<b>tie</b> (inside the tie margin) or <b>undecided</b>, never a <b>win</b>; "
+            f"<b>{TOO_FEW}</b>: two measurements whose interval is wider than the difference."
+            "</p>"
             + _table(["configuration", a.name, b.name, "difference", "interval", "verdict",
                       "test"], rows, numeric={3}))
 

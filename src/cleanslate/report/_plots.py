@@ -11,7 +11,9 @@
 
 Error bars: where a trial was measured more than once, each level is drawn at its mean over the
 measurements with its Student-t interval (``throughput``: vertical; ``pareto``: both ways), and
-an ablation bar carries the interval of its change (the race, the pairs by seed, or Welch's).
+an ablation bar carries the interval of its change (the race, the pairs by seed, or Welch's);
+an interval of two measurements wider than its change (``too few measurements``) is cut at the
+range the other bars need, with an arrow (:func:`ablation_clip`).
 
 Every plot is :data:`WIDTH` x :data:`HEIGHT` pixels. matplotlib is imported inside the functions:
 it is a heavy import that only the plotting commands need. Text from the store (study names,
@@ -41,6 +43,7 @@ from cleanslate.report._bench import (
 )
 from cleanslate.report._capacity import bracket_text, crash_probe, findings_text, probes_phrase
 from cleanslate.report._data import StudyReport, TrialView, format_value, level_concurrency
+from cleanslate.stats import TOO_FEW
 from cleanslate.store import TrialStatus, level_metric
 
 if TYPE_CHECKING:
@@ -389,15 +392,30 @@ def ablation_figure(report: StudyReport) -> Figure:
                 highs.append(0.0)
         colors = ["#9e9e9e" if e.change_pct is None else _NOISE if e.in_noise else
                   _GOOD if e.better else _BAD for e in effects]
-        ax.barh(positions, values, color=colors, height=0.6)
+        few = [e.difference is not None and e.difference.too_few for e in effects]
+        clip = ablation_clip(values, lows, highs, few)
+        # An interval of two measurements (+-35-75 %) is clipped at the range the others
+        # need, an arrow at the cut, instead of stretching every bar to its width.
+        shown = [min(max(v, -clip), clip) for v in values]
+        ax.barh(positions, shown, color=colors, height=0.6)
         with_bars = [i for i, e in enumerate(effects)
                      if e.difference is not None and e.difference.low is not None]
+        cut_left = [(-clip, positions[i]) for i in range(len(effects))
+                    if values[i] - lows[i] < -clip]
+        cut_right = [(clip, positions[i]) for i in range(len(effects))
+                     if values[i] + highs[i] > clip]
         if with_bars:
-            ax.errorbar([values[i] for i in with_bars], [positions[i] for i in with_bars],
-                        xerr=[[lows[i] for i in with_bars], [highs[i] for i in with_bars]],
+            ax.errorbar([shown[i] for i in with_bars], [positions[i] for i in with_bars],
+                        xerr=[[max(0.0, shown[i] - max(values[i] - lows[i], -clip))
+                               for i in with_bars],
+                              [max(0.0, min(values[i] + highs[i], clip) - shown[i])
+                               for i in with_bars]],
                         fmt="none", ecolor="black", elinewidth=1.2, capsize=5)
-        reach = [abs(v) + max(lo, hi) for v, lo, hi in zip(values, lows, highs, strict=True)]
-        span = max([*reach, 1.0])
+        for marker, cuts in (("<", cut_left), (">", cut_right)):
+            if cuts:
+                ax.plot([x for x, _ in cuts], [y for _, y in cuts], linestyle="none",
+                        marker=marker, markersize=9, color="black", clip_on=False)
+        span = clip
         for pos, effect, value, lo, hi in zip(positions, effects, values, lows, highs,
                                               strict=True):
             if effect.change_pct is None:
@@ -406,7 +424,7 @@ def ablation_figure(report: StudyReport) -> Figure:
             else:
                 # Right of the bar (or of its interval) when it grows right or straddles 0.
                 right = value >= 0 or effect.in_noise
-                edge = value + hi if right else value - lo
+                edge = min(value + hi, clip) if right else max(value - lo, -clip)
                 ax.text(edge + (0.02 * span if right else -0.02 * span), pos,
                         f"{effect.effect_text} ({format_value(effect.trial.record.value)})",
                         va="center", ha="left" if right else "right", fontsize=9)
@@ -414,12 +432,33 @@ def ablation_figure(report: StudyReport) -> Figure:
         ax.axvline(0, color="black", linewidth=1)
         ax.set_xlim(-span * 1.45, span * 1.45)
         ax.grid(True, axis="x", alpha=0.3)
+        if cut_left or cut_right:
+            _note(fig, f"Bars and intervals beyond ±{clip:,.0f} % are cut there (arrows): "
+                  f"{TOO_FEW} (an interval of two wider than its change) does not set the "
+                  "scale; the figures are in each bar's label.")
     ax.set_xlabel(f"change of {report.metric} against the baseline (%)")
     reference = (f"baseline #{base.number}: {format_value(base.record.value)} {unit}".rstrip()
                  if base is not None and base.feasible else "no baseline value")
     ax.set_title(f"Effect of each change ({report.direction} {report.metric}; {reference})"
                  + (f": {report.name}" if report.name else ""))
     return fig
+
+
+#: The least range (percent) an ablation chart shows either side of 0 (:func:`ablation_clip`).
+MIN_CLIP_PCT = 10.0
+
+
+def ablation_clip(values: list[float], lows: list[float], highs: list[float],
+                  too_few: list[bool]) -> float:
+    """How far (percent) either side of 0 an ablation chart draws: 1.5 times the largest
+    reach (``|value|`` plus its longer whisker) of the bars whose interval is not
+    :data:`~cleanslate.stats.TOO_FEW`, at least :data:`MIN_CLIP_PCT`; with only such bars,
+    1.5 times their largest ``|value|``. A bar or whisker beyond it is cut at it."""
+    kept = [abs(v) + max(lo, hi) for v, lo, hi, few in zip(values, lows, highs, too_few,
+                                                              strict=True) if not few]
+    if not kept:
+        kept = [abs(v) for v in values]
+    return max(MIN_CLIP_PCT, 1.5 * max(kept, default=0.0))
 
 
 #: A capacity plot's size (pixels): smaller than the others, one per trial.

@@ -12,7 +12,11 @@ study decided with. What this module adds is what only a report needs:
   (:func:`cleanslate.stats.compare_paired`, one look: the whole error rate on one test), else
   Welch's interval on the log means when both have two measurements or more, else the ratio of
   single values with no interval. A difference whose interval holds 0 is never a win: it is a
-  ``tie`` (inside the tie margin by two one-sided tests) or ``no significant difference``.
+  ``tie`` (inside the tie margin by two one-sided tests) or ``undecided``.
+
+Outcomes are named in :class:`cleanslate.stats.Outcome`'s words (``win``, ``loss``, ``tie``,
+``undecided``), as ``tune`` names them; :data:`cleanslate.stats.OUTCOME_MEANING` says what each
+means.
 """
 
 from __future__ import annotations
@@ -26,15 +30,25 @@ from pydantic import ValidationError
 
 from cleanslate.bench import LevelResult
 from cleanslate.report._documents import DifferenceDocument
-from cleanslate.stats import Interval, Outcome, compare_paired, t_interval, t_quantile
+from cleanslate.stats import (
+    TOO_FEW,
+    Interval,
+    Outcome,
+    compare_paired,
+    outcome_of,
+    t_interval,
+    t_quantile,
+    too_few,
+)
 from cleanslate.store import TrialRecord, TrialStatus, level_metric
 from cleanslate.tune.study import Objective, Statistics, StudySpec
 
-#: What a difference is called, by the comparison's outcome (from ``b``'s side).
-BETTER = "better"
-WORSE = "worse"
-TIE = "tie"
-NO_DIFFERENCE = "no significant difference"
+#: What a difference is called, by the comparison's outcome (from ``b``'s side): the
+#: outcome's own word (:class:`cleanslate.stats.Outcome`), as ``tune`` prints it.
+BETTER = Outcome.WIN.value
+WORSE = Outcome.LOSS.value
+TIE = Outcome.TIE.value
+NO_DIFFERENCE = Outcome.UNDECIDED.value
 ONE_RUN = "one run each: no interval"
 
 
@@ -157,7 +171,7 @@ class Difference:
     no value), ``low``..``high`` its interval (``None`` without one); ``method`` ``paired``
     (by seed), ``welch`` (unpaired means), ``race`` (the study's own race), ``single`` (one
     value on a side) or ``none``; ``verdict`` what it means, from ``b``'s side, in the
-    objective's direction: ``better``, ``worse``, ``tie``, ``no significant difference``,
+    objective's direction: ``win``, ``loss``, ``tie``, ``undecided`` (the outcome's word),
     ``one run each: no interval``, or why there is nothing to compare."""
 
     diff: float | None
@@ -174,6 +188,24 @@ class Difference:
         """Whether the interval excludes no difference (a win or a loss)."""
         return self.verdict in (BETTER, WORSE)
 
+    @property
+    def measurements(self) -> int:
+        """How many measurements the interval rests on: the pairs of a paired comparison or a
+        race, else the smaller side's."""
+        return self.pairs if self.method in ("paired", "race") else min(self.n_a, self.n_b)
+
+    @property
+    def too_few(self) -> bool:
+        """An interval from two measurements or fewer that is wider than the difference
+        itself: ``too few measurements`` to say anything of the effect
+        (:func:`cleanslate.stats.too_few`)."""
+        return too_few(self.diff, self.low, self.high, self.measurements)
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict, with ``: too few measurements`` when :attr:`too_few`."""
+        return self.verdict + (f": {TOO_FEW}" if self.too_few else "")
+
     def text(self) -> str:
         """``+2.1 % [-0.8, +5.0] tie (paired, 3 pairs)``."""
         if self.diff is None:
@@ -185,7 +217,7 @@ class Difference:
                "race": f"race, {self.pairs} pairs" if self.low is not None else
                "first measurement beyond the noise: no race",
                "welch": f"unpaired, {self.n_a} and {self.n_b} runs"}.get(self.method)
-        return f"{head} {self.verdict}" + (f" ({how})" if how else "")
+        return f"{head} {self.verdict_text}" + (f" ({how})" if how else "")
 
     def inverted(self) -> Difference:
         """``a`` against ``b``: the ratio and its interval inverted, better and worse
@@ -202,12 +234,11 @@ class Difference:
         return {"diff": self.diff, "ci_low": self.low, "ci_high": self.high,
                 "method": self.method, "verdict": self.verdict,
                 "significant": self.significant, "n_a": self.n_a, "n_b": self.n_b,
-                "pairs": self.pairs}
+                "pairs": self.pairs, "too_few_measurements": self.too_few}
 
 
 def _verdict(outcome: Outcome | None) -> str:
-    return {Outcome.WIN: BETTER, Outcome.LOSS: WORSE, Outcome.TIE: TIE}.get(
-        outcome, NO_DIFFERENCE) if outcome is not None else NO_DIFFERENCE
+    return str(outcome) if outcome is not None else NO_DIFFERENCE
 
 
 def welch(a: Sequence[float], b: Sequence[float], *, tie_margin: float, confidence: float,
@@ -283,18 +314,19 @@ def race_difference(challenger: TrialRecord, against: int) -> Difference | None:
         return None
     race = races[-1]
     try:
-        outcome: Outcome | None = Outcome(race.outcome)
+        outcome: Outcome | None = outcome_of(race.outcome)
     except ValueError:
         outcome = None
     return Difference(diff=race.diff, low=race.low, high=race.high, method="race",
                       verdict=_verdict(outcome), pairs=race.pairs)
 
 
-#: How a trial stands against the study's best.
+#: How a trial stands against the study's best: ``best``, else the outcome's word
+#: (:meth:`cleanslate.tune.race.TieSet.against_best`).
 BEST = "best"
-TIED = "tied"
-UNDECIDED = "undecided"
-BEATEN = "beaten"
+TIED = Outcome.TIE.value
+UNDECIDED = Outcome.UNDECIDED.value
+BEATEN = Outcome.LOSS.value
 
 
 @dataclass(frozen=True)
@@ -316,7 +348,7 @@ class Standing:
     note: str | None = None
 
     def of(self, number: int) -> str:
-        """``best``, ``tied``, ``undecided``, ``beaten`` (a race or the paired measurements
+        """``best``, ``tie``, ``undecided``, ``loss`` (a race or the paired measurements
         put it behind) or empty (not compared with the best) for trial ``number``."""
         if number == self.best:
             return BEST

@@ -27,6 +27,7 @@ from cleanslate.stats import (
     Interval,
     Outcome,
     compare_paired,
+    outcome_of,
     pooled_squares,
     t_interval,
 )
@@ -228,9 +229,10 @@ def compare(incumbent: TrialRecord, challenger: TrialRecord, spec: StudySpec,
 @dataclass(frozen=True)
 class TieSet:
     """What a study's measurements say about its best: the best trial (``None`` without a
-    feasible one) with its interval, the trials tied with it (``tied``), those not told apart
-    from it (``undecided``), and those it beat (``beaten``); ``comparisons`` by trial number
-    (each against the best, or the race that decided it)."""
+    feasible one) with its interval, the trials tied with it (``tied``, outcome ``tie``),
+    those not told apart from it (``undecided``), and those it beat (``beaten``, outcome
+    ``loss``); ``comparisons`` by trial number (each against the best, or the race that decided
+    it). :meth:`against_best` names each in :class:`~cleanslate.stats.Outcome`'s words."""
 
     best: TrialRecord | None
     interval: Interval | None = None
@@ -248,6 +250,17 @@ class TieSet:
         if self.best is None:
             return ()
         return (self.best.number, *self.tied, *self.undecided)
+
+    def against_best(self, number: int) -> Outcome | None:
+        """Trial ``number`` against the best: ``tie``, ``undecided`` or ``loss``; ``None`` for
+        the best itself and a trial not compared (not feasible)."""
+        if number in self.tied:
+            return Outcome.TIE
+        if number in self.undecided:
+            return Outcome.UNDECIDED
+        if number in self.beaten:
+            return Outcome.LOSS
+        return None
 
 
 def _feasible(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
@@ -315,7 +328,7 @@ def tie_set(trials: Sequence[TrialRecord], spec: StudySpec) -> TieSet:
         found: Comparison | None = None
         if races:
             race = races[-1]
-            found = Comparison(outcome=Outcome(race.outcome), diff=race.diff, low=race.low,
+            found = Comparison(outcome=outcome_of(race.outcome), diff=race.diff, low=race.low,
                                high=race.high, pairs=race.pairs)
             if race.against == t.number:  # the best was the challenger: turn it round
                 found = _turned(found)
