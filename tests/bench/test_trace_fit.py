@@ -293,3 +293,17 @@ def test_a_tokenizer_folder_says_its_model_max_length(tmp_path: Path) -> None:
     unbounded = HFTokenizer(str(build_tiny_tokenizer(tmp_path / "unbounded",
                                                      model_max_length=10**30)))
     assert from_tokenizer(unbounded) is None  # transformers' "no bound", not a context
+
+
+def test_a_rows_own_text_is_cut_to_the_bound_as_the_client_counts_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 0, "text": "word " * 3000, "output_length": 48},  # 3,750 tokens
+            {"timestamp": 10, "text": "short prompt", "output_length": 8}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = TraceWorkload(path=str(path), format="jsonl", context=1024, fit="clip")
+    long, short = generate(spec, 2, seed=0)
+    assert long.input_tokens + long.output_len <= 1024 and long.input_tokens == 976
+    assert long.text == ("word " * 3000)[: 4 * 976]
+    assert (short.text, short.output_len) == ("short prompt", 8)
+    dropped = generate(spec.model_copy(update={"fit": "drop"}), 10, seed=0)
+    assert [p.text for p in dropped] == ["short prompt"] * 10  # a closed loop cycles it
