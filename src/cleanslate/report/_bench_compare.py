@@ -54,12 +54,12 @@ def throughput_latency_plot(reports: list[BenchReport]) -> Plot:
     axes = fig.subplots(1, 2)
     for ax, latency, label in ((axes[0], "ttft", "p99 TTFT (ms)"),
                                (axes[1], "tpot", "median TPOT (ms)")):
-        drawn = False
+        right = 0.0
         for report in reports:
             points = _points(report.result.levels, latency)
             if not points:
                 continue
-            drawn = True
+            right = max(right, *(p[0] for p in points))
             line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
                             lw=1.6, label=report.name)
             for x, y, name in points:
@@ -68,8 +68,8 @@ def throughput_latency_plot(reports: list[BenchReport]) -> Plot:
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if drawn:
-            ax.set_xlim(left=0)
+        if right > 0:
+            ax.set_xlim(0, right * 1.12)  # room for the last level's label
             ax.set_ylim(bottom=0)
             ax.legend(fontsize=8, loc="upper left")
         else:
