@@ -227,7 +227,8 @@ def bench(
         typer.Option(
             help="random:input_len=1024,output_len=128,range_ratio=0.1 | "
             "shared-prefix:num_prefixes=8,prefix_len=1024,suffix_len=128,output_len=128 | "
-            "sharegpt:path=FILE | trace:path=FILE,format=jsonl|mooncake|azure,speedup=1 | "
+            "sharegpt:path=FILE | trace:path=FILE,format=jsonl|mooncake|azure,speedup=1,"
+            "fit=drop|clip|off (rows over the server's context),context=N | "
             "conversation:turns=4,input_len=128,output_len=128,think_time_s=0,system_len=0"
         ),
     ] = None,
