@@ -423,6 +423,28 @@ def _default_workload() -> WorkloadSpec:
     return RandomWorkload()
 
 
+#: Where a level's crash was read: the run's log (its engine's crash patterns), the exit
+#: status its supervisor recorded, or only what the client's connections showed.
+CrashSource = Literal["log", "exit_status", "connections"]
+
+
+class LevelCrash(_Frozen):
+    """The server died during a level: at which level (``label``), why (``cause``, the
+    vocabulary of a study's trials and ``--find-max``'s probes: ``python_exception``, ``oom``,
+    ``killed``, ``exited``, or ``connection_refused`` ... when only the connections tell), its
+    evidence (``line``: the log's root-cause line, the exit status, or the connection errors)
+    and where that was read (``source``)."""
+
+    label: str
+    cause: str
+    line: str
+    source: CrashSource
+
+    def describe(self) -> str:
+        """``the server crashed at c=256: python_exception: AttributeError: ...``."""
+        return f"the server crashed at {self.label}: {self.cause}: {self.line}"
+
+
 class LevelResult(_Frozen):
     """The measured outcome of one level (one concurrency or one rate).
 
@@ -552,6 +574,10 @@ class LevelResult(_Frozen):
     bottleneck: Bottleneck | None = Field(
         default=None, description="what limited the level, from its observations, the levels "
         "before it and the configuration in effect (None: not diagnosed)")
+    crash: LevelCrash | None = Field(
+        default=None, description="the server died during this level: its cause and where "
+        "it was read (None: it did not, or nobody looked); left out of the JSON when None, "
+        "so a stored level's layout is unchanged")
 
     def interval(self, key: str) -> tuple[float | None, float | None]:
         """The 95 % interval of a metric key over the repeats (``(None, None)`` without)."""
@@ -591,6 +617,8 @@ class LevelResult(_Frozen):
             out.update(stats.flat(metric))
             out[f"count_{metric}"] = stats.count
         ci = data.pop("ci", {})
+        if data.get("crash", 0) is None:
+            del data["crash"]
         out.update(data)
         for key, values in ci.items():
             for suffix, value in zip(CI_SUFFIXES, values, strict=True):
@@ -672,6 +700,10 @@ class BenchResult(_Frozen):
         default=None, description="the configuration the server said it runs with, read "
         "once before the first level, and how it differs from the flags asked (None: not "
         "read: --no-observe, or a result from before it was)")
+    ended_early: str | None = Field(
+        default=None, description="why the bench ended at its last level, whether or not "
+        "more were asked: the server crashed (that level's crash), or every request of the "
+        "level failed for one cause, with the fix as options to give (None: neither)")
 
     @property
     def failed(self) -> bool:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import aiohttp
 
     from cleanslate.bench._context import KnownContext
+    from cleanslate.bench._ending import CrashCheck
     from cleanslate.bench._models import AnyLoad, BenchConfig, LevelResult
     from cleanslate.bench._runner import ProgressHook
     from cleanslate.bench._server_config import ServerConfig
@@ -143,6 +144,10 @@ class Harness:
     #: called with each level of ``run_benchmark`` once it ended and was diagnosed (its
     #: ``bottleneck`` set): the live view prints the verdict then
     on_level: Callable[[LevelResult], None] | None = None
+    #: says after each level of ``run_benchmark`` whether the server died during it (``bench
+    #: --run``: the run's exit status and log); ``None``: what the connections showed
+    #: (:func:`~cleanslate.bench._ending.connection_crash`)
+    check_crash: CrashCheck | None = None
     #: the server's context (prompt plus output tokens) as its caller knows it (a run
     #: record): a trace's rows are fitted to it (:mod:`cleanslate.bench._context`)
     context: KnownContext | None = None
@@ -156,7 +161,8 @@ class Harness:
         return Harness(session=session, tokenizer=tokenizer, on_progress=self.on_progress,
                        stop=self.stop, observers=self.observers, on_samples=self.on_samples,
                        kept=self.kept, read_config=self.read_config, on_level=self.on_level,
-                       context=self.context, on_note=self.on_note)
+                       check_crash=self.check_crash, context=self.context,
+                       on_note=self.on_note)
 
     def keep(self, label: str, observed: Observed) -> None:
         if not observed.samples:

@@ -63,6 +63,7 @@ from cleanslate.bench._conversation import (
     history_text,
     history_tokens,
 )
+from cleanslate.bench._ending import connection_crash, ended_by_errors
 from cleanslate.bench._limits import MAX_NUM_PROMPTS
 from cleanslate.bench._models import (
     AnyLoad,
@@ -780,7 +781,10 @@ async def run_benchmark(
     """Run every level of ``config`` in order over one connection pool, each
     ``config.max_repeats`` times (:func:`run_repeats`), watched by ``harness``'s observers.
 
-    Levels after a partial one are not run (the server is gone or the run was interrupted).
+    Levels after a partial one are not run (the server is gone or the run was interrupted),
+    nor after one where the server crashed (its ``crash``: ``harness.check_crash``, else what
+    the connections showed) or whose requests all failed for one cause; the result's
+    ``ended_early`` says which, with the fix (:mod:`cleanslate.bench._ending`).
     """
     harness = harness or Harness()
     started = datetime.now(UTC)
@@ -788,6 +792,7 @@ async def run_benchmark(
     tokenizer = harness.tokenizer or load_tokenizer(config.tokenizer)
     levels: list[LevelResult] = []
     warnings: list[str] = []
+    ended_early: str | None = None
     async with contextlib.AsyncExitStack() as stack:
         session = harness.session
         if session is None:
@@ -807,13 +812,21 @@ async def run_benchmark(
             )
             level = diagnosed(level, levels, server_config, config.observe.engine,
                               workload=config.workload, max_error_rate=config.max_error_rate)
+            served = bool(level.completed) or any(lv.completed for lv in levels)
+            crash = (await harness.check_crash(level) if harness.check_crash is not None
+                     else connection_crash(level, served=served))
+            if crash is not None:
+                level = level.model_copy(update={"crash": crash})
             levels.append(level)
             if harness.on_level is not None:
                 harness.on_level(level)
-            if level.partial:
+            ending = crash.describe() if crash is not None else ended_by_errors(level, config)
+            if level.partial or ending is not None:
+                ended_early = ending
                 skipped = len(config.loads) - i - 1
                 if skipped:
-                    warnings.append(f"{skipped} level(s) not run after a partial level")
+                    warnings.append(f"{skipped} level(s) not run after "
+                                    + ("a partial level" if ending is None else level.label))
                 break
     spec = config.workload
     return BenchResult(
@@ -844,4 +857,5 @@ async def run_benchmark(
         limits=config.limits,
         observe=config.observe,
         server_config=server_config,
+        ended_early=ended_early,
     )

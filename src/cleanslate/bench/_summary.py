@@ -135,7 +135,7 @@ def rejected_ignore_eos(f: Facts) -> str | None:
         if "ignore_eos" in body or "min_tokens" in body:
             return (f"the server rejected requests with {kind} naming ignore_eos/min_tokens "
                     f"({body[:120]}): it does not accept them; run again with --no-ignore-eos "
-                    "(BenchConfig.ignore_eos=False), output lengths are then up to the model")
+                    "(output lengths are then up to the model)")
     return None
 
 

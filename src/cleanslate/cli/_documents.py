@@ -23,10 +23,12 @@ from cleanslate.doctor.snapshot import HostSnapshot
 from cleanslate.engines import FlagValue, SmokeResult
 from cleanslate.store import RunRecord, RunStatus, TrialRecord
 from cleanslate.teardown import TargetRecord, TeardownReport
+from cleanslate.tune.estimate import StudyEstimate
 from cleanslate.tune.factors import Scalar
 from cleanslate.verdict.check import CheckReport
 
 if TYPE_CHECKING:  # the builders' arguments (Optuna is not loaded for serve or stop)
+    from cleanslate.cli._run_state import ServerExit
     from cleanslate.launch.lifecycle import StartOutcome
     from cleanslate.tune.controller import StudyOutcome
     from cleanslate.tune.study import StudySpec
@@ -131,10 +133,14 @@ class ServeEnded(Document):
     teardown: TeardownReport
 
 
-def stopped(run_id: str, report: TeardownReport) -> dict[str, object]:
+def stopped(run_id: str, report: TeardownReport, *,
+            server_exited: ServerExit | None = None) -> dict[str, object]:
     """``stop --json`` and ``clean --run --json``: the teardown report's JSON with the run's id
-    first (only printed)."""
-    return {"run_id": run_id, **report.model_dump(mode="json")}
+    first, and ``server_exited``: how the run's server had ended before the stop (when, exit
+    status, cause; ``null``: it was running, or the run was not serving) (only printed)."""
+    return {"run_id": run_id, **report.model_dump(mode="json"),
+            "server_exited": None if server_exited is None
+            else server_exited.model_dump(mode="json")}
 
 
 class CleanNothing(Document):
@@ -243,9 +249,12 @@ class TunePlan(Document):
     objective: PlanObjective
     slo: dict[str, float]
     flags_note: str | None
+    #: Launches (races included) and wall time (``tune.estimate``); ``None`` when not made.
+    estimate: StudyEstimate | None = None
 
     @classmethod
-    def of(cls, spec: StudySpec, note: str | None) -> TunePlan:
+    def of(cls, spec: StudySpec, note: str | None,
+           estimate: StudyEstimate | None = None) -> TunePlan:
         from cleanslate.tune.space import distributions, planned_configs, trial_budget
 
         plan = planned_configs(spec)
@@ -263,7 +272,7 @@ class TunePlan(Document):
             workload=workload,
             objective=PlanObjective(direction=spec.objective.direction,
                                     metric=spec.objective.metric),
-            slo=spec.slo, flags_note=note,
+            slo=spec.slo, flags_note=note, estimate=estimate,
         )
 
 

@@ -45,10 +45,13 @@ if TYPE_CHECKING:  # the client stack (aiohttp, numpy) is imported when the comm
         SLO,
         BenchConfig,
         BenchResult,
+        Harness,
         SampleFiles,
         WorkloadSpec,
     )
     from cleanslate.cli._bench_record import BenchRecorder
+    from cleanslate.cli._bench_run import RecordedRun
+    from cleanslate.store import RunRecord
 
 
 def parse_slo(text: str | None) -> SLO:
@@ -182,8 +185,25 @@ class SearchOptions:
 
 
 def bench(
-    url: Annotated[str, typer.Option("--url", help="server base URL, e.g. http://127.0.0.1:8000")],
-    model: Annotated[str, typer.Option("--model", help="model name sent in each request")],
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="server base URL, e.g. http://127.0.0.1:8000 (or --run)",
+                     show_default=False),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="model name sent in each request [default with --run: "
+                     "the run's]", show_default=False),
+    ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option("--run", metavar="ID",
+                     help="bench a run `serve` recorded (in --store): its URL (through the SSH "
+                     "forward for another host), model, engine, endpoint and request form "
+                     "come from the record; options given win; a run that is not ready is "
+                     "refused", show_default=False),
+    ] = None,
     concurrency: Annotated[
         str | None,
         typer.Option(help="closed loop: requests in flight per level, e.g. 1,16,64,256"),
@@ -380,8 +400,25 @@ def bench(
 ) -> None:
     """Load-test a running OpenAI-compatible server: closed loop (--concurrency) or open loop
     (--rate), streaming, with TTFT/TPOT/ITL/E2E percentiles, throughputs and goodput."""
+    run_record: RunRecord | None = None  # the run of --run (None with --url)
+    recorded = None
+    if run is not None:
+        from cleanslate.cli._bench_run import recorded_run
+
+        if url is not None:
+            raise InputError("--run takes the server's URL from the run's record",
+                             where="--url", hint="give --run ID or --url URL, not both")
+        recorded = recorded_run(run, store_url)
+        run_record = recorded.record
+    elif url is None:
+        raise InputError("which server? give --url URL, or --run ID of a run `serve` "
+                         "recorded", where="--url")
+    elif model is None:
+        raise InputError("the model name sent in each request is missing", where="--model",
+                         hint="give --model (GET URL/v1/models lists the server's), or "
+                         "--run ID of a run `serve` recorded")
     opts = BenchOptions(
-        url=url, model=model, concurrency=concurrency, rate=rate, arrival=arrival,
+        url=url or "", model=model or "", concurrency=concurrency, rate=rate, arrival=arrival,
         burstiness=burstiness, max_concurrency=max_concurrency, num_prompts=num_prompts,
         duration=duration, warmup=warmup, seed=seed, workload=workload, dataset=dataset,
         endpoint=endpoint, tokenizer=tokenizer, slo=slo, request_timeout=request_timeout,
@@ -389,6 +426,10 @@ def bench(
         target_ci=target_ci, max_error_rate=max_error_rate, ramp=ramp,
         replay=replay, observe=observe, observe_interval=observe_interval, gpus=gpus,
         gpu_source=gpu_source, engine=engine)
+    if run_record is not None:
+        from cleanslate.cli._bench_run import options_from_record
+
+        opts = options_from_record(opts, run_record, given=lambda name: _given(ctx, name))
     search = SearchOptions(
         slo_attainment=slo_attainment, start=start, max_load=max_load, tolerance=tolerance,
         max_probes=max_probes, max_extensions=max_extensions, cliff=cliff,
@@ -398,7 +439,9 @@ def bench(
     import cleanslate.engines  # noqa: F401
     if find_max is not None:
         _find_max_command(find_max, opts, search, json_out=json_out, live=live,
-                          observe_dir=observe_dir, record=(store_url, not no_store))
+                          observe_dir=observe_dir,
+                          record=(store_url, not no_store,
+                                  run_record.id if run_record is not None else None))
     given = search.given()
     if given:
         raise InputError("an option of the capacity search (--find-max)", where=given[0],
@@ -411,9 +454,10 @@ def bench(
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
     samples = _sample_files(config, json_out, observe_dir)
-    recorder = _recorder(store_url, not no_store, opts)
+    recorder = _recorder(store_url, not no_store, opts,
+                         run_record.id if run_record is not None else None)
     show_live = live and not to_stdout and console_err.is_terminal
-    result = asyncio.run(_run(config, show_live, samples))
+    result = asyncio.run(_run(config, show_live, samples, recorded))
     document = recorder.stamp(json.dumps(result.model_dump(mode="json"), indent=2))
     if json_out is not None and not to_stdout:
         write_result(Path(json_out), document + "\n", option="--json")
@@ -439,6 +483,7 @@ def bench(
             for kind, detail in lv.error_details.items():
                 if detail:  # the server's own words, as text (never markup)
                     console_err.print(Text(f"  first {kind}: {detail}"), soft_wrap=True)
+    _say_ending(result)
     if to_stdout:
         sys.stdout.write(document + "\n")
         sys.stdout.flush()
@@ -466,9 +511,25 @@ def _recorder(store_url: str | None, enabled: bool, opts: BenchOptions,
     return BenchRecorder(store_url, enabled=enabled, run_id=run_id, engine=opts.engine)
 
 
+def _say_ending(result: BenchResult) -> None:
+    """Why the bench ended where it did, last and in red: the server's crash at a level with
+    its cause and where it was read, or the one cause every request of a level failed for with
+    the fix as options (the server's words in it are text, never markup)."""
+    from cleanslate.cli._bench_run import crash_lines
+
+    lines = crash_lines(result.levels)
+    if not lines and result.ended_early:
+        lines = [result.ended_early]
+    for line in lines:
+        console_err.print(Text(line, style="bold red"), soft_wrap=True)
+
+
 def _failure(result: BenchResult) -> str:
-    """What makes a run exit 1, in a word: PARTIAL (a level ended early), ERRORS (failed
-    requests), NO RESULT (a level completed no request, or is not a result), BAD OUTPUT."""
+    """What makes a run exit 1, in a word: CRASHED (the server died during a level), PARTIAL
+    (a level ended early), ERRORS (failed requests), NO RESULT (a level completed no request,
+    or is not a result), BAD OUTPUT."""
+    if any(lv.crash is not None for lv in result.levels):
+        return "CRASHED"
     if result.partial:
         return "PARTIAL"
     if any(lv.failed for lv in result.levels):
@@ -481,7 +542,7 @@ def _failure(result: BenchResult) -> str:
 def _find_max_command(
     dimension: str, opts: BenchOptions, search: SearchOptions, *, json_out: str | None,
     live: bool, observe_dir: Path | None = None,
-    record: tuple[str | None, bool] = (None, True),
+    record: tuple[str | None, bool, str | None] = (None, True, None),
 ) -> None:
     """``bench --find-max``: refuse what a search cannot take, run it, exit 0 with an answer,
     1 without (:mod:`cleanslate.cli._find_max`)."""
@@ -529,7 +590,7 @@ def _find_max_command(
     if json_out is not None and not to_stdout:
         check_writable(Path(json_out), option="--json")  # before the run, not after it
     samples = _sample_files(config, json_out, observe_dir)
-    recorder = _recorder(record[0], record[1], opts)
+    recorder = _recorder(record[0], record[1], opts, record[2])
     show_live = live and not to_stdout and console_err.is_terminal
     code, document = fm.run(config, plan, json_out=json_out, show_live=show_live,
                             console=console, console_err=console_err, samples=samples)
@@ -584,9 +645,12 @@ def _samples_written(samples: SampleFiles) -> None:
                          "and run again")
 
 
-async def _run(config: BenchConfig, show_live: bool,
-               samples: SampleFiles | None = None) -> BenchResult:
-    from cleanslate.bench import Harness, LiveView, discard_samples, run_benchmark
+async def _run(config: BenchConfig, show_live: bool, samples: SampleFiles | None = None,
+               recorded: RecordedRun | None = None) -> BenchResult:
+    """The levels of ``config``; with ``recorded`` (``--run``), against that run: refused when
+    its server has exited, reached through its host's forward, each level checked for a crash
+    of the run (its exit status and log), its configuration the one read at launch."""
+    from cleanslate.bench import Harness, discard_samples
     from cleanslate.cli._find_max import config_reader
 
     stop = asyncio.Event()
@@ -594,17 +658,40 @@ async def _run(config: BenchConfig, show_live: bool,
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
+    harness = Harness(stop=stop, on_samples=samples or discard_samples,
+                      read_config=config_reader(config), on_note=_note)
+    if recorded is None:
+        return await _levels(config, harness, show_live)
+    from cleanslate.cli._bench_run import check_serving, crash_check, reach, recorded_config
+
+    try:
+        await check_serving(recorded)
+        harness.check_crash = crash_check(recorded)
+        harness.read_config = recorded_config(recorded) or harness.read_config
+        async with reach(recorded) as base_url:
+            result = await _levels(config.model_copy(update={"url": base_url}), harness,
+                                   show_live)
+    finally:
+        await recorded.executor.close()
+    return result.model_copy(update={"url": config.url})  # the run's, not the forward's
+
+
+async def _levels(config: BenchConfig, harness: Harness, show_live: bool) -> BenchResult:
+    """:func:`~cleanslate.bench.run_benchmark`, in the live view on a terminal."""
+    from cleanslate.bench import LiveView, run_benchmark
+
     if not show_live:
-        return await run_benchmark(config, Harness(stop=stop,
-                                                   on_samples=samples or discard_samples,
-                                                   read_config=config_reader(config),
-                                                   on_note=_note))
+        return await run_benchmark(config, harness)
     with LiveView(console_err) as view:
-        return await run_benchmark(config, Harness(on_progress=view.on_progress, stop=stop,
-                                                   on_samples=samples or discard_samples,
-                                                   on_level=view.on_level,
-                                                   read_config=config_reader(config),
-                                                   on_note=_note))
+        harness.on_progress, harness.on_level = view.on_progress, view.on_level
+        return await run_benchmark(config, harness)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` (its parameter's name) was given on the command line or by its
+    environment variable, not left at its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
 def _note(text: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -25,10 +25,15 @@ from cleanslate.cli._options import (
     check_settle,
 )
 from cleanslate.cli._render import print_teardown
+from cleanslate.cli._run_state import ServerExit, server_exit
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.hosts import executor_for
 from cleanslate.redact import redact_text
 from cleanslate.verdict.check import DEFAULT_SETTLE_S
+
+if TYPE_CHECKING:
+    from cleanslate.store import Store
+    from cleanslate.teardown import TeardownReport
 
 
 def stop(
@@ -63,18 +68,48 @@ def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
         raise InputError(redact_text(exc.message), where=exc.where,
                          hint=redact_text(exc.hint) if exc.hint else None) from None
     executor = executor_for(None if run.host == "local" else run.host)
-    report = asyncio.run(stop_server(executor, store, run, grace_s=grace, gpu_backend=gpu_backend,
-                                     verify_deadline_s=deadline, verify_settle_s=settle,
-                                     progress=progress_printer(quiet=json_out)))
+    artifacts = store.artifacts_root if executor.is_local else None
+
+    async def read_then_stop() -> tuple[ServerExit | None, TeardownReport]:
+        # Read before the teardown: its SIGTERM makes the supervisor record an exit too.
+        ended = await server_exit(executor, run, artifacts) if run.status.running else None
+        report = await stop_server(executor, store, run, grace_s=grace,
+                                   gpu_backend=gpu_backend, verify_deadline_s=deadline,
+                                   verify_settle_s=settle,
+                                   progress=progress_printer(quiet=json_out))
+        return ended, report
+
+    ended, report = asyncio.run(read_then_stop())
+    if ended is None and run.status.running:
+        ended = _gone_unrecorded(store, run.id)
     if json_out:
         from cleanslate.cli._documents import emit, stopped
 
-        emit(stopped(run.id, report))
+        emit(stopped(run.id, report, server_exited=ended))
     else:
         print_teardown(report)
+        if ended is not None:  # beside the verdict: the run had died, and why (text)
+            console_err.print(Text.assemble(("the server had exited before the stop: ",
+                                             "bold yellow"), ended.describe()), soft_wrap=True)
     if report.refused_code == ExitCode.INPUT and not json_out:
         console_err.print(Text.assemble(("refused: ", "bold red"), report.refused or ""))
     return report.exit_code
+
+
+def _gone_unrecorded(store: Store, run_id: str) -> ServerExit | None:
+    """The run's server was gone before the stop although its supervisor recorded no exit
+    (the supervisor is gone too): the teardown found its root process missing and recorded
+    the run ``crashed`` (:func:`~cleanslate.launch.lifecycle.stop_server`); ``None`` when
+    it did not."""
+    try:
+        after = store.get_run(run_id)
+    except InputError:
+        return None
+    if after.status != "crashed" or after.cause is None:
+        return None
+    return ServerExit(exited_at=None, exit_status=None, cause=after.cause,
+                      line=after.detail or "its root process was gone",
+                      source="process_table")
 
 
 __all__ = ["stop", "stop_run"]

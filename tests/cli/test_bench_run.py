@@ -1,0 +1,192 @@
+"""``bench --run ID`` (issue 38 items 1-2): a recorded run benched from its record, refused when
+it is not serving; a bench that stops at the level whose requests all failed for one cause,
+with the fix as a flag; the server's crash at a level with its cause from the run's log; and
+``stop`` saying that the run's server had exited before it, when and why.
+
+The fast tests run the command in this process against real SQLite stores and the fake OpenAI
+server in a thread; the sim's crash fault runs through real ``serve``, ``bench`` and ``stop``
+processes (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanslate.store import RunRecord, RunStatus, Store
+from cleanslate.testing.fake_openai import fake_openai_thread
+from tests.cli.inproc import run_main
+
+SMALL = ("--workload", "random:input_len=8,output_len=4", "--no-live", "--no-observe")
+CRASH_LINE = "AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'"
+
+
+def _store(tmp_path: Path, *runs: RunRecord) -> str:
+    url = f"sqlite:///{tmp_path}/cs.db"
+    store = Store(url)
+    for run in runs:
+        store.save_run(run)
+    return url
+
+
+def _run(run_id: str, *, url: str = "http://127.0.0.1:9", engine: str = "sim",
+         status: RunStatus = RunStatus.READY, **fields: Any) -> RunRecord:
+    """A run record as `serve` writes one (no process behind it: the tests that use it send
+    requests to a fake server, or are refused before any)."""
+    port = int(url.rsplit(":", 1)[1])
+    return RunRecord(id=run_id, host="local", engine=engine, model="m", argv=("engine",),
+                     marker=run_id, port=port, url=url, log_path=f"/nonexistent/{run_id}.log",
+                     artifacts_dir=f"/nonexistent/{run_id}", status=status, **fields)
+
+
+def test_an_unknown_run_id_is_exit_2_naming_the_closest_ids(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(tmp_path, _run("r-20261206-081000-aaaa"), _run("r-20261206-093000-ffff"))
+    res = run_main(capsys, monkeypatch, "bench", "--run", "r-20261206-081000-aaab",
+                   "--store", store, *SMALL)
+    assert res.code == 2, res.err
+    assert "no run 'r-20261206-081000-aaab'" in res.err
+    assert "closest ids: r-20261206-081000-aaaa" in res.err
+    assert "Traceback" not in res.err
+
+
+def test_run_and_url_together_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(tmp_path, _run("r-1"))
+    res = run_main(capsys, monkeypatch, "bench", "--run", "r-1", "--url", "http://127.0.0.1:9",
+                   "--store", store, *SMALL)
+    assert res.code == 2
+    assert "--url" in res.err and "not both" in res.err
+    res = run_main(capsys, monkeypatch, "bench", *SMALL)
+    assert res.code == 2 and "--run ID" in res.err
+
+
+def test_a_run_that_is_not_ready_is_refused_with_its_state_when_and_cause(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = time.mktime((2026, 12, 6, 12, 3, 10, 0, 0, -1))
+    store = _store(tmp_path,
+                   _run("r-crashed", status=RunStatus.CRASHED, cause="python_exception",
+                        detail=CRASH_LINE, stopped_at=ended),
+                   _run("r-starting", status=RunStatus.STARTING))
+    res = run_main(capsys, monkeypatch, "bench", "--run", "r-crashed", "--store", store, *SMALL)
+    assert res.code == 2
+    assert f"run r-crashed is crashed (python_exception, 12:03:10): {CRASH_LINE}" in \
+        " ".join(res.err.split())
+    res = run_main(capsys, monkeypatch, "bench", "--run", "r-starting", "--store", store,
+                   *SMALL)
+    assert res.code == 2 and "run r-starting is starting" in res.err
+
+
+def test_a_transformers_run_is_benched_without_ignore_eos_and_an_explicit_option_wins(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`transformers serve` answers HTTP 422 to ignore_eos: the adapter says so, and the
+    record's bench leaves it out; --ignore-eos typed on the command line is sent anyway, and
+    the bench stops at its first level with the fix as a flag."""
+    with fake_openai_thread("reject-fields=ignore_eos,min_tokens") as server:
+        store = _store(tmp_path, _run("r-tf", url=server.url, engine="transformers"))
+        out = tmp_path / "out.json"
+        res = run_main(capsys, monkeypatch, "bench", "--run", "r-tf", "--store", store,
+                       "--concurrency", "1,2", "--num-prompts", "3", "--json", str(out),
+                       *SMALL)
+        assert res.code == 0, res.err
+        doc = json.loads(out.read_text())
+        assert [lv["completed"] for lv in doc["levels"]] == [3, 3]
+        assert doc["url"] == server.url and doc["model"] == "m"
+        assert doc["ended_early"] is None
+        res = run_main(capsys, monkeypatch, "bench", "--run", "r-tf", "--store", store,
+                       "--concurrency", "1,2", "--num-prompts", "3", "--ignore-eos",
+                       "--json", str(out), *SMALL)
+    assert res.code == 1
+    doc = json.loads(out.read_text())
+    assert [lv["label"] for lv in doc["levels"]] == ["c=1"]  # c=2 would fail the same way
+    assert "--no-ignore-eos" in doc["ended_early"]
+    assert "every one of 3 requests at c=1 failed with http_422" in doc["ended_early"]
+
+
+def test_a_422_on_ignore_eos_stops_a_bare_url_bench_and_names_the_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with fake_openai_thread("reject-fields=ignore_eos") as server:
+        res = run_main(capsys, monkeypatch, "bench", "--url", server.url, "--model", "m",
+                       "--concurrency", "1,2,4", "--num-prompts", "3", "--no-store",
+                       "--json", "-", *SMALL)
+    assert res.code == 1
+    doc = json.loads(res.out)
+    assert len(doc["levels"]) == 1
+    assert "run again with --no-ignore-eos" in doc["ended_early"]
+    assert "run again with --no-ignore-eos" in res.err
+    assert "BenchConfig" not in res.out + res.err
+    assert "crash" not in doc["levels"][0]  # no crash: the server answered every request
+
+
+@pytest.mark.slow
+def test_the_sims_crash_under_bench_run_is_reported_with_its_cause_and_stop_says_so(
+        tmp_path: Path, cli: Any) -> None:
+    """The sim crashes above 4 requests in flight: c=2 completes, c=8 is the crash with the
+    log's cause (exit 1), c=16 is not run; `stop` says the server had exited before it, when,
+    with which status and why; the stopped run is refused (exit 2)."""
+    env = {"CLEANSLATE_SIM_GPU_DIR": str(tmp_path / "gpus")}
+    (tmp_path / "gpus").mkdir()
+    store = f"sqlite:///{tmp_path}/cs.db"
+    served = cli("serve", "--engine", "sim", "--model", "m", "--store", store, "--detach",
+                 "--json", "--gpu-backend", "sim", "--ready-timeout", "60", "--", "--tp-size",
+                 "1", "--fault", "crash-at-concurrency=4", env=env, timeout=120)
+    assert served.returncode == 0, served.stdout + served.stderr
+    run_id = served.json()["run_id"]
+    out = tmp_path / "bench.json"
+    res = cli("bench", "--run", run_id, "--store", store, "--concurrency", "2,8,16",
+              "--num-prompts", "8", "--json", str(out), *SMALL, env=env, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    text = " ".join((res.stdout + res.stderr).split())
+    assert f"the server crashed at c=8: python_exception: {CRASH_LINE} (from the run's log)" \
+        in text
+    assert "CRASHED" in text
+    doc = json.loads(out.read_text())
+    assert [lv["label"] for lv in doc["levels"]] == ["c=2", "c=8"]
+    assert doc["levels"][0]["completed"] == 8 and "crash" not in doc["levels"][0]
+    assert doc["levels"][1]["crash"] == {"label": "c=8", "cause": "python_exception",
+                                         "line": CRASH_LINE, "source": "log"}
+    assert doc["ended_early"].startswith("the server crashed at c=8: python_exception")
+    stopped = cli("stop", run_id, "--store", store, "--gpu-backend", "sim", env=env,
+                  timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    said = " ".join((stopped.stdout + stopped.stderr).split())
+    assert "CLEAN" in said
+    assert re.search(r"the server had exited before the stop: crashed at \d\d:\d\d:\d\d, "
+                     r"exit status 1, python_exception: AttributeError", said), said
+    again = cli("bench", "--run", run_id, "--store", store, *SMALL, env=env)
+    assert again.returncode == 2
+    assert f"run {run_id} is crashed (python_exception" in again.stderr
+
+
+@pytest.mark.slow
+def test_stop_json_carries_how_the_server_had_exited(tmp_path: Path, cli: Any) -> None:
+    """A run whose server exited by itself (the sim's exit-after fault: after 8 requests, the
+    smoke test's among them, status 0): the bench's crash is read from the exit status
+    (no crash pattern in the log), and `stop --json` has it under server_exited."""
+    env = {"CLEANSLATE_SIM_GPU_DIR": str(tmp_path / "gpus")}
+    (tmp_path / "gpus").mkdir()
+    store = f"sqlite:///{tmp_path}/cs.db"
+    served = cli("serve", "--engine", "sim", "--model", "m", "--store", store, "--detach",
+                 "--json", "--gpu-backend", "sim", "--ready-timeout", "60", "--", "--tp-size",
+                 "1", "--fault", "exit-after=8", env=env, timeout=120)
+    assert served.returncode == 0, served.stdout + served.stderr
+    run_id = served.json()["run_id"]
+    res = cli("bench", "--run", run_id, "--store", store, "--concurrency", "1,2",
+              "--num-prompts", "6", "--json", "-", *SMALL, env=env, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    crash = next(lv["crash"] for lv in res.json()["levels"] if "crash" in lv)
+    assert crash["cause"] == "exited" and crash["source"] == "exit_status"
+    stopped = cli("stop", run_id, "--store", store, "--gpu-backend", "sim", "--json",
+                  env=env, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    ended = stopped.json()["server_exited"]
+    assert ended["exit_status"] == 0 and ended["cause"] == "exited"
+    assert ended["exited_at"] is not None and ended["source"] == "exit_status"
