@@ -133,3 +133,26 @@ def test_a_store_that_refuses_the_write_keeps_the_result_in_the_json_file(
     assert kept["levels"][0]["completed"] == 4
     assert os.stat(out).st_mode & 0o777 == 0o600
     assert Store(f"sqlite:///{db}", create=False).benches() == []
+
+
+@pytest.mark.slow  # 2 s: two probes
+def test_a_find_max_search_is_recorded_with_its_probes_levels(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, procs: Any,
+        tmp_path: Path) -> None:
+    _proc, url = start_fake_server_process(procs)
+    store = f"sqlite:///{tmp_path / 'cs.db'}"
+    res, doc = _bench(capsys, monkeypatch, url, store, "--find-max", "concurrency", "--slo",
+                      "median_tpot_ms=100000", "--start", "1", "--max-load", "2",
+                      "--warmup", "1")
+    assert res.code == 0, res.err
+    assert doc["tool"] == "cleanslate bench --find-max" and doc["bench_id"].startswith("b-")
+    assert f"bench recorded: {doc['bench_id']}" in res.err
+    opened = Store(store, create=False)
+    (record,) = opened.benches()
+    opened.close()
+    assert record.id == doc["bench_id"] and record.kind == "find_max"
+    assert record.labels() == ["c=1", "c=2"] and record.options["find_max"] == "concurrency"
+    shown = run_main(capsys, monkeypatch, "report", record.id, "--store", store, "--format",
+                     "json")
+    assert shown.code == 0, shown.err
+    assert [lv["label"] for lv in json.loads(shown.out)["levels"]] == ["c=1", "c=2"]
