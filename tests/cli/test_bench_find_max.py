@@ -148,6 +148,12 @@ def test_the_search_finds_the_servers_boundary_and_its_json_reads_back(
     raw = json.loads(out.read_text())
     assert CapacityResult.model_validate(raw["find_max"]) == result
     assert raw["find_max"]["probes"][0]["level"]["completed"] == 30  # c=2: 30 of 30 met
+    # a line per probe as it starts, with an estimate once one was measured (issue 38)
+    assert "probe 1: c=2, 30 requests (" in res.err
+    assert "no estimate until a probe has been measured; at most 16 probes)" in res.err
+    fifth = next(ln for ln in res.err.splitlines() if ln.startswith("probe 5: c=7, 30 requests"))
+    assert "so far, about " in fifth and fifth.endswith(
+        "left at most; estimates from the probes so far)")
     # a line per probe as it was decided, in probe order, on stderr
     lines = [ln for ln in res.err.splitlines() if ln.startswith("c=")]
     assert [ln.split(":")[0] for ln in lines] == ["c=2", "c=4", "c=8", "c=6", "c=7"]
@@ -177,8 +183,12 @@ def test_an_attainment_target_and_json_on_stdout(
                                                            (6, ProbeVerdict.FAIL)]
     assert result.probes[0].checks[0].key == "attainment"
     assert (result.capacity, result.upper) == (4, 6)
-    # with --json -: no probe lines; the table and the summary go to stderr
+    # with --json -: no decided-probe lines; the table and the summary go to stderr, and a
+    # line as each probe starts (a search can run for minutes with stdout redirected)
     assert "c=4: pass" not in res.err
+    starts = [ln.split(",")[0] for ln in res.err.splitlines()
+              if ln.startswith("probe ") and " measured again " not in ln]  # an extension
+    assert starts == ["probe 1: c=4", "probe 2: c=8", "probe 3: c=6"]
     assert "boundary in [4, 6)" in res.err and "p99_tpot_ms" in res.err
 
 

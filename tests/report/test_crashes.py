@@ -141,3 +141,11 @@ def test_the_throughput_plot_draws_an_x_and_no_fall_to_the_partial_level(
     assert not any(y == PARTIAL for _, y in points), "the crashed level was drawn"
     four = throughput_line(report.trial(4))  # type: ignore[arg-type]
     assert ("X", [(256.0, four.points[-1][1])]) in drawn
+
+
+def test_a_configuration_decided_by_its_crash_is_not_on_the_pareto_front(
+        report: StudyReport) -> None:
+    # #4's c=32 and c=128 were on it before (its record, as stores before kept it, feasible)
+    front = {(t.number, level.label) for t, level, _, _ in report.pareto_front()}
+    assert front and not any(number in (4, 5) for number, _ in front), front
+    assert {t.number for t, _, _, _ in report.level_points()} >= {4, 5}  # still drawn

@@ -143,7 +143,7 @@ from cleanslate.bench._workloads import (
 
 if TYPE_CHECKING:
     from cleanslate.bench._client import printable
-    from cleanslate.bench._find_max import find_max
+    from cleanslate.bench._find_max import ProbeStart, find_max
     from cleanslate.bench._keepalive import (
         fresh_session,
         is_stale,
@@ -179,6 +179,7 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "find_max": "cleanslate.bench._find_max",
+    "ProbeStart": "cleanslate.bench._find_max",
     **dict.fromkeys(("LiveView", "detail_tables", "gpu_totals", "live_readings",
                      "observation_notes", "observed_cells", "observed_headers",
                      "observed_kinds", "summary_table"),
@@ -256,6 +257,7 @@ __all__ = [
     "ObserverFactory",
     "OpenLoop",
     "Probe",
+    "ProbeStart",
     "ProbeVerdict",
     "Prompt",
     "RampLoad",

@@ -494,6 +494,34 @@ class CapacitySearch:
     def stop(self, reason: StopReason) -> None:
         self._stopped = reason
 
+    def probes_left_at_most(self) -> int:
+        """At most how many more probes the search runs from where it stands, the next one
+        included: doubling up to the most load (or halving down to the least), then bisecting
+        a bracket of one doubling to the tolerance, never more than ``max_probes`` in all; 0
+        when it is over. A probe measured again (an extension) is one probe."""
+        if self._stopped is not None:
+            return 0
+        bisect = math.ceil(math.log2(1 / self.tolerance))
+
+        def halvings(high: float) -> int:
+            least = MIN_LOAD[self.dimension]
+            return math.ceil(math.log2(high / least)) if high > least else 0
+
+        def doublings(low: float) -> int:
+            return math.ceil(math.log2(self.max_load / low)) if low < self.max_load else 0
+
+        low, high = self.low, self.high
+        if not self.probes:
+            steps = 1 + max(doublings(self.start), halvings(self.start)) + bisect
+        elif low is None:
+            steps = halvings(high or self.start) + bisect
+        elif high is None:
+            steps = doublings(low) + bisect if low < self.max_load else 0
+        else:
+            gap = max(self.tolerance * low, MIN_STEP[self.dimension])
+            steps = 0 if high - low <= gap else math.ceil(math.log2((high - low) / gap))
+        return max(0, min(self.max_probes - len(self.probes), steps))
+
     def cliffs(self) -> list[str]:
         """Throughput falling by more than :attr:`cliff` between two passing probes next to
         each other in load."""

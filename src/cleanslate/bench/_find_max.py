@@ -10,6 +10,7 @@ the pooled requests (:func:`cleanslate.bench.combine`), up to ``max_extensions``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,6 +43,28 @@ ServerCheck = Callable[[LevelResult], Awaitable[tuple[str, str] | None]]
 
 #: Seeds of one probe's measurements are ``seed + SEED_STRIDE x probe + extension``.
 SEED_STRIDE = 1000
+
+
+@dataclass(frozen=True)
+class ProbeStart:
+    """A measurement of the search about to start, for a progress line.
+
+    ``index``: the probe's number from 0; ``extension``: 0 for its first measurement, then 1,
+    2 ... for each one more (its intervals straddled their targets); ``load``: concurrency or
+    requests/s, ``label`` as the probe's (``c=64``); ``requests``: requests it sends
+    (``None`` when it runs for ``duration_s`` seconds); ``probes_left_at_most``: the search's
+    bound on the probes still to run, this one included
+    (:meth:`~cleanslate.bench.CapacitySearch.probes_left_at_most`); ``max_extensions``: the
+    most measurements a probe may add."""
+
+    index: int
+    extension: int
+    load: float
+    label: str
+    requests: int | None
+    duration_s: float | None
+    probes_left_at_most: int
+    max_extensions: int
 
 
 async def partial_is_crash(level: LevelResult) -> tuple[str, str] | None:
@@ -80,6 +103,7 @@ async def find_max(
     max_extensions: int = DEFAULT_MAX_EXTENSIONS,
     check_server: ServerCheck | None = None,
     on_probe: Callable[[Probe], None] | None = None,
+    on_start: Callable[[ProbeStart], None] | None = None,
 ) -> CapacityResult:
     """Drive ``search`` to its end against ``config``'s server and return its answer.
 
@@ -88,7 +112,8 @@ async def find_max(
     ``harness``: the run's pool, tokenizer, live view, stop event and observers (every probe
     is observed like a level). ``warmup`` requests go before the first probe.
     ``check_server`` says after every measurement whether the server crashed (default: a
-    level that ended early). ``on_probe`` receives each probe as it is decided."""
+    level that ended early). ``on_probe`` receives each probe as it is decided, ``on_start``
+    each measurement as it starts (:class:`ProbeStart`)."""
     harness = harness or Harness()
     tokenizer = harness.tokenizer
     if tokenizer is None and config.tokenizer:
@@ -97,7 +122,8 @@ async def find_max(
         async with make_session(config) as own:
             return await find_max(config, search, harness.with_session(own, tokenizer),
                                   warmup=warmup, max_extensions=max_extensions,
-                                  check_server=check_server, on_probe=on_probe)
+                                  check_server=check_server, on_probe=on_probe,
+                                  on_start=on_start)
     harness = harness.with_session(harness.session, tokenizer)
     stop = harness.stop
     check = check_server or partial_is_crash
@@ -117,6 +143,7 @@ async def find_max(
             break
         load = probe_load(search, value, template)
         n = probe_requests(base, search, load)
+        left = search.probes_left_at_most()
         cfg = base if base.duration_s is not None else base.model_copy(
             update={"num_prompts": n})
         measured: list[LevelResult] = []
@@ -126,6 +153,12 @@ async def find_max(
         for extension in range(max_extensions + 1):
             seed = config.seed + SEED_STRIDE * index + extension
             one = cfg.model_copy(update={"seed": seed})
+            if on_start is not None:
+                on_start(ProbeStart(index=index, extension=extension, load=value,
+                                    label=load.label,
+                                    requests=None if cfg.duration_s is not None else n,
+                                    duration_s=cfg.duration_s, probes_left_at_most=left,
+                                    max_extensions=max_extensions))
             prompts = generate(one.workload, one.prompts_for(load),
                                seed=level_seed(seed, load.label), tokenizer=tokenizer)
             level, sample = await _measure(

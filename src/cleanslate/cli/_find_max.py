@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import math
 import signal
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -41,12 +42,14 @@ from cleanslate.bench import (
     Endpoint,
     LevelResult,
     Probe,
+    ProbeStart,
     ProbeVerdict,
     StopReason,
     WorkloadSpec,
     parse_slo_keys,
     worst_check,
 )
+from cleanslate.cli._render import duration_text
 from cleanslate.errors import ExitCode, InputError
 from cleanslate.models import FrozenStrict
 
@@ -304,6 +307,71 @@ def probe_line(probe: Probe, slo: CapacitySLO) -> Text:
     return line
 
 
+@dataclass
+class ProbeClock:
+    """Times the search for its progress lines: since when it runs, and per decided probe its
+    load, requests, measurements and seconds (all its measurements together).
+
+    A measurement's estimate (:meth:`estimate`) comes from the probes measured so far: for a
+    ``duration_s`` level, that duration plus the overhead the measured probes showed; for a
+    number of requests, the seconds per request of the highest measured load at or below this
+    one (a higher load serves at least as fast: the estimate errs long), else of the lowest,
+    scaled by the loads (a lower load serves its requests proportionally slower). Before any
+    probe was measured there is none."""
+
+    started: float = field(default_factory=time.monotonic)
+    measured: list[tuple[float, int, int, float]] = field(default_factory=list)
+    _probe_started: float | None = None
+
+    def start(self, start: ProbeStart) -> None:
+        if start.extension == 0:
+            self._probe_started = time.monotonic()
+
+    def decided(self, probe: Probe) -> None:
+        if self._probe_started is not None and probe.requests:
+            self.measured.append((probe.load, probe.requests, max(1, probe.measurements),
+                                  time.monotonic() - self._probe_started))
+        self._probe_started = None
+
+    def estimate(self, start: ProbeStart) -> float | None:
+        """Seconds the measurement ``start`` is expected to take, or ``None`` (nothing
+        measured yet)."""
+        if not self.measured:
+            return None
+        if start.duration_s is not None:
+            overhead = sorted(max(0.0, s / m - start.duration_s)
+                              for _, _, m, s in self.measured)[len(self.measured) // 2]
+            return start.duration_s + overhead
+        if not start.requests:
+            return None
+        below = [x for x in self.measured if x[0] <= start.load]
+        if below:
+            load, requests, _, seconds = max(below, key=lambda x: x[0])
+            return start.requests * seconds / requests
+        load, requests, _, seconds = min(self.measured, key=lambda x: x[0])
+        return start.requests * seconds / requests * load / start.load
+
+    def line(self, start: ProbeStart) -> Text:
+        """``probe 3: c=64, 381 requests (about 25 s; 1 min 10 s so far, about 2 min left at
+        most; estimates from the probes so far)``; a probe measured again says so."""
+        what = f"probe {start.index + 1}: {start.label}"
+        if start.extension:
+            what += (f" measured again ({start.extension + 1} of at most "
+                     f"{start.max_extensions + 1}: its intervals straddle their targets)")
+        if start.requests is not None:
+            what += f", {start.requests:,} {'more ' if start.extension else ''}requests"
+        elif start.duration_s is not None:
+            what += f", {start.duration_s:g} s of requests"
+        so_far = duration_text(time.monotonic() - self.started)
+        estimate = self.estimate(start)
+        if estimate is None:
+            return Text(f"{what} ({so_far} so far; no estimate until a probe has been "
+                        f"measured; at most {start.probes_left_at_most} probes)")
+        left = estimate * max(1, start.probes_left_at_most)
+        return Text(f"{what} (about {duration_text(estimate)}; {so_far} so far, about "
+                    f"{duration_text(left)} left at most; estimates from the probes so far)")
+
+
 def _share_cell(probe: Probe) -> tuple[str, str, str]:
     """The worst check's key, ``met/n share [low-high]`` (in %) and target, for the table."""
     worst = worst_check(probe.checks)
@@ -415,7 +483,8 @@ def config_reader(config: BenchConfig) -> ConfigReader | None:
 
 
 async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | None,
-                  on_probe: object, samples: SampleFiles | None = None) -> CapacityResult:
+                  on_probe: object, on_start: object = None,
+                  samples: SampleFiles | None = None) -> CapacityResult:
     from cleanslate.bench import Harness, LiveView, discard_samples, find_max
     from cleanslate.cli._common import console_err
 
@@ -428,7 +497,8 @@ async def _search(config: BenchConfig, plan: FindMaxPlan, *, live: Console | Non
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     kwargs = {"warmup": plan.warmup, "max_extensions": plan.max_extensions,
-              "on_probe": on_probe, "check_server": None if plan.server_log is None
+              "on_probe": on_probe, "on_start": on_start,
+              "check_server": None if plan.server_log is None
               else log_check(plan.server_log, plan.engine)}
     if live is None:
         return await find_max(config, plan.search,
@@ -453,7 +523,15 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
     to_stdout = json_out == "-"
     slo = plan.search.slo
 
+    clock = ProbeClock()
+
+    def on_start(start: ProbeStart) -> None:
+        # On stderr, TTY or not and with --json - too: a search can run for many minutes.
+        clock.start(start)
+        console_err.print(clock.line(start), soft_wrap=True, highlight=False)
+
     def on_probe(probe: Probe) -> None:
+        clock.decided(probe)
         if not to_stdout:
             console_err.print(probe_line(probe, slo), soft_wrap=True)
             if probe.level is not None:
@@ -463,7 +541,7 @@ def run(config: BenchConfig, plan: FindMaxPlan, *, json_out: str | None, show_li
 
     started = _now()
     result = asyncio.run(_search(config, plan, live=console_err if show_live else None,
-                                 on_probe=on_probe, samples=samples))
+                                 on_probe=on_probe, on_start=on_start, samples=samples))
     finished = _now()
     document = FindMaxDocument(
         version=__version__, started_at=started, finished_at=finished, url=config.url,

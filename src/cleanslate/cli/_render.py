@@ -141,4 +141,22 @@ def print_teardown(report: TeardownReport) -> None:
         console.print("not verified")
 
 
-__all__ = ["MAX_ROWS_PER_KIND", "print_teardown", "render_report", "targets_table"]
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it, rounded to what matters: ``under 1 s``, ``25 s``,
+    ``1 min 10 s`` (to 10 s under 10 min), ``12 min``, ``2 h 5 min``."""
+    if seconds < 0.5:
+        return "under 1 s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 600:
+        minutes, rest = divmod(round(whole / 10) * 10, 60)
+        return f"{minutes} min" + (f" {rest} s" if rest else "")
+    hours, minutes = divmod(round(whole / 60), 60)
+    if not hours:
+        return f"{minutes} min"
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+__all__ = ["MAX_ROWS_PER_KIND", "duration_text", "print_teardown", "render_report",
+           "targets_table"]

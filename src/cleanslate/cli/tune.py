@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # Optuna and SQLAlchemy are imported when the command runs
     from cleanslate.cli._documents import TunePlan
     from cleanslate.store import Store, TrialRecord
     from cleanslate.tune.controller import StudyOutcome
+    from cleanslate.tune.estimate import StudyEstimate
     from cleanslate.tune.study import StudySpec
     from cleanslate.verdict.baseline import Baseline
 
@@ -144,7 +145,7 @@ def tune(
         from cleanslate.cli._documents import TunePlan, emit
 
         note = asyncio.run(validate_study_flags(spec, root, study_file, executor_for(spec.host)))
-        plan = TunePlan.of(spec, note)
+        plan = TunePlan.of(spec, note, estimate=_estimate(spec, store_url))
         if json_out:
             emit(plan)
         else:
@@ -223,6 +224,53 @@ def no_trial_ran(outcome: StudyOutcome) -> str | None:
     return f"no trial ran: the host is not clean ({not_clean_findings(outcome.report, 1)})"
 
 
+def _estimate(spec: StudySpec, store_url: str | None) -> StudyEstimate:
+    """The study's launches and wall time (:func:`~cleanslate.tune.estimate.estimate_study`),
+    from the launch times of its earlier trials when the store holds some: read with nothing
+    written (a store that does not exist or cannot be read gives none)."""
+    from cleanslate.tune.estimate import estimate_study, launch_seconds
+
+    measured: list[float] = []
+    try:
+        from cleanslate.store import Store
+
+        reader = Store(store_url, create=False)
+        try:
+            measured = launch_seconds(reader.trials(spec.name))
+        finally:
+            reader.close()
+    except InputError:
+        pass  # no store yet, or one this user may not read: the study's settings alone
+    return estimate_study(spec, measured)
+
+
+def estimate_line(estimate: StudyEstimate) -> str:
+    """``7 configurations; 7-31 launches (races included; about 11-17 typically); about 3-9
+    min (at 17 s a launch, the mean of 16 earlier launches of this study); an estimate``."""
+    from cleanslate.cli._render import duration_text
+
+    e = estimate
+    many = "s" if e.configurations != 1 else ""
+    launches = (f"{e.launches_min} launch{'es' if e.launches_min != 1 else ''}"
+                if e.launches_min == e.launches_max else
+                f"{e.launches_min}-{e.launches_max} launches (races included"
+                + (f"; about {e.launches_typical[0]}-{e.launches_typical[1]} typically"
+                   if e.launches_typical else "") + ")")
+    if e.launch_s is not None and e.wall_s_low is not None and e.wall_s_high is not None:
+        span = duration_text(e.wall_s_low) if e.wall_s_low == e.wall_s_high else \
+            f"{duration_text(e.wall_s_low)} to {duration_text(e.wall_s_high)}"
+        when = (f"about {span} (at {duration_text(e.launch_s)} a launch, the mean of "
+                f"{e.measured_launches} earlier launches of this study)")
+    elif e.wall_s_low is not None and e.wall_s_high is not None and e.launch_s_low is not None:
+        when = (f"{duration_text(e.wall_s_low)} to {duration_text(e.wall_s_high)} (the "
+                f"levels take {duration_text(e.launch_s_low)} a launch; its start, smoke test "
+                "and teardown up to the study's timeouts)")
+    else:
+        when = ("time unknown until a trial has run (levels of a number of requests): --check "
+                "again after the first trial")
+    return f"{e.configurations} configuration{many}; {launches}; {when}; an estimate"
+
+
 def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
     console.print(Text(f"study {spec.name}: valid; {spec.strategy}, {plan.trials} trials, "
                        f"engine {spec.engine}, model {spec.model}, host {plan.host}"))
@@ -251,6 +299,8 @@ def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
     console.print(Text(f"{what}; workload {workload}; {spec.objective.direction} "
                        f"{spec.objective.metric}"
                        + (f"; SLOs {json.dumps(spec.slo)}" if spec.slo else "")), soft_wrap=True)
+    if plan.estimate is not None:
+        console.print(Text(estimate_line(plan.estimate)), highlight=False, soft_wrap=True)
     console.print("nothing was launched (--check)")
 
 

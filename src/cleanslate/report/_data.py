@@ -589,8 +589,12 @@ class StudyReport:
 
     def pareto_front(self) -> list[tuple[TrialView, LevelResult, float, float]]:
         """The levels that met the SLOs and that no other such level beats on both output
-        tokens/s (higher) and p99 TTFT (lower), sorted by throughput."""
-        ok = [p for p in self.level_points() if p[0].level_verdict(p[1]) == LevelVerdict.OK]
+        tokens/s (higher) and p99 TTFT (lower), sorted by throughput. A configuration decided by
+        its crash (a ladder of levels that crashed at one; a store written before this rule
+        kept it ``feasible``) has no level on it: the levels below its crash met the SLOs, but
+        it does not serve the load the study asked for."""
+        ok = [p for p in self.level_points() if p[0].level_verdict(p[1]) == LevelVerdict.OK
+              and (p[0].crash_text is None or p[0].capacity is not None)]
         return pareto([(p, p[2], p[3]) for p in ok])
 
 
