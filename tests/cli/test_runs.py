@@ -96,7 +96,7 @@ def test_report_of_an_unknown_id_names_what_it_looked_for(
     Store(store).close()
     res = run_main(capsys, monkeypatch, "report", "b-nope", "--store", store)
     assert res.code == 2 and "Traceback" not in res.err
-    assert "no study named 'b-nope' and no bench with id 'b-nope'" in res.err
+    assert "no study 'b-nope' and no bench 'b-nope'" in res.err
     assert "cleanslate runs" in res.err
     missing = run_main(capsys, monkeypatch, "report", str(tmp_path / "bench.json"))
     assert missing.code == 2 and "no file" in missing.err

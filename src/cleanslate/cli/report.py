@@ -142,6 +142,7 @@ def report(
         raise InputError("nothing to report on", where="STUDY",
                          hint="give a study's name or a bench's id (`cleanslate runs` lists "
                               "them), or --bench FILE for a bench result")
+    _check_outputs(png=png, html=html, fmt=fmt, out=out)  # before the store is opened
     names = list(dict.fromkeys([*targets, *(compare or [])]))
     benches = _benches(names, store_url)
     if benches is not None:
@@ -284,10 +285,10 @@ def _unknown(store: Store, name: str) -> InputError:
     there is."""
     studies, benches = store.studies()[-5:], store.bench_ids()
     there = "; ".join(part for part in (
-        ("studies: " + ", ".join(studies)) if studies else "",
+        ("known studies: " + ", ".join(studies)) if studies else "",
         ("recent benches: " + ", ".join(benches)) if benches else "") if part)
-    return InputError(f"no study named {name!r} and no bench with id {name!r} in "
-                      f"{store.display_url}, and no file {name}", where=_TARGET,
+    return InputError(f"no study {name!r} and no bench {name!r} in {store.display_url} (nor a "
+                      f"file {name})", where=_TARGET,
                       hint=(there or "the store holds no study and no bench")
                       + "; `cleanslate runs` lists runs and benches; pass --store if it is "
                         "another store")
