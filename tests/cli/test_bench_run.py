@@ -20,6 +20,7 @@ import pytest
 from cleanslate.store import RunRecord, RunStatus, Store
 from cleanslate.testing.fake_openai import fake_openai_thread
 from tests.cli.inproc import run_main
+from tests.conftest import recorded_rows
 
 SMALL = ("--workload", "random:input_len=8,output_len=4", "--no-live", "--no-observe")
 CRASH_LINE = "AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'"
@@ -66,6 +67,17 @@ def test_run_and_url_together_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert res.code == 2 and "--run ID" in res.err
 
 
+
+def test_find_max_against_a_run_of_another_host_is_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(tmp_path, _run("r-far").model_copy(update={"host": "gpu-a"}))
+    res = run_main(capsys, monkeypatch, "bench", "--run", "r-far", "--store", store,
+                   "--find-max", "concurrency", "--slo", "p99_tpot_ms=100", *SMALL)
+    assert res.code == 2
+    assert "runs of this machine only" in " ".join(res.err.split())
+
+
 def test_a_run_that_is_not_ready_is_refused_with_its_state_when_and_cause(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,7 +85,8 @@ def test_a_run_that_is_not_ready_is_refused_with_its_state_when_and_cause(
     store = _store(tmp_path,
                    _run("r-crashed", status=RunStatus.CRASHED, cause="python_exception",
                         detail=CRASH_LINE, stopped_at=ended),
-                   _run("r-starting", status=RunStatus.STARTING))
+                   _run("r-starting", status=RunStatus.STARTING),
+                   _run("r-stopped", status=RunStatus.STOPPED, stopped_at=ended))
     res = run_main(capsys, monkeypatch, "bench", "--run", "r-crashed", "--store", store, *SMALL)
     assert res.code == 2
     assert f"run r-crashed is crashed (python_exception, 12:03:10): {CRASH_LINE}" in \
@@ -81,6 +94,8 @@ def test_a_run_that_is_not_ready_is_refused_with_its_state_when_and_cause(
     res = run_main(capsys, monkeypatch, "bench", "--run", "r-starting", "--store", store,
                    *SMALL)
     assert res.code == 2 and "run r-starting is starting" in res.err
+    res = run_main(capsys, monkeypatch, "bench", "--run", "r-stopped", "--store", store, *SMALL)
+    assert res.code == 2 and "run r-stopped is stopped (12:03:10)" in res.err
 
 
 def test_a_transformers_run_is_benched_without_ignore_eos_and_an_explicit_option_wins(
@@ -128,23 +143,18 @@ def test_a_422_on_ignore_eos_stops_a_bare_url_bench_and_names_the_flag(
 
 @pytest.mark.slow
 def test_the_sims_crash_under_bench_run_is_reported_with_its_cause_and_stop_says_so(
-        tmp_path: Path, cli: Any) -> None:
+        tmp_path: Path, cli: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The sim crashes above 4 requests in flight: c=2 completes, c=8 is the crash with the
     log's cause (exit 1), c=16 is not run; `stop` says the server had exited before it, when,
-    with which status and why; the stopped run is refused (exit 2)."""
-    env = {"CLEANSLATE_SIM_GPU_DIR": str(tmp_path / "gpus")}
-    (tmp_path / "gpus").mkdir()
-    store = f"sqlite:///{tmp_path}/cs.db"
-    served = cli("serve", "--engine", "sim", "--model", "m", "--store", store, "--detach",
-                 "--json", "--gpu-backend", "sim", "--ready-timeout", "60", "--", "--tp-size",
-                 "1", "--fault", "crash-at-concurrency=4", env=env, timeout=120)
-    assert served.returncode == 0, served.stdout + served.stderr
-    run_id = served.json()["run_id"]
+    with which status and why; a second `stop` leaves the run crashed. `serve` runs as a
+    process; bench and stop in this one (no interpreter start each)."""
+    store, run_id = _serve(tmp_path, cli, monkeypatch, "crash-at-concurrency=4")
     out = tmp_path / "bench.json"
-    res = cli("bench", "--run", run_id, "--store", store, "--concurrency", "2,8,16",
-              "--num-prompts", "8", "--json", str(out), *SMALL, env=env, timeout=120)
-    assert res.returncode == 1, res.stdout + res.stderr
-    text = " ".join((res.stdout + res.stderr).split())
+    res = run_main(capsys, monkeypatch, "bench", "--run", run_id, "--store", store,
+                   "--concurrency", "2,8,16", "--num-prompts", "8", "--json", str(out), *SMALL)
+    assert res.code == 1, res.out + res.err
+    text = " ".join((res.out + res.err).split())
     assert f"the server crashed at c=8: python_exception: {CRASH_LINE} (from the run's log)" \
         in text
     assert "CRASHED" in text
@@ -154,39 +164,53 @@ def test_the_sims_crash_under_bench_run_is_reported_with_its_cause_and_stop_says
     assert doc["levels"][1]["crash"] == {"label": "c=8", "cause": "python_exception",
                                          "line": CRASH_LINE, "source": "log"}
     assert doc["ended_early"].startswith("the server crashed at c=8: python_exception")
-    stopped = cli("stop", run_id, "--store", store, "--gpu-backend", "sim", env=env,
-                  timeout=120)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    said = " ".join((stopped.stdout + stopped.stderr).split())
+    stopped = run_main(capsys, monkeypatch, "stop", run_id, "--store", store,
+                       "--gpu-backend", "sim")
+    assert stopped.code == 0, stopped.out + stopped.err
+    said = " ".join((stopped.out + stopped.err).split())
     assert "CLEAN" in said
     assert re.search(r"the server had exited before the stop: crashed at \d\d:\d\d:\d\d, "
                      r"exit status 1, python_exception: AttributeError", said), said
-    again = cli("bench", "--run", run_id, "--store", store, *SMALL, env=env)
-    assert again.returncode == 2
-    assert f"run {run_id} is crashed (python_exception" in again.stderr
+    # A second stop verifies the host again; the run stays crashed, with its cause.
+    again = run_main(capsys, monkeypatch, "stop", run_id, "--store", store, "--gpu-backend",
+                     "sim")
+    assert again.code == 0, again.out + again.err
+    assert "had exited before the stop" not in again.out + again.err
+    (row,) = recorded_rows(tmp_path / "cs.db")
+    assert (row["status"], row["cause"]) == ("crashed", "python_exception")
 
 
 @pytest.mark.slow
-def test_stop_json_carries_how_the_server_had_exited(tmp_path: Path, cli: Any) -> None:
+def test_stop_json_carries_how_the_server_had_exited(
+        tmp_path: Path, cli: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A run whose server exited by itself (the sim's exit-after fault: after 8 requests, the
     smoke test's among them, status 0): the bench's crash is read from the exit status
     (no crash pattern in the log), and `stop --json` has it under server_exited."""
-    env = {"CLEANSLATE_SIM_GPU_DIR": str(tmp_path / "gpus")}
-    (tmp_path / "gpus").mkdir()
+    store, run_id = _serve(tmp_path, cli, monkeypatch, "exit-after=8")
+    res = run_main(capsys, monkeypatch, "bench", "--run", run_id, "--store", store,
+                   "--concurrency", "1,2", "--num-prompts", "6", "--json", "-", *SMALL)
+    assert res.code == 1, res.out + res.err
+    crash = next(lv["crash"] for lv in json.loads(res.out)["levels"] if "crash" in lv)
+    assert crash["cause"] == "exited" and crash["source"] == "exit_status"
+    stopped = run_main(capsys, monkeypatch, "stop", run_id, "--store", store, "--gpu-backend",
+                       "sim", "--json")
+    assert stopped.code == 0, stopped.out + stopped.err
+    ended = json.loads(stopped.out)["server_exited"]
+    assert ended["exit_status"] == 0 and ended["cause"] == "exited"
+    assert ended["exited_at"] is not None and ended["source"] == "exit_status"
+
+
+def _serve(tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch,
+           fault: str) -> tuple[str, str]:
+    """`serve --detach` of the sim with ``fault``, its simulated GPUs in ``tmp_path`` (for
+    this process too): (the store's URL, the run's id)."""
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", str(gpus))
     store = f"sqlite:///{tmp_path}/cs.db"
     served = cli("serve", "--engine", "sim", "--model", "m", "--store", store, "--detach",
                  "--json", "--gpu-backend", "sim", "--ready-timeout", "60", "--", "--tp-size",
-                 "1", "--fault", "exit-after=8", env=env, timeout=120)
+                 "1", "--fault", fault, timeout=120)
     assert served.returncode == 0, served.stdout + served.stderr
-    run_id = served.json()["run_id"]
-    res = cli("bench", "--run", run_id, "--store", store, "--concurrency", "1,2",
-              "--num-prompts", "6", "--json", "-", *SMALL, env=env, timeout=120)
-    assert res.returncode == 1, res.stdout + res.stderr
-    crash = next(lv["crash"] for lv in res.json()["levels"] if "crash" in lv)
-    assert crash["cause"] == "exited" and crash["source"] == "exit_status"
-    stopped = cli("stop", run_id, "--store", store, "--gpu-backend", "sim", "--json",
-                  env=env, timeout=120)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    ended = stopped.json()["server_exited"]
-    assert ended["exit_status"] == 0 and ended["cause"] == "exited"
-    assert ended["exited_at"] is not None and ended["source"] == "exit_status"
+    return store, str(served.json()["run_id"])

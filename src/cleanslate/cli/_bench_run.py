@@ -35,7 +35,7 @@ from cleanslate.redact import redact_text
 
 if TYPE_CHECKING:
     from cleanslate.bench import ConfigReader, CrashCheck, LevelCrash, LevelResult, ServerConfig
-    from cleanslate.cli.bench import BenchOptions
+    from cleanslate.cli.bench import BenchOptions, SearchOptions
     from cleanslate.hosts import Executor
     from cleanslate.store import RunRecord, Store
 
@@ -248,6 +248,25 @@ async def _exit_of(run: RecordedRun) -> ServerExit | None:
         await run.executor.close()
 
 
+def search_of_run(search: SearchOptions, run: RecordedRun) -> SearchOptions:
+    """``--find-max`` against a recorded run of this machine: refused (exit 2) when its server
+    has exited; its crash classified from the run's log with its engine's crash patterns unless
+    ``--server-log`` names another. A run on another host is refused: the search does not
+    reach a forward yet."""
+    if run.record.host != "local":
+        raise InputError(f"--find-max against run {run.record.id} on {run.record.host}: the "
+                         "capacity search reaches runs of this machine only", where="--run",
+                         hint="bench its levels with --run ID --concurrency ..., or run the "
+                         "search on that host")
+    asyncio.run(check_serving(run))
+    log = Path(run.record.log_path)
+    if search.server_log is None and log.is_file():
+        search = dataclasses.replace(search, server_log=log)
+    if search.engine is None:
+        search = dataclasses.replace(search, engine=run.record.engine)
+    return search
+
+
 def crash_lines(levels: tuple[LevelResult, ...]) -> list[str]:
     """``the server crashed at c=16: python_exception: ... (from the run's log)``, one per
     level that carries a crash."""
@@ -259,4 +278,4 @@ def crash_lines(levels: tuple[LevelResult, ...]) -> list[str]:
 
 __all__ = ["FROM_RECORD", "RecordedRun", "check_serving", "crash_check", "crash_lines",
            "open_run", "options_from_record", "reach", "recorded_config", "recorded_run",
-           "refuse_not_ready", "served_model"]
+           "refuse_not_ready", "search_of_run", "served_model"]

@@ -438,6 +438,10 @@ def bench(
     # engine metrics and its verdict names no engine flag.
     import cleanslate.engines  # noqa: F401
     if find_max is not None:
+        if recorded is not None:
+            from cleanslate.cli._bench_run import search_of_run
+
+            search = search_of_run(search, recorded)
         _find_max_command(find_max, opts, search, json_out=json_out, live=live,
                           observe_dir=observe_dir,
                           record=(store_url, not no_store,

@@ -608,7 +608,9 @@ async def stop_server(
     if log_tail_text is None and status != "stopped":
         log_tail_text = await log_tail(executor, run, artifacts=artifacts)
     updated = run.model_copy(update={
-        "status": status if run.status not in ("stopped", "failed") else run.status,
+        # a run already closed keeps how it ended: a second `stop` of a crashed run verifies
+        # the host again, it does not turn the crash into a stop
+        "status": status if run.status not in ("stopped", "failed", "crashed") else run.status,
         "cause": cause or run.cause,
         "detail": scrub(detail) or run.detail,
         "log_tail": scrub(log_tail_text) if log_tail_text is not None else run.log_tail,
