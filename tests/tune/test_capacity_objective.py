@@ -122,6 +122,9 @@ def test_a_capacity_study_on_the_sim(tmp_path: Path) -> None:
         assert not any(p.passed for p in cap.probes if p.load >= 32)
     assert graphs.cause == "python_exception" and graphs.best_level == "c=16"
     assert "crashed at c=32 (python_exception" in (graphs.detail or "")
+    # the crash first, the answer below it standing (issue 38 item 3)
+    assert graphs.crash_text == "crashed at c=32 (python_exception)"
+    assert "crashed at c=32 (python_exception); feasible c=16 [16, 32)" in res.stdout
     runs = {r["id"]: r for r in _rows(db, "cs_runs")}
     assert runs[graphs.run_id]["status"] == "crashed"
     assert "page_table_1_flattened" in (graphs.log_tail or "")

@@ -67,7 +67,16 @@ class ConsoleView(TuneView):
         if self.quiet:
             return
         crash = record.crash_text
-        if crash is not None:  # the crash first; a value kept from the levels below it after
+        if crash is not None and record.status is TrialStatus.FEASIBLE:
+            # a capacity search's answer below its crash stands: the crash first, then it
+            from cleanslate.report import bracket_text
+
+            line = f"  [red]{escape(crash)}[/]; [green]feasible[/]"
+            if record.capacity is not None:
+                line += f" {escape(bracket_text(record.capacity))}"
+                if record.value != record.capacity.capacity:  # max_goodput
+                    line += f": {record.value:,.1f}"
+        elif crash is not None:  # the crash first; a value kept from the levels below it after
             line = f"  [red]{escape(crash)}[/]: {escape((record.detail or '')[:160])}"
             if record.value is not None:
                 from cleanslate.cli._stats import value_text
