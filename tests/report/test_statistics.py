@@ -361,3 +361,28 @@ def test_studies_of_different_objectives_are_not_compared(
     out = io.StringIO()
     print_differences(Console(file=out, width=200, no_color=True), a, b)
     assert "their values are not comparable" in out.getvalue()
+
+
+def test_tune_says_what_the_report_says() -> None:
+    """``tune``'s lines after its table, on the same records: the same words (before: "not
+    told apart from it" where the report said ``undecided``, and ``tied``/``beaten``), and a
+    mean labelled as one."""
+    from cleanslate.cli._stats import marks, statistics_lines, value_text
+    from cleanslate.report._stats import study_spec
+    from cleanslate.tune.race import tie_set
+
+    spec = study_spec(stats_data.spec_of("race-a", {"replicates": "auto",
+                                                      "tie_margin": 0.03}))
+    trials = stats_data.race_a()
+    assert marks(tie_set(trials, spec)) == {0: "best", 1: "tie", 2: "loss", 3: "undecided"}
+    lines = statistics_lines(spec, trials, str)
+    hand = t_interval(A_VALUES[0])
+    assert lines[0].startswith(f"  output_throughput = mean {hand.mean:,.1f} ± ")
+    assert "(5 runs, each a new server; 95% interval)" in lines[0]
+    assert lines[1].startswith("  tie with it (within ±3%): trial 1 ")
+    assert lines[2].startswith("  undecided against it (not told apart: neither a difference "
+                               "nor a tie is shown): trial 3 ")
+    three = t_interval(A_VALUES[3])
+    assert f") mean {three.mean:,.1f} ± " in lines[2] and " (5 runs), " in lines[2]
+    assert not any("told apart from it" in line for line in lines)
+    assert value_text(trials[2]) == "900.0"  # one run: no mean to label

@@ -76,7 +76,9 @@ def statistics_lines(spec: StudySpec, trials: list[TrialRecord],
     for outcome, numbers in ((Outcome.TIE, found.tied), (Outcome.UNDECIDED, found.undecided)):
         label = (f"tie with it (within ±{stats.tie_margin:.0%})" if outcome is Outcome.TIE
                  else f"undecided against it ({outcome.meaning})")
-        for n in numbers:
+        for i, n in enumerate(numbers):
+            if i == 1:  # the word's meaning once, on its first line
+                label = label.split(" (")[0]
             t = by_number.get(n)
             c = found.comparisons.get(n)
             if t is None:

@@ -415,7 +415,9 @@ def ablation_figure(report: StudyReport) -> Figure:
             if cuts:
                 ax.plot([x for x, _ in cuts], [y for _, y in cuts], linestyle="none",
                         marker=marker, markersize=9, color="black", clip_on=False)
-        span = clip
+        # The range the bars need, cut at the clip: no wider than before when nothing is cut.
+        span = min(clip, max([abs(v) + max(lo, hi)
+                              for v, lo, hi in zip(values, lows, highs, strict=True)] + [1.0]))
         for pos, effect, value, lo, hi in zip(positions, effects, values, lows, highs,
                                               strict=True):
             if effect.change_pct is None:
