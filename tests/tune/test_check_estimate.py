@@ -59,7 +59,10 @@ def test_earlier_launches_of_the_study_in_the_store_give_the_time(
     store.save_trial(TrialRecord(
         study="raced", number=0, params={}, status=TrialStatus.FEASIBLE, run_id="r-1",
         started_at=t0, finished_at=t0 + 20, replicates=(
-            Replicate(index=0, seed=1, status=TrialStatus.FEASIBLE, run_id="r-2",
+            # the first measurement is replicate 0 too (the same run): counted once
+            Replicate(index=0, seed=0, status=TrialStatus.FEASIBLE, run_id="r-1",
+                      started_at=t0, finished_at=t0 + 20),
+            Replicate(index=1, seed=1, status=TrialStatus.FEASIBLE, run_id="r-2",
                       started_at=t0 + 20, finished_at=t0 + 50),)))
     # refused by a host that was not clean: nothing launched, not a launch's time
     store.save_trial(TrialRecord(study="raced", number=1, params={},

@@ -58,21 +58,23 @@ class StudyEstimate(FrozenStrict):
 
 
 def launch_seconds(trials: Iterable[TrialRecord]) -> list[float]:
-    """Seconds each launch of these trials took that gave a result: a trial's first
-    measurement and each replicate, from its start to its end (a trial refused by a host that
-    was not clean launched nothing, and is left out)."""
+    """Seconds each launch of these trials took that gave a result, once per run: a trial's
+    first measurement and each replicate (the first measurement is also replicate 0, the same
+    run), from its start to its end. A trial refused by a host that was not clean launched
+    nothing, and is left out."""
     from cleanslate.store import TrialStatus
 
     results = (TrialStatus.FEASIBLE, TrialStatus.INFEASIBLE)
-    out: list[float] = []
+    by_run: dict[str, float] = {}
     for trial in trials:
         if trial.status in results and trial.run_id and trial.finished_at is not None:
-            out.append(trial.finished_at - trial.started_at)
+            by_run[trial.run_id] = trial.finished_at - trial.started_at
         for replicate in trial.replicates:
             if replicate.status in results and replicate.run_id and \
                     replicate.finished_at is not None:
-                out.append(replicate.finished_at - replicate.started_at)
-    return [s for s in out if s > 0]
+                by_run.setdefault(replicate.run_id,
+                                  replicate.finished_at - replicate.started_at)
+    return [s for s in by_run.values() if s > 0]
 
 
 def levels_seconds(spec: StudySpec) -> float | None:
