@@ -153,8 +153,10 @@ class CleanNothing(Document):
 
 class StatisticsDoc(Document):
     """``tune --json``'s ``statistics``: the best trial's value with its interval, the trials
-    tied with it and those not told apart from it, what the statistics cost, and the slots'
-    host effects (ratios minus one, with their intervals)."""
+    against it by outcome (:class:`cleanslate.stats.Outcome`; the keys keep their first names:
+    ``tied_with`` the ``tie``, ``undecided`` the ``undecided``, ``beaten`` the ``loss``), what
+    the statistics cost, and the slots' host effects (ratios minus one, with their
+    intervals)."""
 
     replicates: str
     tie_margin: float

@@ -773,8 +773,10 @@ def render_plots(reports: list[StudyReport]) -> list[Plot]:
         out.append(Plot(name, f"Effect of each change: {report.name}",
                         f"Each one-flag change against the baseline, in percent of the "
                         f"baseline's {report.metric}. Green moved the objective the right "
-                        f"way, red the wrong way, grey-blue is no significant effect (its "
-                        f"interval, the error bar, holds 0); "
+                        f"way (win), red the wrong way (loss), grey-blue is a tie or "
+                        f"undecided (its interval, the error bar, holds 0); an interval of "
+                        f"two measurements wider than its change ({TOO_FEW}) is cut at the "
+                        f"range the other bars need, with an arrow; "
                         f"infeasible changes show their cause.",
                         _png(ablation_figure(report))))
     return out + capacity_plots(reports) + study_level_plots(reports)
