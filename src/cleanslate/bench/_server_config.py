@@ -747,10 +747,12 @@ async def read_server_config(
         # a connection once an answer's end is read, and bytes a server sends past a short
         # Content-Length would be read as the answer to the benchmark request that took it
         # next (a hostile /metrics failed a level's request so in 4 of 5 runs).
-        from cleanslate.hosts.forward import same_connector
+        from cleanslate.hosts.forward import connector_for, same_connector
 
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S * 4)
-        connector = same_connector(session.connector if session else None, force_close=True)
+        # without a pool: to where the URL is served (a remote run's forward socket too)
+        connector = (same_connector(session.connector, force_close=True) if session is not None
+                     else connector_for(base_url, force_close=True))
         async with aiohttp.ClientSession(
                 connector=connector, timeout=timeout,
                 auto_decompress=session.auto_decompress if session else True) as own:

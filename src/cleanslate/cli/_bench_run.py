@@ -204,9 +204,10 @@ def crash_check(run: RecordedRun) -> CrashCheck:
 def recorded_config(run: RecordedRun) -> ConfigReader | None:
     """The configuration the run's engine said it runs with, read once it was ready (with the
     flags asked), as a reader that asks the server nothing (a study's trial does the same);
-    ``None`` when the record holds none (the bench reads it as ``--engine`` would)."""
+    ``None`` when the record holds none, or one that could not be read (the bench reads it as
+    ``--engine`` would)."""
     recorded = run.record.server_config
-    if recorded is None:
+    if recorded is None or recorded.unreadable:
         return None
 
     async def read(_session: object, _url: str) -> ServerConfig:
