@@ -19,6 +19,7 @@ import pytest
 
 from cleanslate.store import RunRecord, RunStatus, Store
 from cleanslate.testing.fake_openai import fake_openai_thread
+from tests._kit import free_port
 from tests.cli.inproc import run_main
 from tests.conftest import recorded_rows
 
@@ -139,6 +140,34 @@ def test_a_422_on_ignore_eos_stops_a_bare_url_bench_and_names_the_flag(
     assert "run again with --no-ignore-eos" in res.err
     assert "BenchConfig" not in res.out + res.err
     assert "crash" not in doc["levels"][0]  # no crash: the server answered every request
+
+
+def test_a_server_never_reached_is_no_crash_and_ends_the_bench_naming_url(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    res = run_main(capsys, monkeypatch, "bench", "--url", url, "--model", "m", "--concurrency",
+                   "1,2", "--num-prompts", "2", "--no-store", "--json", "-", *SMALL)
+    assert res.code == 1
+    doc = json.loads(res.out)
+    assert len(doc["levels"]) == 1 and "crash" not in doc["levels"][0]
+    assert f"nothing accepts connections at {url}: check --url" in doc["ended_early"]
+
+
+@pytest.mark.slow
+def test_a_bare_url_crash_is_told_from_the_connections(
+        sims: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sim crashes at the first level (no run record: the connections are all there is):
+    a crash, not 'nothing listens', since the server had accepted the requests it cut."""
+    server = sims.start("--model-path", "sim", "--fault", "crash-at-concurrency=2")
+    res = run_main(capsys, monkeypatch, "bench", "--url", server.url, "--model", "sim",
+                   "--concurrency", "8,16", "--num-prompts", "8", "--no-store", "--json", "-",
+                   *SMALL)
+    assert res.code == 1, res.err
+    (level,) = json.loads(res.out)["levels"]
+    assert level["crash"]["source"] == "connections" and level["crash"]["label"] == "c=8"
+    assert "the server crashed at c=8: " in res.err
+    assert "(from what the connections showed)" in " ".join(res.err.split())
 
 
 @pytest.mark.slow

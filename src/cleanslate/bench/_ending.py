@@ -41,12 +41,23 @@ def errors_text(level: LevelResult) -> str:
     return f"{level.failed} failed request{'s' if level.failed != 1 else ''} ({kinds})"
 
 
+#: Error classes of a request that never reached a server (nothing accepted its connection).
+UNREACHED_ERRORS = frozenset({"connection_refused", "connection_error", "aborted"})
+
+
+def answered(level: LevelResult) -> bool:
+    """Whether a server took any request of the level: one completed, or one failed after its
+    connection was accepted (reset mid-stream, an HTTP error, a timeout waiting for bytes)."""
+    return bool(level.completed) or any(n and k not in UNREACHED_ERRORS
+                                        for k, n in level.errors.items())
+
+
 def connection_crash(level: LevelResult, *, served: bool) -> LevelCrash | None:
     """The crash the client's connections show: the level ended early because the server
     stopped accepting connections (not on a stop request), or every request it sent failed
-    with a connection error. ``served``: the server answered before (a completed request of
-    this run); a server that never answered did not crash, it was never reached (an ending
-    of :func:`one_cause`). The cause is the commonest connection error other than
+    with a connection error. ``served``: the server took a request of this run before or in
+    this level (:func:`answered`); a server that never did had not crashed, it was never
+    reached (an ending of :func:`one_cause`). The cause is the commonest connection error other than
     ``aborted`` (the client's own cut), else ``aborted``."""
     from cleanslate.bench._models import LevelCrash
 
@@ -125,5 +136,5 @@ def ended_by_errors(level: LevelResult, config: BenchConfig) -> str | None:
             f"{fix_for(kind, detail, config)}")
 
 
-__all__ = ["GONE_ERRORS", "CrashCheck", "connection_crash", "ended_by_errors", "errors_text",
-           "fix_for", "one_cause"]
+__all__ = ["GONE_ERRORS", "UNREACHED_ERRORS", "CrashCheck", "answered", "connection_crash",
+           "ended_by_errors", "errors_text", "fix_for", "one_cause"]

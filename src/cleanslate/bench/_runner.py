@@ -63,7 +63,7 @@ from cleanslate.bench._conversation import (
     history_text,
     history_tokens,
 )
-from cleanslate.bench._ending import connection_crash, ended_by_errors
+from cleanslate.bench._ending import answered, connection_crash, ended_by_errors
 from cleanslate.bench._limits import MAX_NUM_PROMPTS
 from cleanslate.bench._models import (
     AnyLoad,
@@ -812,7 +812,7 @@ async def run_benchmark(
             )
             level = diagnosed(level, levels, server_config, config.observe.engine,
                               workload=config.workload, max_error_rate=config.max_error_rate)
-            served = bool(level.completed) or any(lv.completed for lv in levels)
+            served = answered(level) or any(answered(lv) for lv in levels)
             crash = (await harness.check_crash(level) if harness.check_crash is not None
                      else connection_crash(level, served=served))
             if crash is not None:
