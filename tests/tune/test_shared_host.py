@@ -103,3 +103,15 @@ def test_a_baseline_of_a_fleet_is_refused(tmp_path: Path, capsys: pytest.Capture
     assert result.code == 2, result.out + result.err
     assert "--baseline: the study runs on 2 hosts and a baseline describes one" in \
         _one_line(result.err)
+
+
+def test_a_baseline_with_register_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    study = tmp_path / "study.yaml"
+    study.write_text(study_yaml())
+    result = run_main(capsys, monkeypatch, "tune", str(study), "--register", "--baseline",
+                      str(tmp_path / "idle.json"), "--store", f"sqlite:///{tmp_path}/cs.db")
+    assert result.code == 2, result.out + result.err
+    assert "--baseline: --baseline applies to the trials this command runs" in \
+        _one_line(result.err)
+    assert not (tmp_path / "cs.db").exists()  # refused before the store is opened

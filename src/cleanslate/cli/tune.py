@@ -144,6 +144,10 @@ def tune(
     if host is not None:  # one host instead of the study's host or hosts
         spec = spec.model_copy(update={"host": host, "hosts": None})
     check_slot_hosts(spec)  # before the store is opened: bad input writes nothing
+    if register and baseline is not None:
+        raise InputError("--baseline applies to the trials this command runs, and --register "
+                         "runs none", where="--baseline",
+                         hint="leave --baseline out: workers started elsewhere take none yet")
     host_baseline = _load_baseline(baseline, spec)
     if not register:  # a model path that is not on the host: before any launch (workers
         # started elsewhere check theirs)
