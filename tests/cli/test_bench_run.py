@@ -10,7 +10,9 @@ processes (slow)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -230,9 +232,32 @@ def test_stop_json_carries_how_the_server_had_exited(
     assert ended["exited_at"] is not None and ended["source"] == "exit_status"
 
 
+@pytest.mark.slow
+def test_stop_after_the_supervisor_was_killed_says_so_and_the_bench_still_ran(
+        tmp_path: Path, cli: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newcomer's `kill -9` of the supervisor: the engine keeps serving (bench --run
+    completes), and `stop` ends it, CLEAN, saying the supervisor was gone and no exit status
+    could be recorded (the server had not exited: no server_exited)."""
+    store, run_id = _serve(tmp_path, cli, monkeypatch)
+    (row,) = recorded_rows(tmp_path / "cs.db")
+    supervisor = row["supervisor_pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    res = run_main(capsys, monkeypatch, "bench", "--run", run_id, "--store", store,
+                   "--concurrency", "2", "--num-prompts", "2", *SMALL)
+    assert res.code == 0, res.out + res.err
+    stopped = run_main(capsys, monkeypatch, "stop", run_id, "--store", store, "--gpu-backend",
+                       "sim")
+    assert stopped.code == 0, stopped.out + stopped.err
+    said = " ".join((stopped.out + stopped.err).split())
+    assert "CLEAN" in said and "had exited before the stop" not in said
+    assert f"the run's supervisor (PID {supervisor}) was gone before the stop; its server " \
+        "was still running" in said
+
+
 def _serve(tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch,
-           fault: str) -> tuple[str, str]:
-    """`serve --detach` of the sim with ``fault``, its simulated GPUs in ``tmp_path`` (for
+           *faults: str) -> tuple[str, str]:
+    """`serve --detach` of the sim with ``faults``, its simulated GPUs in ``tmp_path`` (for
     this process too): (the store's URL, the run's id)."""
     gpus = tmp_path / "gpus"
     gpus.mkdir()
@@ -240,6 +265,6 @@ def _serve(tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch,
     store = f"sqlite:///{tmp_path}/cs.db"
     served = cli("serve", "--engine", "sim", "--model", "m", "--store", store, "--detach",
                  "--json", "--gpu-backend", "sim", "--ready-timeout", "60", "--", "--tp-size",
-                 "1", "--fault", fault, timeout=120)
+                 "1", *(x for fault in faults for x in ("--fault", fault)), timeout=120)
     assert served.returncode == 0, served.stdout + served.stderr
     return store, str(served.json()["run_id"])

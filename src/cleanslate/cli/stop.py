@@ -32,7 +32,7 @@ from cleanslate.redact import redact_text
 from cleanslate.verdict.check import DEFAULT_SETTLE_S
 
 if TYPE_CHECKING:
-    from cleanslate.store import Store
+    from cleanslate.store import RunRecord, Store
     from cleanslate.teardown import TeardownReport
 
 
@@ -91,9 +91,23 @@ def stop_run(run_id: str, store_url: str | None, grace: float, deadline: float,
         if ended is not None:  # beside the verdict: the run had died, and why (text)
             console_err.print(Text.assemble(("the server had exited before the stop: ",
                                              "bold yellow"), ended.describe()), soft_wrap=True)
+        elif run.status.running and _supervisor_gone(run, report):
+            console_err.print(Text(
+                f"the run's supervisor (PID {run.supervisor_pid}) was gone before the stop; "
+                "its server was still running and was stopped (no exit status could be "
+                "recorded for it)", style="yellow"), soft_wrap=True)
     if report.refused_code == ExitCode.INPUT and not json_out:
         console_err.print(Text.assemble(("refused: ", "bold red"), report.refused or ""))
     return report.exit_code
+
+
+def _supervisor_gone(run: RunRecord, report: TeardownReport) -> bool:
+    """The teardown found the run's engine root (its PID with its start time) but not its
+    supervisor: the supervisor had ended (``kill -9``) while the server kept serving."""
+    if run.supervisor_pid is None or report.refused:
+        return False
+    whys = {t.why for t in report.targets}
+    return "root" in whys and "supervisor" not in whys
 
 
 def _gone_unrecorded(store: Store, run_id: str) -> ServerExit | None:
