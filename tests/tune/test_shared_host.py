@@ -115,3 +115,14 @@ def test_a_baseline_with_register_is_refused(tmp_path: Path, capsys: pytest.Capt
     assert "--baseline: --baseline applies to the trials this command runs" in \
         _one_line(result.err)
     assert not (tmp_path / "cs.db").exists()  # refused before the store is opened
+
+
+def test_a_workers_baseline_is_read_before_anything_else(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "idle.json"
+    result = run_main(capsys, monkeypatch, "worker", "--study", "shared", "--baseline",
+                      str(missing), "--store", f"sqlite:///{tmp_path}/cs.db")
+    assert result.code == 2, result.out + result.err
+    assert f"{missing}: cannot read the file" in _one_line(result.err)
+    assert not (tmp_path / "cs.db").exists()

@@ -147,7 +147,7 @@ def tune(
     if register and baseline is not None:
         raise InputError("--baseline applies to the trials this command runs, and --register "
                          "runs none", where="--baseline",
-                         hint="leave --baseline out: workers started elsewhere take none yet")
+                         hint="give each worker its host's: cleanslate worker --baseline FILE")
     host_baseline = _load_baseline(baseline, spec)
     if not register:  # a model path that is not on the host: before any launch (workers
         # started elsewhere check theirs)

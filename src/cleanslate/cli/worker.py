@@ -8,6 +8,7 @@ Options -> the stored study and the slot (:func:`~cleanslate.tune.controller.loa
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -33,9 +34,14 @@ def worker(
     port: Annotated[int | None, typer.Option(
         min=1, max=65535, help="The slot's port (default: the study's first slot's).")] = None,
     gpu_backend: GpuBackendOption = "auto",
+    baseline: Annotated[Path | None, typer.Option(
+        "--baseline", help="Compare every check of this slot's trials with an idle-state "
+        "baseline of its host, saved by `cleanslate check --save-baseline FILE` (as `tune "
+        "--baseline`).")] = None,
 ) -> None:
     """Lease trials of a study that `cleanslate tune` started and run them on one slot (host,
     GPUs, port) until its plan or budget is done. Any number of workers may share a store."""
+    from cleanslate.launch.lifecycle import using_baseline
     from cleanslate.store import Store, study_digest
     from cleanslate.tune.controller import (
         check_model_paths,
@@ -43,7 +49,9 @@ def worker(
         run_worker,
         worker_slot,
     )
+    from cleanslate.verdict.baseline import Baseline
 
+    host_baseline = Baseline.load(baseline) if baseline is not None else None
     gpu_list = parse_gpus(gpus) if gpus is not None else None
     reader = Store(store_url, create=False)  # a study that is not there: nothing written
     try:
@@ -61,8 +69,9 @@ def worker(
                                   f"model (of study {spec.name})"))
     store = Store(store_url)
     try:
-        outcome = asyncio.run(run_worker(store, spec, slot, view=ConsoleView(),
-                                         gpu_backend=gpu_backend))
+        with using_baseline(host_baseline):
+            outcome = asyncio.run(run_worker(store, spec, slot, view=ConsoleView(),
+                                             gpu_backend=gpu_backend))
     finally:
         store.close()
     done = outcome.stopped_by in ("plan", "budget")
