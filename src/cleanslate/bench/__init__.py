@@ -91,6 +91,7 @@ from cleanslate.bench._models import (
     BenchResult,
     ClosedLoop,
     Endpoint,
+    LevelCrash,
     LevelResult,
     Load,
     OpenLoop,
@@ -143,6 +144,7 @@ from cleanslate.bench._workloads import (
 
 if TYPE_CHECKING:
     from cleanslate.bench._client import printable
+    from cleanslate.bench._ending import CrashCheck, connection_crash, errors_text
     from cleanslate.bench._find_max import ProbeStart, find_max
     from cleanslate.bench._keepalive import (
         fresh_session,
@@ -185,6 +187,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                      "observed_kinds", "summary_table"),
                     "cleanslate.bench._live"),
     "printable": "cleanslate.bench._client",
+    **dict.fromkeys(("CrashCheck", "connection_crash", "errors_text"),
+                    "cleanslate.bench._ending"),
     "observers_for": "cleanslate.bench._observers",
     **dict.fromkeys(("fresh_session", "is_stale", "note_retry", "request_context",
                      "trace_config"), "cleanslate.bench._keepalive"),
@@ -236,6 +240,7 @@ __all__ = [
     "ConfigFlavour",
     "ConfigReader",
     "ConversationWorkload",
+    "CrashCheck",
     "Endpoint",
     "GaugeStats",
     "GpuObserver",
@@ -243,6 +248,7 @@ __all__ = [
     "Harness",
     "KnownContext",
     "LevelContext",
+    "LevelCrash",
     "LevelEnd",
     "LevelObserver",
     "LevelProgress",
@@ -288,11 +294,13 @@ __all__ = [
     "bound_lines",
     "check_workload_files",
     "combine",
+    "connection_crash",
     "detail_tables",
     "diagnose",
     "diagnosed",
     "discard_samples",
     "engine_total",
+    "errors_text",
     "find_max",
     "first_repeat_slow",
     "fresh_session",
