@@ -51,18 +51,31 @@ REPO = Path(__file__).resolve().parent.parent
 PEERS = {"aiperf": "aiperf==0.13.0", "guidellm": "guidellm==0.8.1"}
 
 # this client through its API (what ``cleanslate bench --no-live`` runs, without the CLI's imports);
-# a 6th argument "off" turns the observers off (``--no-observe``), as the side-by-side mode does
+# a 6th argument "off" turns the observers off (``--no-observe``), as the side-by-side mode does;
+# a 7th names a folder: the client touches ready-<its PID> there as its level starts (after the
+# server's configuration is read) and waits for "go" (the together mode's start barrier)
 OURS = r"""
-import asyncio, sys
+import asyncio, os, sys
 from pathlib import Path
 import cleanslate.engines  # registers the engines' metric names, as cleanslate bench does
-from cleanslate.bench import (BenchConfig, ClosedLoop, ObserveOptions, parse_workload,
-                              run_benchmark)
+from cleanslate.bench import (BenchConfig, ClosedLoop, Harness, ObserveOptions,
+                              parse_workload, run_benchmark)
 url, conc, n, workload, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
 observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"])
 config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
                      loads=(ClosedLoop(concurrency=conc),), num_prompts=n, observe=observe)
-Path(out).write_text(asyncio.run(run_benchmark(config)).model_dump_json())
+harness = Harness()
+if sys.argv[7:8]:  # a start barrier: say "ready" as the level starts, wait for "go"
+    import time
+    barrier, ready = Path(sys.argv[7]), []
+    def at_start(progress):
+        if not ready:
+            ready.append(1)
+            (barrier / f"ready-{os.getpid()}").touch()
+            while not (barrier / "go").exists():
+                time.sleep(0.001)
+    harness = Harness(on_progress=at_start)
+Path(out).write_text(asyncio.run(run_benchmark(config, harness)).model_dump_json())
 """
 
 BARE = r"""
@@ -218,33 +231,78 @@ def measure(
     )
 
 
-def measure_together(runs: dict[str, list[str]], outputs: dict[str, Path], client_cpu: int,
-                     timeout: float) -> dict[str, tuple[float, float, float]]:
-    """Start every client of ``runs`` (name -> argv writing its result to ``outputs[name]``)
-    at once, all pinned to ``client_cpu``, so that the machine's other load weighs on each
-    alike, and read what each says of itself: (output tokens, the level's output tokens/s,
-    the client's CPU seconds during the level, ``client_cpu_s``: its process, threads
-    included; the observers' baseline and final scrapes, outside the level, are not)."""
+#: The share of each server's tokens cut from both ends of the together mode's common window.
+TRIM = 0.1
+
+
+def measure_together(runs: dict[str, list[str]], servers: dict[str, Server],
+                     outputs: dict[str, Path], client_cpu: int, timeout: float,
+                     barrier: Path | None = None) -> dict[str, dict[str, float]]:
+    """Start every client of ``runs`` (name -> argv writing its result to ``outputs[name]``,
+    driving ``servers[name]``) at once, all pinned to ``client_cpu``, so that the machine's
+    other load weighs on each alike. Every 0.1 s, each server's token count and each client's
+    CPU seconds (its process tree, threads included: an observer's scrapes count) are read;
+    the figures are taken over the **common window**: the readings where every server has
+    written more than :data:`TRIM` of its final count and less than ``1 - TRIM`` of it, so both
+    clients share the core for all of it and neither is opening its connections or draining
+    its last requests. ``barrier``: a folder the clients' argvs name (:data:`OURS`'s 7th
+    argument): each stops as its level starts and all go at once. Without one, the client that
+    starts later (after reading the server's configuration: 0.13 s) is the slower one: two
+    clients with no observer, one started 0.15 s after the other, measured 0.921 [0.886,
+    0.956] of each other (16 pairs), more than the observers' whole effect. Per name:
+    ``tokens``, ``tok_s``, ``cpu_s`` of the common window, ``window_s``, and the level's own
+    ``level_tok_s``."""
     def pin() -> None:
         os.sched_setaffinity(0, {client_cpu})
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    names = list(runs)
+    base = {name: servers[name].stats()["tokens"] for name in names}
     procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     preexec_fn=pin, env=env)
              for name, argv in runs.items()}
-    out: dict[str, tuple[float, float, float]] = {}
+    if barrier is not None:  # every client at its level's start, then all at once
+        deadline = time.monotonic() + timeout
+        while not all((barrier / f"ready-{p.pid}").exists() for p in procs.values()):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+                for proc in procs.values():
+                    proc.kill()
+                raise RuntimeError("a client never reached the start barrier")
+            time.sleep(0.001)
+        (barrier / "go").touch()
+    handles = {name: psutil.Process(proc.pid) for name, proc in procs.items()}
+    readings: list[tuple[float, dict[str, float], dict[str, float]]] = []
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
+        cpu = {name: tree_cpu(handles[name]) for name in names}
+        tokens = {name: servers[name].stats()["tokens"] - base[name] for name in names}
+        readings.append((time.monotonic(), tokens, cpu))
+        time.sleep(0.1)
+    errors: dict[str, bytes] = {}
     for name, proc in procs.items():
         try:
-            _, err = proc.communicate(timeout=timeout)
+            _, errors[name] = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate()
+            _, errors[name] = proc.communicate()
         if proc.returncode != 0 or not outputs[name].exists():
-            raise RuntimeError(f"{name} failed: {err.decode(errors='replace')[-600:]}")
-        result = json.loads(outputs[name].read_text())
-        level = result["levels"][0]
-        out[name] = (level["total_output_tokens"], level["output_throughput"],
-                     level["client_cpu_s"])
+            raise RuntimeError(f"{name} failed: {errors[name].decode(errors='replace')[-600:]}")
+    final = {name: servers[name].stats()["tokens"] - base[name] for name in names}
+    common = [r for r in readings
+              if all(TRIM * final[name] < r[1][name] < (1 - TRIM) * final[name]
+                     for name in names)]
+    if len(common) < 3:
+        raise RuntimeError(f"no common window of 3 readings ({len(common)}): the clients did "
+                           "not overlap; more --requests")
+    first, last = common[0], common[-1]
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        level = json.loads(outputs[name].read_text())["levels"][0]
+        made = last[1][name] - first[1][name]
+        out[name] = {"tokens": made, "window_s": last[0] - first[0],
+                     "tok_s": made / (last[0] - first[0]),
+                     "cpu_s": last[2][name] - first[2][name],
+                     "level_tok_s": level["output_throughput"]}
     return out
 
 
@@ -461,20 +519,29 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
             servers = {mode: start_server(server_cpus, metrics=args.metrics_file)
                        for mode in ("off", "on")}
             outputs = {mode: work / f"t-{mode}-{i}.json" for mode in ("off", "on")}
+            barrier = work / f"barrier-{i}"
+            barrier.mkdir()
+            # --control: the "on" client observes nothing either (the method's own bias)
+            flags = {"off": "off", "on": "off" if args.control else "on"}
             try:
                 got = measure_together({
                     mode: [sys.executable, "-c", OURS, servers[mode].url, str(conc),
-                           str(args.requests), workload, str(outputs[mode]), mode]
-                    for mode in ("off", "on")}, outputs, args.client_cpu, args.timeout)
+                           str(args.requests), workload, str(outputs[mode]), flags[mode],
+                           str(barrier)]
+                    for mode in ("off", "on")}, servers, outputs, args.client_cpu, args.timeout,
+                    barrier)
             finally:
                 for server in servers.values():
                     server.stop()
-            for mode, (tokens, tok_s, cpu) in got.items():
+            for mode, fig in got.items():
                 seen = json.loads(outputs[mode].read_text())["levels"][0].get(
                     "server_metrics") or {}
-                pair[mode] = {"ok": True, "note": "together", "tok_s": round(tok_s),
-                              "tok_s_per_core": round(tokens / cpu),
-                              "cpu_per_1k": cpu / tokens * 1000,
+                pair[mode] = {"ok": fig["cpu_s"] > 0, "note": "together",
+                              "tok_s": round(fig["tok_s"]),
+                              "tok_s_per_core": round(fig["tokens"] / fig["cpu_s"]),
+                              "cpu_per_1k": fig["cpu_s"] / fig["tokens"] * 1000,
+                              "window_s": round(fig["window_s"], 2),
+                              "level_tok_s": round(fig["level_tok_s"]),
                               "scrapes": seen.get("samples", 0),
                               "failed_scrapes": seen.get("failed_scrapes", 0),
                               "flavour": seen.get("flavour")}
@@ -491,7 +558,7 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
                               args.timeout)
             finally:
                 server.stop()
-            seen: dict[str, Any] = {}
+            seen = {}
             if out.exists():
                 level = json.loads(out.read_text())["levels"][0]
                 seen = level.get("server_metrics") or {}
@@ -511,7 +578,8 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
         pairs.append(pair)
     done = [p for p in pairs if "capacity_ratio" in p]
     summary: dict[str, Any] = {"concurrency": conc, "requests": args.requests,
-                               "method": "together" if args.together else "interleaved",
+                               "method": ("together" if args.together else "interleaved")
+                               + (", control (both off)" if args.control else ""),
                                "output_len": args.output_len, "pairs": pairs,
                                "metrics_file": args.metrics_file.name,
                                "target": 0.97}
@@ -552,6 +620,9 @@ def main() -> None:
                     help="side by side: run each pair's two clients at the same time on the "
                          "client core (each with its own server), measured over their common "
                          "window; the machine's other load then weighs on both alike")
+    ap.add_argument("--control", action="store_true",
+                    help="with --together: both clients with the observers off, the method's "
+                         "own bias (an A/A test); the ratio should hold 1.0")
     ap.add_argument("--metrics-file", type=Path,
                     default=REPO / "tests" / "fixtures" / "engine-metrics" / "vllm-0.32-after.txt",
                     help="what the server's /metrics answers in the side-by-side mode")

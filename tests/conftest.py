@@ -30,6 +30,22 @@ def isolated() -> bool:
     return os.environ.get(STATE_ENV) == "isolated"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The default store of every command a test runs (``$CLEANSLATE_STORE``): one file in the
+    session's temporary folder, never ``./cleanslate.db`` in the folder pytest runs in (every
+    ``bench`` records its result there). A test that means the default unsets it."""
+    if os.environ.get("CLEANSLATE_STORE"):
+        yield
+        return
+    db = tmp_path_factory.mktemp("store") / "cleanslate.db"
+    os.environ["CLEANSLATE_STORE"] = f"sqlite:///{db}"
+    try:
+        yield
+    finally:
+        os.environ.pop("CLEANSLATE_STORE", None)
+
+
 def pytest_report_header() -> str:
     state = os.environ.get(STATE_ENV, "no: tests._isolation was not loaded")
     if state == "isolated":
