@@ -16,7 +16,11 @@ from cleanslate.cli._options import StoreOption
 from cleanslate.errors import InputError
 
 if TYPE_CHECKING:  # SQLAlchemy is imported when the command runs
-    from cleanslate.report import BenchReport
+    from collections.abc import Callable
+
+    from rich.console import Console
+
+    from cleanslate.report import BenchReport, Plot
     from cleanslate.store import Store
 
 _FORMATS = ("csv", "json")
@@ -324,25 +328,11 @@ def _render_bench(loaded: BenchReport, *, png: Path | None, html: Path | None,
     for f in loaded.files:
         if f.problem:
             console_err.print(Text(f"{f.label} ({f.key}): {f.problem}", style="yellow"))
-    if png is not None or html is not None:
-        plots = [throughput_latency_plot([loaded]), *level_plots(loaded)]
-        if png is not None:
-            _write("--png", png, None)
-            for plot in plots:
-                path = png / f"{plot.name}.png"
-                _write("--png", path, plot.png, shared=True)
-                screen.print(Text(f"wrote {path}"), highlight=False)
-        if html is not None:
-            _write("--html", html, render_bench_html(loaded, plots=plots))
-            screen.print(Text(f"wrote {html}"), highlight=False)
-    if export is not None:
-        text = bench_csv(loaded) if export == "csv" else bench_json(loaded)
-        if out is None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        else:
-            _write("--out", out, text)
-            screen.print(Text(f"wrote {out}"), highlight=False)
+    _bench_outputs(
+        screen, png=png, html=html, export=export, out=out,
+        plots=lambda: [throughput_latency_plot([loaded]), *level_plots(loaded)],
+        page=lambda plots: render_bench_html(loaded, plots=plots),
+        text=lambda kind: bench_csv(loaded) if kind == "csv" else bench_json(loaded))
 
 
 def _render_benches(benches: list[BenchReport], *, png: Path | None, html: Path | None,
@@ -369,24 +359,38 @@ def _render_benches(benches: list[BenchReport], *, png: Path | None, html: Path 
     for item in benches:
         if item.samples_note and png is not None:
             console_err.print(Text(f"{item.name}: {item.samples_note}", style="yellow"))
+    _bench_outputs(
+        screen, png=png, html=html, export=export, out=out,
+        plots=lambda: [throughput_latency_plot(benches)],
+        page=lambda plots: render_benches_html(benches, plots=plots),
+        text=lambda kind: benches_csv(benches) if kind == "csv" else benches_json(benches))
+
+
+def _bench_outputs(screen: Console, *, png: Path | None, html: Path | None,
+                   export: str | None, out: Path | None,
+                   plots: Callable[[], list[Plot]], page: Callable[[list[Plot]], str],
+                   text: Callable[[str], str]) -> None:
+    """Write what a bench report was asked for: ``plots()`` as PNGs in ``png``, ``page(plots)``
+    to ``html``, ``text(export)`` to ``out`` (stdout when ``None``); each file said on
+    ``screen``."""
     if png is not None or html is not None:
-        plots = [throughput_latency_plot(benches)]
+        drawn = plots()
         if png is not None:
             _write("--png", png, None)
-            for plot in plots:
+            for plot in drawn:
                 path = png / f"{plot.name}.png"
                 _write("--png", path, plot.png, shared=True)
                 screen.print(Text(f"wrote {path}"), highlight=False)
         if html is not None:
-            _write("--html", html, render_benches_html(benches, plots=plots))
+            _write("--html", html, page(drawn))
             screen.print(Text(f"wrote {html}"), highlight=False)
     if export is not None:
-        text = benches_csv(benches) if export == "csv" else benches_json(benches)
+        body = text(export)
         if out is None:
-            sys.stdout.write(text)
+            sys.stdout.write(body)
             sys.stdout.flush()
         else:
-            _write("--out", out, text)
+            _write("--out", out, body)
             screen.print(Text(f"wrote {out}"), highlight=False)
 
 

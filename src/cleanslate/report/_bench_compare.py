@@ -9,9 +9,7 @@ drawn as it is (math text off) and HTML-escaped on the page.
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import io
 import json
 import math
 
@@ -22,7 +20,7 @@ from cleanslate import __version__
 from cleanslate.bench import LevelResult, bound_by
 from cleanslate.report._bench import LEVEL_HEAD, BenchReport, bench_json, level_row
 from cleanslate.report._data import safe_url
-from cleanslate.report._export import csv_cell
+from cleanslate.report._export import rows_csv
 from cleanslate.report._html import _CSS, _e, _fmt_or_dash, _plots_html, _table, _when
 from cleanslate.report._plots import Plot, _figure, _note, _plain_text, _png
 
@@ -105,16 +103,8 @@ def benches_table(reports: list[BenchReport]) -> Table:
 def benches_csv(reports: list[BenchReport]) -> str:
     """One row per bench and level: ``bench`` (its id or file), then
     :func:`~cleanslate.report._bench.level_row`'s columns (the union over the levels)."""
-    rows = [{"bench": r.name, **level_row(lv)} for r in reports for lv in r.result.levels]
-    columns = ["bench", *LEVEL_HEAD]
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
-    return out.getvalue()
+    return rows_csv([{"bench": r.name, **level_row(lv)} for r in reports
+                     for lv in r.result.levels], ["bench", *LEVEL_HEAD])
 
 
 def benches_json(reports: list[BenchReport]) -> str:

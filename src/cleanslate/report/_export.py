@@ -125,8 +125,13 @@ def bench_csv(report: BenchReport) -> str:
     """A bench run's levels, one CSV row each (:func:`~cleanslate.report._bench.level_row`):
     the headline figures, then the observer summaries flattened (the union over the
     levels)."""
-    rows = [level_row(lv) for lv in report.result.levels]
-    columns = list(LEVEL_HEAD)
+    return rows_csv([level_row(lv) for lv in report.result.levels], list(LEVEL_HEAD))
+
+
+def rows_csv(rows: list[dict[str, object]], head: list[str]) -> str:
+    """``rows`` as CSV: the columns ``head``, then every other key in the order first seen;
+    each cell through :func:`csv_cell` (a formula-looking text is quoted)."""
+    columns = list(head)
     for row in rows:
         columns += [k for k in row if k not in columns]
     out = io.StringIO()
