@@ -222,6 +222,21 @@ def test_a_cache_without_room_for_one_more_request_is_kv_capacity_below_90_perce
     assert unknown.evidence[1] == "running 2.0 on average (max 2), 6.0 waiting, KV 81%"
 
 
+def test_a_flat_throughput_on_a_half_busy_gpu_is_not_compute_and_says_so() -> None:
+    # transformers serve on an H100 (docs/validation/h100-observe.md, call 3): no engine
+    # metrics, throughput x1.05 for a batch x3.9, the GPU busy 58 %
+    small = level(64, tput=992, ttft=300, tpot=60, gpu=(h100(util=53),))
+    big = level(256, tput=1040, ttft=900, tpot=230, gpu=(h100(util=58),))
+    b = diagnose(big, [small], None, "transformers")
+    assert b.verdict == "unknown"
+    assert any("while the GPU was busy 58 % (below 90 %): not the GPU's compute" in line
+               for line in b.evidence)
+    assert b.figures["gpu_util_pct"] == 58 and b.figures["marginal_gain"] < 0.5
+    # a busy GPU with the same figures is compute (likely)
+    busy = big.model_copy(update={"gpu": (h100(util=97),)})
+    assert diagnose(busy, [small], None, "transformers").verdict == "compute"
+
+
 def test_a_step_time_growing_with_the_batch_is_compute() -> None:
     vllm = ServerConfig(engine="vllm", flavour="vllm", in_effect={"max_num_seqs": 256})
     small = level(32, tput=3200, ttft=60, tpot=10, server=metrics(

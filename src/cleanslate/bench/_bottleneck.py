@@ -190,6 +190,10 @@ class Seen:
     workload: WorkloadSpec | None = None
     max_error_rate: float = 0.01
     missing: list[str] = field(default_factory=list)
+    #: what a rule saw that ruled its verdict out, said under an ``unknown`` verdict (with its
+    #: figures) so that the reader learns what was seen, not only what was missing
+    seen_lines: list[str] = field(default_factory=list)
+    seen_figures: dict[str, float] = field(default_factory=dict)
 
     def lack(self, what: str) -> None:
         if what not in self.missing:
@@ -836,6 +840,14 @@ def compute(seen: Seen) -> Match | None:
         return None
     busy = _gpu_busy(lv)
     if m is None and busy is not None and busy < GPU_BUSY_PCT:
+        # the throughput stopped growing with the batch, but not for the GPU's compute: its
+        # kernels ran only part of the time (the engine's scheduling on the host, or something
+        # no observer sees: transformers serve on an H100 held 53-58 % so)
+        seen.seen_lines.append(
+            f"{scaling.line(prev.label)}, while the GPU was busy {busy:.0f} % (below "
+            f"{GPU_BUSY_PCT:.0f} %): not the GPU's compute; the engine's own scheduling on "
+            "the host, or a limit not observed")
+        seen.seen_figures.update({**scaling.figures(), "gpu_util_pct": busy})
         return None
     lines = [scaling.line(prev.label)]
     if busy is not None:
@@ -955,8 +967,8 @@ def diagnose(level: LevelResult, before: Sequence[LevelResult] = (),
     if not matches:
         lines = ["no rule's signature matched"
                  + (f"; not there to decide: {', '.join(seen.missing)}" if seen.missing
-                    else "")]
-        figures: dict[str, float] = {}
+                    else ""), *seen.seen_lines]
+        figures: dict[str, float] = dict(seen.seen_figures)
         said = _readable(level)
         if said is not None and said.running is not None:
             kv = said.kv_usage.max if said.kv_usage is not None else None
@@ -965,7 +977,7 @@ def diagnose(level: LevelResult, before: Sequence[LevelResult] = (),
             lines.append(f"running {running.mean:.1f} on average (max {running.max:.0f})"
                          + (f", {waiting:.1f} waiting" if waiting is not None else "")
                          + (f", KV {kv:.0%}" if kv is not None else ""))
-            figures = {"running_mean": running.mean, "running_max": running.max,
+            figures |= {"running_mean": running.mean, "running_max": running.max,
                        **({"waiting_mean": waiting} if waiting is not None else {}),
                        **({"kv_usage_max": kv} if kv is not None else {})}
         # the engine's own word on what is missing (an engine without a metrics endpoint
