@@ -22,11 +22,12 @@ Usage: ``python benchmarks/client_capacity.py [--concurrency 64,256] [--requests
 (``--server-cpus 1-7 --client-cpu 0`` on a bigger host: one server process per listed core, so the
 server is never the limit; on a 2-core machine the one server core usually is).
 
-``--observe-side-by-side [--concurrency 256] [--pairs 6]``: only the observers' cost (issue 36
-item 7): this client with its observers on (the default; the server's ``/metrics`` answers a
-real vLLM 0.32 capture, ``--metrics-file``) and off, in interleaved pairs; the ratio on/off of
-tokens/s per busy client core with its interval (target: at least 0.97), and what one scrape
-costs in CPU.
+``--observe-side-by-side [--concurrency 256] [--pairs 6] [--together [--control-pairs N]]``:
+only the observers' cost (issue 36 item 7): this client with its observers on (the default; the
+server's ``/metrics`` answers a real vLLM 0.32 capture, ``--metrics-file``) and off, in
+interleaved pairs or (``--together``) both at once on the client core from a start barrier; the
+ratio on/off of tokens/s per busy client core with its interval (target: at least 0.97), the
+same with both off (``--control-pairs``: the method's own bias), and what one scrape costs.
 """
 
 from __future__ import annotations
@@ -623,6 +624,8 @@ def main() -> None:
     ap.add_argument("--control", action="store_true",
                     help="with --together: both clients with the observers off, the method's "
                          "own bias (an A/A test); the ratio should hold 1.0")
+    ap.add_argument("--control-pairs", type=int, default=0,
+                    help="with --together: then this many pairs of --control")
     ap.add_argument("--metrics-file", type=Path,
                     default=REPO / "tests" / "fixtures" / "engine-metrics" / "vllm-0.32-after.txt",
                     help="what the server's /metrics answers in the side-by-side mode")
@@ -632,6 +635,13 @@ def main() -> None:
     if args.observe_side_by_side:
         with tempfile.TemporaryDirectory(prefix="cleanslate-observe-") as tmp:
             summary = observe_side_by_side(args, Path(tmp), lambda s: print(s, flush=True))
+            if args.together and args.control_pairs:
+                (Path(tmp) / "control").mkdir()
+                control = argparse.Namespace(**{**vars(args), "control": True,
+                                                "pairs": args.control_pairs})
+                print("control: both clients with the observers off", flush=True)
+                summary["control"] = observe_side_by_side(
+                    control, Path(tmp) / "control", lambda s: print(s, flush=True))
         if args.json is not None:
             args.json.write_text(json.dumps(summary, indent=1))
         return

@@ -333,7 +333,9 @@ def render_observe(data: dict[str, Any]) -> list[str]:
     for i, pair in enumerate(data.get("pairs", []), 1):
         off, on = pair.get("off", {}), pair.get("on", {})
         ratio = pair.get("capacity_ratio")
-        lines.append(f"| {i} | {'off, on' if i % 2 else 'on, off'} | {off.get('tok_s', 0):,} | "
+        order = ("together" if str(data.get("method", "")).startswith("together")
+                 else "off, on" if i % 2 else "on, off")
+        lines.append(f"| {i} | {order} | {off.get('tok_s', 0):,} | "
                      f"{on.get('tok_s', 0):,} | {off.get('tok_s_per_core', 0):,} | "
                      f"{on.get('tok_s_per_core', 0):,} | "
                      f"{'-' if ratio is None else f'{ratio:.3f}'} | {on.get('scrapes', 0)} |")
@@ -346,9 +348,12 @@ def render_observe(data: dict[str, Any]) -> list[str]:
                     else "")
             out.append(f"{what} {iv['mean']:.3f}{band}")
     cost = data.get("scrape_cost", {})
+    how = ("both clients at once on the client core from a start barrier, each with its own "
+           "server, measured over their common window" if order == "together"
+           else "order alternating") if data.get("pairs") else "order alternating"
     lines += ["", f"Observers on / off at c={data.get('concurrency')} ({data.get('requests')} "
-              f"requests of {data.get('output_len')} tokens a run, fresh server each, order "
-              "alternating; on: the engine-metrics observer scraping the fake server's "
+              f"requests of {data.get('output_len')} tokens a run, fresh server each, {how}; "
+              "on: the engine-metrics observer scraping the fake server's "
               f"`/metrics`, the real vLLM 0.32 capture `{data.get('metrics_file')}`, every "
               f"250 ms): {'; '.join(out)} (mean of the pairs' ratios, 95 % Student-t interval; "
               "one run). One scrape of that answer in the client: "
@@ -365,6 +370,12 @@ def render_observe(data: dict[str, Any]) -> list[str]:
                   "on the client core, each with its own server, tokens per CPU-second of the "
                   f"level as each client reports it): {iv['mean']:.3f}{band} over {iv['n']} "
                   f"pairs ({ratios})."]
+    control = data.get("control") or {}
+    if control.get("capacity_ratio"):
+        iv = control["capacity_ratio"]
+        lines += ["", f"Control (`--control-pairs`, right after: the same pairs with the "
+                  f"observers off on both sides, the method's own bias): {iv['mean']:.3f} "
+                  f"[{iv['low']:.3f}, {iv['high']:.3f}] over {iv['n']} pairs."]
     notes = data.get("notes") or []
     return lines + ([""] + [f"- {n}" for n in notes] if notes else [])
 
@@ -389,9 +400,10 @@ PARTS = [
          render_client),
     Part("observe", "Observers' cost: client capacity with them on and off",
          lambda out, quick: _py("client_capacity.py", "--json", str(out),
-                                "--observe-side-by-side", "--concurrency", "256",
-                                *(["--pairs", "2", "--requests", "1000"] if quick
-                                  else ["--pairs", "10", "--requests", "3000"])),
+                                "--observe-side-by-side", "--together", "--concurrency",
+                                "256", *(["--pairs", "3", "--control-pairs", "2",
+                                          "--requests", "1000"] if quick
+                                         else ["--pairs", "40", "--control-pairs", "20"])),
          render_observe, targets=targets_observe),
     Part("accuracy", "Metric error against the server's ground truth",
          lambda out, quick: _py("peer_crosscheck.py", "--json", str(out), "--peers", "aiperf",
