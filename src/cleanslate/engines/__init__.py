@@ -4,7 +4,8 @@ One adapter class per engine (``sglang``, ``vllm``, ``trtllm``, ``transformers``
 ``command``, ``sim``), registered under the name users write in YAML, carries everything the
 rest of cleanslate knows about that engine: launch argv, readiness, crash patterns, flag
 validation, its process signature, its ``/dev/shm`` leftovers and helper processes, its run
-environment and GPU backend (:mod:`cleanslate.engines._base`). Other packages ask the registry
+environment and GPU backend (:mod:`cleanslate.engines._base`), and which of its flags relax
+each bottleneck (:class:`Relaxer` rows, :func:`relaxers`). Other packages ask the registry
 (:func:`match_engine`, :func:`shm_patterns`, :func:`engine_class`) instead of naming engines::
 
     adapter = get_engine("vllm", launch=[python, "-m", "vllm.entrypoints.openai.api_server"])
@@ -64,6 +65,14 @@ from cleanslate.engines._help import (
     parse_help_options,
     validate_flags,
 )
+from cleanslate.engines._relax import (
+    RELAX_DIRECTIONS,
+    RelaxDirection,
+    Relaxer,
+    register_relaxers,
+    relax_engines,
+    relaxers,
+)
 
 if TYPE_CHECKING:
     from cleanslate.engines._smoke import (
@@ -96,6 +105,7 @@ def classify_log(engine: str, text: str, *, returncode: int | None = None) -> Cr
 __all__ = [
     "CRASH_CAUSES",
     "GENERIC_PATTERNS",
+    "RELAX_DIRECTIONS",
     "RUNTIME_SHM_GLOBS",
     "Crash",
     "CrashCause",
@@ -107,6 +117,8 @@ __all__ = [
     "Leftovers",
     "ProcessSignature",
     "PromptOutput",
+    "RelaxDirection",
+    "Relaxer",
     "SmokeCause",
     "SmokeResult",
     "check_flags",
@@ -127,6 +139,9 @@ __all__ = [
     "option_name",
     "parse_help_options",
     "register_engine",
+    "register_relaxers",
+    "relax_engines",
+    "relaxers",
     "require_signature",
     "shm_patterns",
     "signatures",

@@ -53,6 +53,7 @@ from cleanslate.bench import (
 )
 from cleanslate.engines._crash import GENERIC_PATTERNS, Crash, CrashPattern, classify_text
 from cleanslate.engines._flags import Flags, flag_args, option_name
+from cleanslate.engines._relax import Relaxer, register_relaxers
 from cleanslate.errors import InputError
 
 if TYPE_CHECKING:
@@ -206,6 +207,10 @@ class EngineAdapter:
     #: (``cleanslate.bench.advice_book``); registered with the bench's advice books
     #: (:func:`~cleanslate.bench.register_advice`) when the adapter is; ``None``: no advice
     advice: ClassVar[AdviceBook | None] = None
+    #: which of its flags relax each bottleneck, in the order a guided study tries them
+    #: (:class:`~cleanslate.engines.Relaxer`); registered with :func:`register_relaxers` when
+    #: the adapter is; empty: a guided study has no rule for this engine's flags
+    relaxers: ClassVar[tuple[Relaxer, ...]] = ()
 
     @property
     def metrics_path(self) -> str | None:
@@ -382,6 +387,8 @@ def register_engine(cls: A) -> A:
         register_metric_map(cls.name, cls.metric_map)
     if cls.advice is not None:
         register_advice(cls.name, cls.advice)
+    if cls.relaxers:
+        register_relaxers(cls.name, cls.relaxers)
     return cls
 
 

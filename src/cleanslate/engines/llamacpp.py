@@ -18,6 +18,7 @@ from typing import ClassVar
 from cleanslate.bench import AdviceEntry, MetricMap, Source, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_CONFIG, W_OOM, CrashPattern, crash_pattern
+from cleanslate.engines._relax import Relaxer
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 #: llama-server's multi-letter short options (from ``llama-server --help`` of the llama.cpp in
@@ -70,12 +71,38 @@ ADVICE = advice_book({
 })
 
 
+#: Which flags relax each bottleneck, in the order a guided study tries them
+#: (``docs/study.md``, "Guided: the rule table"; names from ``llama-server --help`` of the
+#: 11434 build), with their short spellings. ``--ctx-size`` is shared among the slots.
+RELAXERS = (
+    Relaxer("running_cap", "parallel", "up", "requests wait for a free slot",
+            aliases=("np",)),
+    Relaxer("kv_capacity", "ctx-size", "up",
+            "each slot's context is --ctx-size divided among the slots", aliases=("c",)),
+    Relaxer("kv_capacity", "cache-type-k", "set", "q8_0 halves the K cache's bytes per token",
+            value="q8_0", aliases=("ctk",)),
+    Relaxer("kv_capacity", "parallel", "down", "fewer slots, each with more context",
+            aliases=("np",)),
+    Relaxer("compute", "n-gpu-layers", "up", "layers left on the CPU slow every step",
+            aliases=("ngl", "gpu-layers")),
+    Relaxer("compute", "flash-attn", "set", "a fused attention kernel", value="on",
+            aliases=("fa",)),
+    Relaxer("compute", "ubatch-size", "up",
+            "a larger physical batch pays a step's fixed cost fewer times", aliases=("ub",)),
+    Relaxer("crashed", "ctx-size", "down", "out of memory: a smaller KV cache",
+            cause="oom", aliases=("c",)),
+    Relaxer("crashed", "n-gpu-layers", "down", "out of memory: fewer layers on the GPU",
+            cause="oom", aliases=("ngl", "gpu-layers")),
+)
+
+
 @register_engine
 class LlamaCppEngine(EngineAdapter):
     name = "llamacpp"
     description = "llama.cpp `llama-server`"
     default_port = 8080
     advice = ADVICE
+    relaxers = RELAXERS
     default_model_flag = "-m"
     reserved_flags = ("--port", "--host", "-m", "--model")
     short_options = SHORT_OPTIONS

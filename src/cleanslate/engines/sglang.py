@@ -29,6 +29,7 @@ from cleanslate.bench import AdviceEntry, MetricMap, advice_book
 from cleanslate.engines._base import EngineAdapter, FlagChange, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, CrashPattern, crash_pattern
 from cleanslate.engines._flags import Flags, FlagValue
+from cleanslate.engines._relax import Relaxer
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 #: Flags that SGLang renamed, deprecated or removed (from 0.5.23's parser and changelog).
@@ -142,12 +143,55 @@ ADVICE = advice_book({
 })
 
 
+#: Which flags relax each bottleneck, in the order a guided study tries them
+#: (``docs/study.md``, "Guided: the rule table"); the sim takes the same flags. CUDA graphs on
+#: is ``disable-cuda-graph`` off. A decode batch above ``cuda-graph-max-bs`` with CUDA graphs
+#: on runs the eager path, whose failure (a Python exception in the sim's model and in the
+#: founding story) the graphs off or a larger graph batch avoid.
+RELAXERS = (
+    Relaxer("running_cap", "max-running-requests", "up",
+            "requests queue behind the cap while the batch could grow"),
+    Relaxer("kv_capacity", "mem-fraction-static", "up", "more GPU memory for the KV cache"),
+    Relaxer("kv_capacity", "kv-cache-dtype", "set",
+            "fp8 halves the KV cache's bytes per token", value="fp8_e5m2"),
+    Relaxer("kv_capacity", "kv-cache-dtype", "set",
+            "fp8 halves the KV cache's bytes per token", value="fp8_e4m3"),
+    Relaxer("kv_capacity", "max-running-requests", "down",
+            "a cap near what the cache holds avoids retracting requests for room"),
+    Relaxer("compute", "disable-cuda-graph", "off", "CUDA graphs shorten every decode step"),
+    Relaxer("compute", "cuda-graph-max-bs", "up",
+            "a batch above the graph limit runs without CUDA graphs"),
+    Relaxer("compute", "chunked-prefill-size", "up",
+            "larger chunks pay the fixed cost of a prefill step fewer times"),
+    Relaxer("crashed", "disable-cuda-graph", "on",
+            "a batch beyond the captured graphs can raise (the founding story's crash): run "
+            "without CUDA graphs",
+            cause="python_exception"),
+    Relaxer("crashed", "cuda-graph-max-bs", "up",
+            "a batch beyond the captured graphs can raise: capture larger batches",
+            cause="python_exception"),
+    Relaxer("crashed", "max-running-requests", "down",
+            "a batch beyond the captured graphs can raise: keep the batch within them",
+            cause="python_exception"),
+    Relaxer("crashed", "mem-fraction-static", "down",
+            "out of memory: leave more beside the static pool for activations and graphs",
+            cause="oom"),
+    Relaxer("crashed", "chunked-prefill-size", "down",
+            "out of memory: smaller prefill chunks need smaller activations", cause="oom"),
+    Relaxer("crashed", "cuda-graph-max-bs", "down",
+            "out of memory: fewer captured batch sizes hold less graph memory", cause="oom"),
+    Relaxer("dp_imbalance", "load-balance-method", "set",
+            "spread requests over the DP ranks by load, not in turn", value="minimum_tokens"),
+)
+
+
 @register_engine
 class SGLangEngine(EngineAdapter):
     name = "sglang"
     description = "SGLang server (`python -m sglang.launch_server`)"
     default_port = 30000
     advice = ADVICE
+    relaxers = RELAXERS
     default_model_flag = "--model-path"
     metric_map = METRICS
     # /server_info: the arguments, and the request cap in effect when it chose one itself

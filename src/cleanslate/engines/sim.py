@@ -24,6 +24,7 @@ from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._flags import Flags
 from cleanslate.engines.sglang import ADVICE as SGLANG_ADVICE
 from cleanslate.engines.sglang import METRICS as SGLANG_METRICS
+from cleanslate.engines.sglang import RELAXERS as SGLANG_RELAXERS
 from cleanslate.engines.sglang import metrics_args
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 from cleanslate.sim.ledger import SIM_GPU_DIR_ENV
@@ -56,6 +57,9 @@ class SimEngine(EngineAdapter):
     metric_map = SGLANG_METRICS
     # and takes SGLang's flags, so SGLang's advice
     advice = SGLANG_ADVICE
+    # and SGLang's relax table (its model crashes with a Python exception above the graph
+    # limit, and runs out of memory at start, as the table's crash rows expect)
+    relaxers = SGLANG_RELAXERS
     # and SGLang's /server_info, from its model's state; faults are not settings
     config_flavour = "sglang"
     config_ignore = ("fault",)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from cleanslate.bench import AdviceEntry, advice_book, no_metrics
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines._relax import Relaxer
 from cleanslate.engines.signatures import ProcessSignature, program
 
 #: What to try per bottleneck verdict, in ``transformers serve``'s flags (``docs/bench.md``,
@@ -38,12 +39,27 @@ ADVICE = advice_book({
 })
 
 
+#: Which flags relax each bottleneck, in the order a guided study tries them
+#: (``docs/study.md``, "Guided: the rule table"; names from ``../shared/GPU.md``).
+RELAXERS = (
+    Relaxer("running_cap", "continuous-batching", "on",
+            "without it requests are served one batch at a time"),
+    Relaxer("kv_capacity", "cb-max-memory-percent", "up",
+            "more GPU memory for the continuous-batching cache"),
+    Relaxer("compute", "cb-use-cuda-graph", "on", "CUDA graphs shorten every decode step"),
+    Relaxer("compute", "compile", "on", "a compiled model takes shorter steps"),
+    Relaxer("crashed", "cb-max-memory-percent", "down",
+            "out of memory: leave more beside the cache", cause="oom"),
+)
+
+
 @register_engine
 class TransformersEngine(EngineAdapter):
     name = "transformers"
     description = "Hugging Face `transformers serve`"
     default_port = 8000
     advice = ADVICE
+    relaxers = RELAXERS
     leftovers = Leftovers(notes="a single process; nothing known to outlive it")
     signature = ProcessSignature.compile(
         "transformers", r"^transformers$", program(r"transformers(?:-cli)?\s+serve"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cleanslate.bench import AdviceEntry, MetricMap, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
+from cleanslate.engines._relax import Relaxer
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 #: trtllm-serve's ``/prometheus/metrics`` with the ``trtllm_`` prefix
@@ -45,12 +46,30 @@ ADVICE = advice_book({
 })
 
 
+#: Which flags relax each bottleneck, in the order a guided study tries them
+#: (``docs/study.md``, "Guided: the rule table"); only the flags of ``trtllm-serve`` whose
+#: names its advice already uses.
+RELAXERS = (
+    Relaxer("running_cap", "max_batch_size", "up",
+            "requests queue behind the batch limit while the batch could grow"),
+    Relaxer("running_cap", "max_num_tokens", "up", "a step's token budget also holds admission"),
+    Relaxer("kv_capacity", "kv_cache_free_gpu_memory_fraction", "up",
+            "more of the free GPU memory for the KV cache"),
+    Relaxer("kv_capacity", "max_batch_size", "down", "fewer requests competing for room"),
+    Relaxer("compute", "max_num_tokens", "up",
+            "a larger step budget pays a step's fixed cost fewer times"),
+    Relaxer("crashed", "kv_cache_free_gpu_memory_fraction", "down",
+            "out of memory: leave more beside the KV cache", cause="oom"),
+)
+
+
 @register_engine
 class TRTLLMEngine(EngineAdapter):
     name = "trtllm"
     description = "TensorRT-LLM `trtllm-serve`"
     default_port = 8000
     advice = ADVICE
+    relaxers = RELAXERS
     metric_map = METRICS
     # its server answers no /server_info or /props that cleanslate reads
     config_flavour = "none"

@@ -19,6 +19,7 @@ from typing import ClassVar
 from cleanslate.bench import AdviceEntry, MetricMap, Source, advice_book
 from cleanslate.engines._base import EngineAdapter, Leftovers, register_engine
 from cleanslate.engines._crash import W_DIED, W_WRAPPER, CrashPattern, crash_pattern
+from cleanslate.engines._relax import Relaxer
 from cleanslate.engines.signatures import ProcessSignature, any_of, program, python_module
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -68,12 +69,48 @@ ADVICE = advice_book({
 })
 
 
+#: Which flags relax each bottleneck, in the order a guided study tries them
+#: (``docs/study.md``, "Guided: the rule table"; names from vLLM 0.32's ``EngineArgs``).
+#: CUDA graphs on is ``enforce-eager`` off; ``fp8`` is ``fp8_e4m3``.
+RELAXERS = (
+    Relaxer("running_cap", "max-num-seqs", "up",
+            "requests queue behind the cap while the batch could grow"),
+    Relaxer("running_cap", "max-num-batched-tokens", "up",
+            "a step's token budget also holds admission"),
+    Relaxer("kv_capacity", "gpu-memory-utilization", "up", "more GPU memory for the KV cache"),
+    Relaxer("kv_capacity", "kv-cache-dtype", "set",
+            "fp8 halves the KV cache's bytes per token", value="fp8"),
+    Relaxer("kv_capacity", "kv-cache-dtype", "set",
+            "fp8 halves the KV cache's bytes per token", value="fp8_e5m2"),
+    Relaxer("kv_capacity", "max-num-seqs", "down",
+            "a cap near what the cache holds avoids preempting requests for room"),
+    Relaxer("compute", "enforce-eager", "off", "CUDA graphs shorten every decode step"),
+    Relaxer("compute", "max-cudagraph-capture-size", "up",
+            "a batch above the largest captured size runs without CUDA graphs"),
+    Relaxer("compute", "enable-chunked-prefill", "on",
+            "chunked prefill mixes prefills into the decoding batch"),
+    Relaxer("compute", "max-num-batched-tokens", "up",
+            "a larger step budget pays a step's fixed cost fewer times"),
+    Relaxer("crashed", "enforce-eager", "on",
+            "the engine raised: run without CUDA graphs and compilation",
+            cause="python_exception"),
+    Relaxer("crashed", "gpu-memory-utilization", "down",
+            "out of memory: leave more beside the KV cache for activations and graphs",
+            cause="oom"),
+    Relaxer("crashed", "max-num-seqs", "down",
+            "out of memory: a smaller cap needs a smaller warm-up batch", cause="oom"),
+    Relaxer("crashed", "enforce-eager", "on",
+            "out of memory: CUDA graphs hold memory of their own", cause="oom"),
+)
+
+
 @register_engine
 class VLLMEngine(EngineAdapter):
     name = "vllm"
     description = "vLLM OpenAI-compatible server (`vllm serve`)"
     default_port = 8000
     advice = ADVICE
+    relaxers = RELAXERS
     reserved_flags = ("--port", "--host", "--model")
     metric_map = METRICS
     # vllm:cache_config_info on /metrics, /v1/models, and its log's "non-default args" line
