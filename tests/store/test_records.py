@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from cleanslate.bench import LevelResult
 from cleanslate.store import (
     SCHEMA_VERSION,
+    GuidedStep,
     NewerSchemaError,
     RunRecord,
     RunStatus,
@@ -178,11 +179,30 @@ def test_a_launching_run_is_written_as_the_current_version_and_refused_by_an_old
     """``launching`` is a status a reader of version 2 cannot parse, version 4's fields
     (what watched a level, the configuration in effect) a reader of 3 would drop, and
     version 5's (a level's bottleneck verdict) a reader of 4 refuses, and a reader of 5
-    knows no recorded bench (version 6): the row says its version and an older reader
-    refuses it (an input error naming the store), never misreads it."""
+    knows no recorded bench (version 6), a reader of 6 would drop a guided trial's notebook
+    entry (version 7): the row says its version and an older reader refuses it (an input
+    error naming the store), never misreads it."""
     run = RunRecord.from_document({**recorded_run(), "status": "launching"})
     document = run.to_document()
-    assert document["schema_version"] == 6 and document["status"] == "launching"
+    assert document["schema_version"] == 7 and document["status"] == "launching"
     monkeypatch.setattr(_records, "SCHEMA_VERSION", 5)
-    with pytest.raises(NewerSchemaError, match="schema version 6"):
+    with pytest.raises(NewerSchemaError, match="schema version 7"):
         RunRecord.from_document(document)
+
+
+def test_a_guided_trial_keeps_its_notebook_entry_and_a_reader_of_6_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guided study's trial carries its notebook entry (``guided``, version 7): it comes back
+    equal, and a reader of version 6, which would drop it without a word, refuses the row."""
+    entry = GuidedStep(step=1, against=0, level="c=256", verdict="running_cap",
+                       evidence="running 64 of cap 64", flag="max-running-requests", old=64,
+                       new=128, why="requests queue", effect=0.38, low=0.31, high=0.45, pairs=3,
+                       outcome="kept", note="won the race")
+    trial = TrialRecord(study="s", number=1, params={"max-running-requests": 128},
+                        guided=entry)
+    document = trial.to_document()
+    assert document["schema_version"] == 7 and document["guided"]["outcome"] == "kept"
+    assert TrialRecord.from_document(json.loads(json.dumps(document))) == trial
+    monkeypatch.setattr(_records, "SCHEMA_VERSION", 6)
+    with pytest.raises(NewerSchemaError, match="schema version 7"):
+        TrialRecord.from_document(document)

@@ -366,6 +366,12 @@ def _summary(spec: StudySpec, outcome: StudyOutcome, store: Store | None = None)
                       *((Text(capacity_cell(t)),) if searched else ()),
                       *((Text(bounds[t.number]),) if diagnosed else ()))
     console.print(table)
+    if spec.strategy == "guided":
+        from cleanslate.tune.notebook import notebook_lines
+
+        console.print("[bold]the lab notebook[/] (strategy: guided)")
+        for line in notebook_lines(spec, outcome.trials):
+            console.print(Text(f"  {line}"), highlight=False, soft_wrap=True)
     if outcome.stopped_by == "systemic":
         console.print("[bold red]stopped: a failure that is not the configuration's[/] "
                       f"{escape(outcome.message)}", highlight=False)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from cleanslate.store._benches import BenchKind, BenchRecord, bench_url, new_bench_id
     from cleanslate.store._hosts import HostRecord, local_machine
     from cleanslate.store._trials import (
+        GuidedStep,
         LevelVerdict,
         Race,
         Replicate,
@@ -66,7 +67,8 @@ if TYPE_CHECKING:
 # A trial's levels need the benchmark client, which the commands that read only runs
 # (``check``, ``stop``) never load: the names of ``_trials`` load when first used.
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **dict.fromkeys(("LevelVerdict", "Race", "Replicate", "StudyRecord", "StudyStatus",
+    **dict.fromkeys(("GuidedStep", "LevelVerdict", "Race", "Replicate", "StudyRecord",
+                     "StudyStatus",
                      "TrialCause", "TrialRecord", "TrialStatus", "level_metric",
                      "trial_bottlenecks"),
                     "cleanslate.store._trials"),
@@ -82,6 +84,7 @@ __all__ = [
     "BenchKind",
     "BenchRecord",
     "Claim",
+    "GuidedStep",
     "HostRecord",
     "LeaseOutcome",
     "LeaseRecord",

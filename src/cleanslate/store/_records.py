@@ -36,13 +36,14 @@ from cleanslate.verdict.check import CheckReport
 #: ``server_config``, which a reader of version 3 would drop without a word; 5: a trial's
 #: levels carry their bottleneck verdict (``bottleneck``), which a reader of version 4 refuses
 #: as an unknown level key; 6: benches are recorded (``cs_benches``, :class:`BenchRecord`), which
-#: a reader of version 5 would neither list nor keep.
-SCHEMA_VERSION = 6
+#: a reader of version 5 would neither list nor keep; 7: a guided study's trial carries its lab
+#: notebook entry (``guided``), which a reader of version 6 would drop without a word.
+SCHEMA_VERSION = 7
 
 #: ``UPGRADES[n]`` turns a stored document of version ``n`` into one of version ``n + 1``.
-#: Versions 1 -> 2, 2 -> 3, 3 -> 4, 4 -> 5 and 5 -> 6 changed nothing in the JSON of older
-#: documents (3 added a status value, 4 and 5 fields with defaults, 6 a table), so there is none
-#: yet.
+#: Versions 1 -> 2, 2 -> 3, 3 -> 4, 4 -> 5, 5 -> 6 and 6 -> 7 changed nothing in the JSON of
+#: older documents (3 added a status value, 4, 5 and 7 fields with defaults, 6 a table), so
+#: there is none yet.
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 

@@ -167,6 +167,37 @@ class Race(Frozen):
     slot: str | None = None
 
 
+class GuidedStep(Frozen):
+    """One entry of a guided study's lab notebook (``strategy: guided``, ``docs/study.md``):
+    the trial it is written on tried ``flag`` ``old`` -> ``new`` against the incumbent trial
+    ``against`` because the incumbent's verdict at ``level`` was ``verdict`` (``evidence``: its
+    first evidence line; ``why``: the adapter's reason for the change). ``step`` is its number
+    in the notebook (0: the baseline). ``effect`` is the challenger's objective over the
+    incumbent's minus one, ``low``..``high`` its interval at the study's confidence (``None``:
+    one run, or a race of one pair), ``pairs`` how many pairs decided it. ``outcome``:
+    ``baseline``, ``kept``, ``reverted`` or ``running`` (not decided yet); ``sampler``: the
+    configuration came from the sampler (a verdict ``unknown``, or ``then: tpe``), not from a
+    rule; ``note``: why it was kept or reverted, in words."""
+
+    step: int
+    against: int | None = None
+    level: str | None = None
+    verdict: str = ""
+    evidence: str = ""
+    cause: str | None = None
+    flag: str | None = None
+    old: Any = None
+    new: Any = None
+    why: str = ""
+    sampler: bool = False
+    effect: float | None = None
+    low: float | None = None
+    high: float | None = None
+    pairs: int = 0
+    outcome: str = "running"
+    note: str = ""
+
+
 class TrialRecord(Record):
     """One trial as the store keeps it.
 
@@ -221,6 +252,8 @@ class TrialRecord(Record):
     best_bottleneck: Bottleneck | None = None
     limit_level: str | None = None
     limit_bottleneck: Bottleneck | None = None
+    # A guided study's notebook entry for this trial (``strategy: guided``).
+    guided: GuidedStep | None = None
 
     def counted(self) -> list[Replicate]:
         """The measurements that count toward ``value``: feasible, with a value, not

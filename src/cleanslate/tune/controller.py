@@ -60,6 +60,7 @@ from cleanslate.tune.fleet import (
     reconcile_optuna,
     worker_gone,
 )
+from cleanslate.tune.notebook import not_guided_line
 from cleanslate.tune.space import make_sampler, planned_configs, trial_budget
 from cleanslate.tune.study import Slot, StudySpec
 from cleanslate.tune.trial import verdict_of
@@ -266,6 +267,8 @@ async def run_study(
     total = trial_budget(spec)
     before = sum(1 for t in store.trials(spec.name) if t.status.finished)
     view.study_started(spec, total, before)
+    if spec.strategy == "guided":
+        view.phase(not_guided_line(spec))
     stopped_by, message, quarantine_report = "error", "", None
     ends: list[SlotEnd] = []
     try:

@@ -71,6 +71,7 @@ from cleanslate.store import (
     local_machine,
 )
 from cleanslate.tune._systemic import stop_if_systemic
+from cleanslate.tune.notebook import Proposal, noted, path_state
 from cleanslate.tune.race import Racer, decided_by_crash, tie_set
 from cleanslate.tune.space import distributions, mark_feasible, planned_configs, trial_budget
 from cleanslate.tune.study import Slot, StudySpec
@@ -226,6 +227,9 @@ class Fleet:
     _clock: float = field(default_factory=time.monotonic)
     _executors: dict[str, Executor] = field(default_factory=dict)
     _snapshots: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # strategy: guided: the step the next fresh lease runs, and each running trial's step
+    _proposal: Proposal | None = None
+    _steps: dict[int, Proposal] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dists = distributions(self.spec)
@@ -380,6 +384,8 @@ class Fleet:
                 return end
             if not await self.usable(slot, executor, spec, exclusions, say, end):
                 return end
+            if spec.strategy == "guided" and not self._guide(say, end):
+                return end
             claim = self.claim(template.model_copy(update={"run_id": new_run_id()}), say)
             for lost in claim.expired:
                 await self.requeue(lost, say)
@@ -397,21 +403,56 @@ class Fleet:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), timeout=self.poll_s)
 
+    def _guide(self, say: Callable[[str], None], end: SlotEnd) -> bool:
+        """``strategy: guided``: read the notebook for the next step (:func:`path_state`);
+        ``False`` when the path has ended (said, and the slot's end says why)."""
+        state = path_state(self.spec, self.store.trials(self.spec.name))
+        self._proposal = state.proposal
+        if state.proposal is None:
+            end.message = f"the guided path ended: {state.ended}"
+            say(end.message)
+            return False
+        return True
+
+    def _guided_trial(self, lease: LeaseRecord, proposal: Proposal) -> optuna.trial.Trial:
+        """The Optuna trial of a guided step: its configuration as it is, or with the flags the
+        sampler picks (``proposal.sample``) asked of it, the others enqueued at the
+        incumbent's values."""
+        if not proposal.sample:
+            return self._fixed_trial(lease, dict(proposal.params))
+        held = {k: v for k, v in proposal.params.items() if k not in proposal.sample}
+        if held:
+            self.study.enqueue_trial(held, skip_if_exists=False)
+        trial = self.study.ask(self.dists)
+        trial.set_user_attr(LEASE_ATTR, lease.id)
+        return trial
+
+    def _fixed_trial(self, lease: LeaseRecord, params: dict[str, Any]) -> optuna.trial.Trial:
+        frozen = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.RUNNING, params=params,
+            distributions={k: self.dists[k] for k in params},
+            user_attrs={LEASE_ATTR: lease.id})
+        storage = self.study._storage
+        return optuna.trial.Trial(self.study, storage.create_new_trial(
+            self.study._study_id, template_trial=frozen))
+
     def _trial_for(self, lease: LeaseRecord) -> tuple[optuna.trial.Trial, LeaseRecord | None]:
         """The Optuna trial of a lease: a fixed configuration (planned, the baseline, a
         re-queued one) is created as it is; a new one is asked of the sampler. The lease is
         bound to its trial number (and key and parameters); ``None`` when it expired before
         (the trial is then failed: another worker runs the configuration)."""
+        proposal, self._proposal = self._proposal, None
         if lease.params:
             params = dict(self.params.get(lease.key, lease.params))
-            frozen = optuna.trial.create_trial(
-                state=optuna.trial.TrialState.RUNNING, params=params,
-                distributions={k: self.dists[k] for k in params},
-                user_attrs={LEASE_ATTR: lease.id})
-            storage = self.study._storage
-            trial = optuna.trial.Trial(self.study, storage.create_new_trial(
-                self.study._study_id, template_trial=frozen))
+            trial = self._fixed_trial(lease, params)
             values: dict[str, Any] = {"trial": trial.number, "params": params}
+            if proposal is not None and proposal.params == params:
+                self._steps[trial.number] = proposal
+        elif proposal is not None:
+            trial = self._guided_trial(lease, proposal)
+            params = dict(trial.params)
+            values = {"trial": trial.number, "params": params, "key": self._key(params)}
+            self._steps[trial.number] = proposal
         else:
             trial = self.study.ask(self.dists)
             trial.set_user_attr(LEASE_ATTR, lease.id)
@@ -447,6 +488,8 @@ class Fleet:
                                      slot=slot.key)
             record, lease, stopped = await self._statistics(record, lease, slot, executor,
                                                             spec, exclusions, say)
+            if spec.strategy == "guided" and record.status.finished:
+                record = self._note(record, say)
         except HostQuarantined as exc:
             self._fail(trial)
             self.store.release_lease(lease, LeaseOutcome.REQUEUED, "the slot is quarantined")
@@ -490,6 +533,18 @@ class Fleet:
         if stopped is not None:
             self._stopped_in_race(stopped, slot, executor, spec, say, end)
 
+    def _note(self, record: TrialRecord, say: Callable[[str], None]) -> TrialRecord:
+        """Write a guided trial's notebook entry once it is measured and raced: kept or
+        reverted, with the effect (:func:`cleanslate.tune.notebook.noted`); said as its line
+        and saved."""
+        proposal = self._steps.pop(record.number, None)
+        others = [t for t in self.store.trials(self.spec.name) if t.number != record.number]
+        record, line = noted(self.spec, record, others,
+                             proposal.step if proposal is not None else None)
+        self.store.save_trial(record)
+        say(line)
+        return record
+
     async def _statistics(self, record: TrialRecord, lease: LeaseRecord, slot: Slot,
                           executor: Executor, spec: StudySpec, exclusions: Exclusions,
                           say: Callable[[str], None],
@@ -526,7 +581,9 @@ class Fleet:
         racer = Racer(spec, load=self._latest_trial, save=self.store.save_trial,
                       measure=measure, trials=lambda: self.store.trials(spec.name), say=say)
         if stats.racing:
-            result = await racer.race(record, slot.key)
+            step = self._steps.get(record.number)
+            against = step.step.against if step is not None and step.step.step else None
+            result = await racer.race(record, slot.key, against)
         else:
             result = await racer.repeat(record)
         return result.challenger, bound, result.stopped

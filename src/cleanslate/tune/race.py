@@ -459,10 +459,13 @@ class Racer:
             index += 1
         return RaceResult(challenger=trial, incumbent=None)
 
-    async def race(self, challenger: TrialRecord, slot: str | None) -> RaceResult:
+    async def race(self, challenger: TrialRecord, slot: str | None,
+                   against: int | None = None) -> RaceResult:
         """``replicates: auto``: race the challenger against the incumbent when its first
         measurement is within the noise (:func:`needs_race`); record the race on the
-        challenger and the pairs' measurements on both."""
+        challenger and the pairs' measurements on both. The incumbent is the study's best
+        (:func:`tie_set`), or trial ``against`` when given (a guided study's incumbent, the
+        configuration its step changed)."""
         spec = self.spec
         stats = spec.statistics
         seed0 = spec.seed
@@ -473,7 +476,8 @@ class Racer:
                 self.say(why)
             return RaceResult(challenger=challenger, incumbent=None)
         others = [t for t in self.trials() if t.number != challenger.number]
-        incumbent = tie_set(others, spec).best
+        incumbent = tie_set(others, spec).best if against is None else next(
+            (t for t in reversed(others) if t.number == against), None)
         if incumbent is None or incumbent.value is None:
             return RaceResult(challenger=challenger, incumbent=None)
         sd = pair_sd(others)

@@ -90,7 +90,9 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     """The study's sampler. TPE runs with ``constant_liar``: a trial still running (on another
     slot, in another worker) counts as a bad result, so parallel ``ask()`` calls do not all
     propose the same region (``docs/fleet.md``)."""
-    if spec.strategy == "tpe":
+    if spec.strategy in ("tpe", "guided"):
+        # guided asks the sampler only for a step whose verdict is unknown, and with
+        # ``then: tpe`` for the flags no rule maps once the rules have no step left.
         return optuna.samplers.TPESampler(
             seed=spec.seed, constraints_func=None if _TRIAL_CONSTRAINTS else _constraints,
             n_startup_trials=min(10, max(3, len(spec.space) + 1)), constant_liar=True)

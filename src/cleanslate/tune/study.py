@@ -14,7 +14,8 @@ Schema (YAML; ``docs/study.md`` has the full reference)::
       mem-fraction-static: [0.85, 0.88, 0.92]          # a list: these values
       disable-cuda-graph: [true, false]
       max-running-requests: {int: [64, 2048], log: true}   # a range (ints or floats)
-    strategy: ablation                   # grid | ablation | tpe | random
+    strategy: ablation                   # grid | ablation | tpe | random | guided
+    # guided: {then: tpe}                # guided only: the rest of the budget to TPE
     workload: {kind: random, input_len: 1024, output_len: 256}
     concurrency: [64, 256, 512]
     requests_per_level: 200              # or duration_s_per_level: 30
@@ -292,6 +293,16 @@ class Budget(BaseModel):
     hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
+class Guided(BaseModel):
+    """``strategy: guided``'s options: ``then`` is what gets the budget once the binding
+    verdict has no step left in the space: ``tpe`` (Optuna's TPE over the flags no rule maps,
+    the guided flags held at the incumbent's values) or ``none`` (the study ends there)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    then: Literal["tpe", "none"] = "none"
+
+
 class Statistics(BaseModel):
     """How sure a study is of its numbers (``docs/statistics.md``).
 
@@ -340,7 +351,9 @@ class StudySpec(ServerFields):
     fixed: dict[str, Any] = Field(default_factory=dict)
     baseline: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Factor]
-    strategy: Literal["grid", "ablation", "tpe", "random"] = "tpe"
+    strategy: Literal["grid", "ablation", "tpe", "random", "guided"] = "tpe"
+    guided: Guided = Field(default_factory=Guided,
+                           description="strategy: guided only: {then: tpe | none}")
     workload: dict[str, Any] = Field(
         default_factory=lambda: {"kind": "random", "input_len": 1024, "output_len": 256})
     endpoint: Literal["completions", "chat"] = "completions"
@@ -481,6 +494,10 @@ class StudySpec(ServerFields):
         if unknown:
             raise ValueError(f"baseline sets flags that are not in the space: "
                              f"{', '.join(sorted(unknown))}")
+        if self.strategy == "guided":
+            problem = guided_problem(self)
+            if problem is not None:
+                raise ValueError(problem)
         if self.strategy == "ablation":
             missing = set(self.space) - set(self.baseline)
             if missing:
@@ -609,6 +626,21 @@ class StudySpec(ServerFields):
         return math.prod(len(self.factor_values(n)) for n in self.space)
 
 
+def guided_problem(spec: StudySpec) -> str | None:
+    """What keeps ``spec`` from running ``strategy: guided`` (``None``: nothing): it starts at
+    its baseline, which must set every flag of the space (each step changes one flag of the
+    incumbent), and it runs one trial at a time (each step depends on the last one's verdict),
+    so on one slot."""
+    missing = [name for name in spec.space if name not in spec.baseline]
+    if missing:
+        return (f"strategy: guided starts at the baseline and changes one flag at a time: give "
+                f"baseline: a value for every flag of the space; missing: {', '.join(missing)}")
+    if len(spec.slot_list()) > 1:
+        return ("strategy: guided runs one trial at a time (each step reads the last one's "
+                "verdict): give it one slot (no hosts: or slots: list of several)")
+    return None
+
+
 def capacity_problem(metric: object, slo: object, concurrency: object,
                      attainment: object) -> tuple[str, str] | None:
     """What is wrong between a capacity objective and the keys around it, as ``(key,
@@ -656,6 +688,26 @@ def _check_capacity_keys(data: object, root: yaml.Node | None, path: Path) -> No
         loc: tuple[int | str, ...] = (key,) if key in data else ("objective",)
         raise InputError(f"{key}: {message}", where=_at(path, root, loc),
                          hint="see docs/study.md, \"Capacity under an SLO\"")
+
+
+def _check_guided_keys(data: object, root: yaml.Node | None, path: Path) -> None:
+    """``strategy: guided`` without a baseline for every flag of the space, checked on the file
+    as written so that the error names the line of ``baseline:`` (or of ``strategy:`` when
+    there is none)."""
+    if not isinstance(data, dict) or data.get("strategy") != "guided":
+        return
+    space, baseline = data.get("space"), data.get("baseline") or {}
+    if not isinstance(space, dict) or not isinstance(baseline, dict):
+        return  # the model's error, at its line
+    missing = [str(name) for name in space if name not in baseline]
+    if missing:
+        loc: tuple[int | str, ...] = ("baseline",) if "baseline" in data else ("strategy",)
+        raise InputError(
+            f"strategy: guided starts at the baseline and changes one flag at a time: "
+            f"baseline: needs a value for every flag of the space; missing: "
+            f"{', '.join(missing)}", where=_at(path, root, loc),
+            hint="add baseline: {FLAG: VALUE, ...} with one of the space's values for each "
+                 "(see docs/study.md, \"strategy: guided\")")
 
 
 def _at(path: Path, root: yaml.Node | None, loc: tuple[int | str, ...]) -> str:
@@ -706,6 +758,7 @@ def load_study(path: Path) -> tuple[StudySpec, yaml.Node | None]:
     hint = "see docs/study.md for the keys of a study file"
     data, root = read_yaml(path)
     _check_capacity_keys(data, root, path)
+    _check_guided_keys(data, root, path)
     if not isinstance(data, dict):
         raise InputError("expected a mapping of keys to values at the top level",
                          where=f"{path}:1", hint=hint)

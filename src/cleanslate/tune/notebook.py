@@ -1,0 +1,337 @@
+"""``strategy: guided``: the path from the baseline, one flag at a time, and its lab notebook.
+
+The study starts at its baseline. After each trial the *incumbent* (the baseline, then the
+last step that was kept) is read for its verdict at the level that decides the objective
+(:func:`deciding`: the least load that missed an SLO, failed or crashed, else the best level
+that met them; a server that crashed or did not start: its cause), and the engine's relaxers
+(:func:`cleanslate.tune.guided.next_steps`) name the flags of the space that relax it, nearest
+value first. The first step whose configuration has not been measured is the next trial; the
+fleet races it against the incumbent with the study's statistics, and :func:`judge` keeps it
+(a win; a tie with fewer flags changed from the baseline; one run better) or reverts it. A kept
+step makes it the incumbent, whose verdict is read anew; a reverted one leaves the next step of
+the same verdict. The path ends when the binding verdict has no step left (or the budget
+does); ``guided: {then: tpe}`` hands the rest of the budget to TPE over the flags no rule maps,
+the others held at the incumbent's values. A verdict ``unknown`` at the deciding level gets one
+trial from the sampler, said so.
+
+Every trial of the path carries its notebook entry (:class:`~cleanslate.store.GuidedStep` in
+``TrialRecord.guided``): the verdict and its evidence, the change and why, the measured effect
+with its interval (or one run), kept or reverted. The functions here are pure: they read trial
+records and return decisions and lines; :class:`~cleanslate.tune.fleet.Fleet` runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cleanslate.bench import Bottleneck
+from cleanslate.stats import Outcome
+from cleanslate.store import GuidedStep, TrialRecord, TrialStatus
+from cleanslate.tune.guided import next_steps, not_guided, space_values
+from cleanslate.tune.study import StudySpec
+
+#: The outcomes of a notebook entry.
+BASELINE, KEPT, REVERTED, RUNNING = "baseline", "kept", "reverted", "running"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The next trial of a guided study: ``params`` (the whole configuration) and its notebook
+    entry (outcome ``running``). ``sample``: the flags the sampler picks (the entry says so);
+    the others are held at ``params``' values."""
+
+    params: dict[str, Any]
+    step: GuidedStep
+    sample: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PathState:
+    """Where a guided study stands: its baseline trial (``None`` before it has a result), the
+    incumbent, the notebook so far (finished trials in order), and the next proposal, or
+    ``None`` with ``ended`` saying why the path ends."""
+
+    baseline: TrialRecord | None
+    incumbent: TrialRecord | None
+    entries: tuple[TrialRecord, ...] = ()
+    proposal: Proposal | None = None
+    ended: str = ""
+    not_guided: tuple[str, ...] = field(default_factory=tuple)
+    next_step: int = 0
+
+
+def _last_records(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Each trial number's last record, finished ones only, in number order."""
+    last: dict[int, TrialRecord] = {}
+    for record in trials:
+        last[record.number] = record
+    return [last[n] for n in sorted(last) if last[n].status.finished]
+
+
+def deciding(trial: TrialRecord) -> tuple[str | None, str, str | None, Bottleneck | None]:
+    """The level that decides ``trial``'s objective and its verdict: ``(level, verdict,
+    cause, bottleneck)``. The least load that missed an SLO, failed or crashed
+    (``limit_bottleneck``) when there is one, else the best level's (``best_bottleneck``); a
+    server that crashed or did not start without a verdict there: ``crashed`` with the
+    trial's cause; nothing known: ``unknown``."""
+    crash_cause = trial.cause if trial.status == TrialStatus.INFEASIBLE else None
+    if trial.limit_bottleneck is not None:
+        found = trial.limit_bottleneck
+        cause = crash_cause if found.verdict == "crashed" else None
+        return trial.limit_level, found.verdict, cause, found
+    if trial.best_bottleneck is not None:
+        return trial.best_level, trial.best_bottleneck.verdict, None, trial.best_bottleneck
+    if trial.status == TrialStatus.INFEASIBLE and trial.cause:
+        return trial.crashed_at, "crashed", trial.cause, None
+    return trial.best_level, "unknown", None, None
+
+
+def overrides(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> int:
+    """How many flags of ``params`` differ from the baseline's values."""
+    return sum(1 for name, value in params.items() if baseline.get(name) != value)
+
+
+def _key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def _entry_for(trial: TrialRecord, number: int, verdict: tuple[str | None, str, str | None,
+               Bottleneck | None]) -> GuidedStep:
+    level, kind, cause, found = verdict
+    evidence = found.evidence[0] if found is not None and found.evidence else ""
+    if not evidence and cause:
+        evidence = (trial.detail or cause)[:200]
+    return GuidedStep(step=number, against=trial.number, level=level, verdict=kind,
+                      evidence=evidence, cause=cause)
+
+
+def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
+    """Replay the notebook of ``trials`` (a guided study's records, any order) and say what
+    comes next (:class:`PathState`). Pure: the same records give the same answer, so a study
+    that resumes goes on where it stopped."""
+    space = space_values(spec)
+    unguided = tuple(not_guided(space, spec.engine))
+    base_params = {name: spec.baseline[name] for name in spec.space}
+    done = _last_records(trials)
+    baseline = next((t for t in done if t.params == base_params), None)
+    if baseline is None:
+        return PathState(baseline=None, incumbent=None,
+                         proposal=Proposal(dict(base_params), GuidedStep(
+                             step=0, outcome=RUNNING, why="the baseline")),
+                         not_guided=unguided)
+    incumbent = baseline
+    entries = tuple(t for t in done if t.guided is not None)
+    for t in entries:
+        if t.guided is not None and t.guided.outcome == KEPT:
+            incumbent = t
+    measured = {_key(t.params) for t in done}
+    number = 1 + max((t.guided.step for t in entries if t.guided is not None), default=0)
+    verdict = deciding(incumbent)
+    head = _entry_for(incumbent, number, verdict)
+    current = {name: incumbent.params.get(name, base_params[name]) for name in spec.space}
+    state = PathState(baseline=baseline, incumbent=incumbent, entries=entries,
+                      not_guided=unguided, next_step=number)
+    if verdict[1] == "unknown":
+        tried_here = [t for t in entries if t.guided is not None and t.guided.sampler
+                      and t.guided.against == incumbent.number and t.guided.verdict == "unknown"]
+        if tried_here:
+            return _fallback(spec, state, head, current, unguided,
+                             f"the verdict at {verdict[0] or 'the deciding level'} is unknown "
+                             "and its sampler trial was reverted")
+        return _replace(state, proposal=Proposal(current, head.model_copy(update={
+            "sampler": True, "outcome": RUNNING,
+            "why": "verdict unknown at the deciding level: one trial from the sampler"}),
+            sample=tuple(spec.space)))
+    tried = [(t.guided.flag, t.guided.new) for t in entries
+             if t.guided is not None and t.guided.flag is not None
+             and t.guided.against == incumbent.number]
+    steps = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried)
+    for candidate in steps:
+        params = {**current, candidate.flag: candidate.new}
+        if _key(params) in measured:
+            continue
+        return _replace(state, proposal=Proposal(params, head.model_copy(update={
+            "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
+            "why": candidate.why, "outcome": RUNNING})))
+    where = f" at {verdict[0]}" if verdict[0] else ""
+    return _fallback(spec, state, head, current, unguided,
+                     f"{verdict[1]}{where} has no step left in the space")
+
+
+def _replace(state: PathState, **changes: Any) -> PathState:
+    return PathState(**{**state.__dict__, **changes})
+
+
+def _fallback(spec: StudySpec, state: PathState, head: GuidedStep, current: dict[str, Any],
+              unguided: tuple[str, ...], why: str) -> PathState:
+    """The path's end, or with ``guided: {then: tpe}`` and flags no rule maps, one TPE trial
+    over those (the guided flags at the incumbent's values)."""
+    sample = tuple(name for name in spec.space if name in unguided)
+    if spec.guided.then == "tpe" and sample:
+        return _replace(state, proposal=Proposal(current, head.model_copy(update={
+            "sampler": True, "outcome": RUNNING,
+            "why": f"{why}: TPE over the flags not guided ({', '.join(sample)})"}),
+            sample=sample))
+    return _replace(state, ended=why)
+
+
+def judge(step: GuidedStep, challenger: TrialRecord, incumbent: TrialRecord | None,
+          spec: StudySpec) -> GuidedStep:
+    """The notebook entry of ``challenger`` once measured (and raced): the effect against the
+    incumbent with its interval, and ``kept`` or ``reverted`` with why. Kept: a race won, a
+    tie with fewer flags changed from the baseline than the incumbent's, or (no paired race
+    against the incumbent) a better value, said "one run" (or the number of runs of each);
+    feasible where the incumbent was not. Everything else is reverted."""
+    if step.outcome == BASELINE or incumbent is None:
+        return step.model_copy(update={"outcome": BASELINE, "note": "the starting point"})
+    base = {name: spec.baseline[name] for name in spec.space}
+    feasible = challenger.status == TrialStatus.FEASIBLE
+    if not feasible:
+        what = challenger.crash_text or f"{challenger.status} ({challenger.cause})"
+        return step.model_copy(update={"outcome": REVERTED, "note": what})
+    if incumbent.status != TrialStatus.FEASIBLE or incumbent.value is None:
+        return step.model_copy(update={"outcome": KEPT,
+                                       "note": "feasible where the incumbent was not"})
+    race = next((r for r in reversed(challenger.races) if r.against == incumbent.number), None)
+    simpler = overrides(challenger.params, base) < overrides(incumbent.params, base)
+    if race is not None and race.pairs >= 2:
+        update: dict[str, Any] = {"effect": race.diff, "low": race.low, "high": race.high,
+                                  "pairs": race.pairs}
+        if race.outcome == Outcome.WIN:
+            return step.model_copy(update={**update, "outcome": KEPT, "note": "won the race"})
+        if race.outcome == Outcome.TIE:
+            return step.model_copy(update={
+                **update, "outcome": KEPT if simpler else REVERTED,
+                "note": "a tie, with fewer flags changed" if simpler else
+                "a tie, and not simpler than the incumbent"})
+        return step.model_copy(update={**update, "outcome": REVERTED,
+                                       "note": f"{race.outcome} after {race.pairs} pairs"})
+    if challenger.value is None:
+        return step.model_copy(update={"outcome": REVERTED, "note": "no value"})
+    effect = challenger.value / incumbent.value - 1 if incumbent.value else 0.0
+    better = effect > 0 if spec.objective.direction == "maximize" else effect < 0
+    runs = (challenger.n_replicates, incumbent.n_replicates)
+    said = "one run" if runs == (1, 1) else f"means of {runs[0]} and {runs[1]} runs, unpaired"
+    if race is not None:  # a loss beyond the noise, decided on its first pair
+        said = f"{race.outcome} on its first pair, beyond the noise"
+    return step.model_copy(update={"effect": effect, "pairs": 1 if race else 0,
+                                   "outcome": KEPT if better and race is None else REVERTED,
+                                   "note": said})
+
+
+def noted(spec: StudySpec, record: TrialRecord, others: Sequence[TrialRecord],
+          step: GuidedStep | None) -> tuple[TrialRecord, str]:
+    """``record`` (a guided study's trial, measured and raced) with its notebook entry, and
+    the entry's line. ``others``: the study's other records (the path as it stood before this
+    trial); ``step``: the entry it was proposed with (``None`` for a configuration re-queued
+    by an earlier run: matched against the path's proposal, else written as a re-run)."""
+    state = path_state(spec, others)
+    if step is None:
+        if state.proposal is not None and state.proposal.params == record.params:
+            step = state.proposal.step
+        else:
+            step = GuidedStep(step=state.next_step, outcome=RUNNING,
+                              against=state.incumbent.number if state.incumbent else None,
+                              why="a configuration re-queued by an earlier run")
+    if step.step == 0 or state.incumbent is None:
+        entry = _entry_for(record, 0, deciding(record)).model_copy(update={
+            "against": None, "outcome": BASELINE, "note": "the starting point"})
+    else:
+        entry = judge(step, record, state.incumbent, spec)
+    record = record.model_copy(update={"guided": entry})
+    return record, step_line(entry, record.params if entry.sampler else None)
+
+
+def not_guided_line(spec: StudySpec) -> str:
+    """``not guided: FLAG, ...`` (the flags of the space no rule of the engine maps, and what
+    covers them), said before the first trial."""
+    names = not_guided(space_values(spec), spec.engine)
+    if not names:
+        return "not guided: none (a rule maps every flag of the space)"
+    cover = ("TPE once the rules have no step left" if spec.guided.then == "tpe" else
+             "untried unless a verdict is unknown (guided: {then: tpe} hands them to TPE)")
+    return f"not guided: {', '.join(names)} ({cover})"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def change_text(step: GuidedStep) -> str:
+    """``raise max-running-requests 64 -> 128`` (``lower``, ``set``; a boolean: ``turn
+    disable-cuda-graph off (true -> false)``)."""
+    old, new = step.old, step.new
+    if isinstance(new, bool):
+        # the flag's value as written, not the feature it names (disable-cuda-graph off)
+        return f"turn {step.flag} {'on' if new else 'off'} ({_value(old)} -> {_value(new)})"
+    if isinstance(old, int | float) and isinstance(new, int | float):
+        word = "raise" if new > old else "lower"
+    else:
+        word = "set"
+    return f"{word} {step.flag} {_value(old)} -> {_value(new)}"
+
+
+def effect_text(step: GuidedStep) -> str:
+    """``+38.2 % [+31.0, +45.4]``, or ``+3.1 % (one run)``; empty without an effect."""
+    if step.effect is None:
+        return ""
+    text = f"{step.effect * 100:+.1f} %"
+    if step.low is not None and step.high is not None:
+        return f"{text} [{step.low * 100:+.1f}, {step.high * 100:+.1f}]"
+    return f"{text} ({step.note})" if step.note else text
+
+
+def step_line(step: GuidedStep, params: Mapping[str, Any] | None = None) -> str:
+    """One notebook line: ``step 2: running_cap at c=256 (running 64 of cap 64, 190
+    waiting) -> raise max-running-requests 64 -> 128: kept, +38.2 % [+31.0, +45.4]``."""
+    where = f" at {step.level}" if step.level else ""
+    cause = f" ({step.cause})" if step.cause and not step.evidence else ""
+    evidence = f" ({step.evidence})" if step.evidence else cause
+    if step.outcome == BASELINE or step.step == 0:
+        head = f"step 0: the baseline: {step.verdict or 'measured'}{where}{evidence}"
+        return head
+    if step.sampler:
+        sampled = ", ".join(f"{k}={_value(v)}" for k, v in (params or {}).items())
+        change = f"the sampler's {sampled}" if sampled else "the sampler"
+        change += f" ({step.why})" if step.why else ""
+    else:
+        change = change_text(step)
+    line = f"step {step.step}: {step.verdict}{where}{evidence} -> {change}"
+    if step.outcome == RUNNING:
+        return line
+    effect = effect_text(step)
+    tail = f"{step.outcome}, {effect}" if effect else f"{step.outcome} ({step.note})"
+    if effect and step.low is not None:
+        tail += f" ({step.note})" if step.note else ""
+    return f"{line}: {tail}"
+
+
+def notebook_lines(spec: StudySpec, trials: Sequence[TrialRecord]) -> list[str]:
+    """The whole notebook of a guided study: the flags not guided, each step's line with its
+    trial, and where the path stands (ended, and why; or the next step)."""
+    state = path_state(spec, trials)
+    lines = [not_guided_line(spec)]
+    for t in state.entries:
+        if t.guided is not None:
+            lines.append(f"{step_line(t.guided, t.params if t.guided.sampler else None)} "
+                         f"(trial {t.number})")
+            if t.guided.why and t.guided.flag is not None:
+                why = t.guided.why.removeprefix(f"{change_text(t.guided)}: ")
+                lines.append(f"  why: {why}")
+    if state.ended:
+        lines.append(f"the path ended: {state.ended}")
+    if state.incumbent is not None:
+        changed = {k: v for k, v in state.incumbent.params.items()
+                   if spec.baseline.get(k) != v}
+        what = ", ".join(f"{k}={_value(v)}" for k, v in changed.items()) or "the baseline"
+        lines.append(f"incumbent: trial {state.incumbent.number} ({what})")
+    return lines
+
+
+__all__ = ["BASELINE", "KEPT", "REVERTED", "RUNNING", "PathState", "Proposal", "change_text",
+           "deciding", "effect_text", "judge", "not_guided_line", "notebook_lines", "noted",
+           "overrides", "path_state", "step_line"]

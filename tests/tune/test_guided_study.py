@@ -1,0 +1,86 @@
+"""``strategy: guided`` (issue 39): the founding story on the sim (a baseline capped at 64
+running requests at c=256: the first step reads ``running_cap`` and raises the cap, and the
+notebook has it), and a guided study without a baseline refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._kit import OMIT, study_yaml
+from tests.conftest import run_cli
+
+#: The sim's fast, steady settings (no drift, no cold start, a fixed noise seed).
+STEADY = {"tp-size": 1, "time-scale": 0.25, "drift": 0, "cold-start": 1,
+          "cold-start-decode": 1, "noise-seed": 1}
+
+FOUNDING = dict(name="founding", fixed=STEADY,
+                baseline={"max-running-requests": 64, "mem-fraction-static": 0.85},
+                space={"max-running-requests": [64, 128, 256],
+                       "mem-fraction-static": [0.85, 0.88]},
+                strategy="guided", budget={"trials": 2},
+                workload={"kind": "random", "input_len": 32, "output_len": 8},
+                concurrency=[256], requests_per_level=512,
+                # the cap is the point: no GPU telemetry, so no clock reading of the sim GPU
+                # can call the baseline throttled (tests/tune/test_bound_study.py)
+                observe={"interval_s": 0.05, "gpu_source": "off"}, slo=OMIT)
+
+
+def _trials(db: Path) -> list[dict[str, Any]]:
+    with sqlite3.connect(db) as conn:
+        rows = [json.loads(r[0]) for r in conn.execute("select data from cs_trials")]
+    return sorted(rows, key=lambda t: t["number"])
+
+
+@pytest.mark.slow  # two verified sim trials: about 20 s on 2 cores
+def test_the_first_guided_step_raises_the_cap_that_binds_and_the_notebook_has_it(
+        tmp_path: Path, figure: Any) -> None:
+    study = tmp_path / "founding.yaml"
+    study.write_text(study_yaml(**FOUNDING))
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    db = tmp_path / "s.db"
+    env = {"CLEANSLATE_SIM_GPU_DIR": str(gpus), "COLUMNS": "250"}
+    done = run_cli("tune", str(study), "--store", f"sqlite:///{db}", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    base, step = _trials(db)
+    assert base["params"] == {"max-running-requests": 64, "mem-fraction-static": 0.85}
+    assert base["guided"]["step"] == 0 and base["guided"]["outcome"] == "baseline"
+    assert base["guided"]["verdict"] == "running_cap" and base["guided"]["level"] == "c=256"
+    assert "of cap 64" in base["guided"]["evidence"], base["guided"]
+    entry = step["guided"]
+    assert step["params"] == {"max-running-requests": 128, "mem-fraction-static": 0.85}
+    assert (entry["step"], entry["verdict"], entry["flag"], entry["old"], entry["new"]) == (
+        1, "running_cap", "max-running-requests", 64, 128)
+    assert entry["against"] == base["number"] and entry["outcome"] in ("kept", "reverted")
+    assert "requests queue behind the cap" in entry["why"]
+    effect = step["value"] / base["value"] - 1
+    assert entry["effect"] == pytest.approx(effect) and entry["note"] == "one run"
+    assert (entry["outcome"] == "kept") == (effect > 0)
+    out = done.stdout
+    assert "not guided: none" in out, out
+    line = next(ln.strip() for ln in out.splitlines()
+                if ln.strip().startswith("step 1: running_cap at c=256 ("))
+    assert "-> raise max-running-requests 64 -> 128: " in line, line
+    assert f"{entry['outcome']}, {effect * 100:+.1f} % (one run)" in line, line
+    assert "the lab notebook" in out and out.count(line) == 2, out  # as it went and at the end
+    figure(line)
+    figure(f"values: cap 64 {base['value']:,.0f}, cap 128 {step['value']:,.0f} tok/s")
+
+
+def test_a_guided_study_without_a_baseline_is_refused_at_its_line(tmp_path: Path) -> None:
+    study = tmp_path / "guided.yaml"
+    study.write_text(study_yaml(name="guided", strategy="guided",
+                                space={"max-running-requests": [64, 128],
+                                       "mem-fraction-static": [0.85, 0.88]},
+                                baseline={"max-running-requests": 64}))
+    line = next(i for i, text in enumerate(study.read_text().splitlines(), 1)
+                if text.startswith("baseline:"))
+    done = run_cli("tune", str(study), "--check")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{study}:{line}: strategy: guided starts at the baseline" in done.stderr
+    assert "missing: mem-fraction-static" in done.stderr and "Traceback" not in done.stderr

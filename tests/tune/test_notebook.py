@@ -1,0 +1,139 @@
+"""The guided path's decisions on trial records (``cleanslate.tune.notebook``): which step comes
+next from the incumbent's verdict, kept or reverted, and the notebook's lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cleanslate.bench import Bottleneck
+from cleanslate.store import GuidedStep, Race, TrialRecord, TrialStatus
+from cleanslate.tune.notebook import judge, notebook_lines, path_state, step_line
+from cleanslate.tune.study import StudySpec
+
+BASE = {"max-running-requests": 64, "mem-fraction-static": 0.85}
+
+
+def _spec(space: dict[str, Any] | None = None, baseline: dict[str, Any] | None = None,
+          **overrides: Any) -> StudySpec:
+    """A guided study of the sim; by default a space with a flag no rule maps."""
+    return StudySpec.model_validate({
+        "name": "g", "engine": "sim", "model": "sim", "strategy": "guided",
+        "concurrency": [256],
+        "space": space or {"max-running-requests": [64, 128, 256],
+                           "mem-fraction-static": [0.85, 0.88],
+                           "enable-mixed-chunk": [False, True]},
+        "baseline": baseline or {**BASE, "enable-mixed-chunk": False}, **overrides})
+
+
+def _trial(number: int, params: dict[str, Any], value: float | None, verdict: str = "compute",
+           guided: GuidedStep | None = None, **more: Any) -> TrialRecord:
+    found = Bottleneck(verdict=verdict, confidence="clear",  # type: ignore[arg-type]
+                       evidence=(f"{verdict} evidence",))
+    return TrialRecord(study="g", number=number, params=params, value=value,
+                       status=TrialStatus.FEASIBLE if value else TrialStatus.INFEASIBLE,
+                       best_level="c=256", best_bottleneck=found, guided=guided, **more)
+
+
+def test_the_baseline_comes_first_then_the_flag_that_relaxes_its_verdict() -> None:
+    spec = _spec()
+    base = {**BASE, "enable-mixed-chunk": False}
+    first = path_state(spec, [])
+    assert first.proposal is not None and first.proposal.params == base
+    assert first.not_guided == ("enable-mixed-chunk",)
+    baseline = _trial(0, base, 100.0, "running_cap",
+                      GuidedStep(step=0, outcome="baseline", verdict="running_cap"))
+    state = path_state(spec, [baseline])
+    assert state.proposal is not None and state.incumbent is baseline
+    step = state.proposal.step
+    assert state.proposal.params == {**base, "max-running-requests": 128}
+    assert (step.step, step.against, step.level, step.verdict, step.evidence) == (
+        1, 0, "c=256", "running_cap", "running_cap evidence")
+    assert (step.flag, step.old, step.new) == ("max-running-requests", 64, 128)
+    # reverted: the next value in the same direction, from the same incumbent
+    tried = _trial(1, state.proposal.params, 90.0, "kv_capacity",
+                   step.model_copy(update={"outcome": "reverted"}))
+    again = path_state(spec, [baseline, tried])
+    assert again.proposal is not None and again.incumbent is baseline
+    assert again.proposal.params["max-running-requests"] == 256
+    assert again.proposal.step.step == 2
+    # kept: the new incumbent's verdict (kv_capacity) leads to the memory fraction
+    kept = tried.model_copy(update={"guided": step.model_copy(update={"outcome": "kept"})})
+    moved = path_state(spec, [baseline, kept])
+    assert moved.incumbent is not None and moved.incumbent.number == 1
+    assert moved.proposal is not None and moved.proposal.step.verdict == "kv_capacity"
+    assert moved.proposal.params == {**base, "max-running-requests": 128,
+                                     "mem-fraction-static": 0.88}
+
+
+def test_a_verdict_without_a_step_ends_the_path_or_hands_over_to_tpe() -> None:
+    base = {**BASE, "enable-mixed-chunk": False}
+    baseline = _trial(0, base, 100.0, "offered_load",
+                      GuidedStep(step=0, outcome="baseline", verdict="offered_load"))
+    ended = path_state(_spec(), [baseline])
+    assert ended.proposal is None
+    assert ended.ended == "offered_load at c=256 has no step left in the space"
+    handed = path_state(_spec(guided={"then": "tpe"}), [baseline])
+    assert handed.proposal is not None and handed.proposal.step.sampler
+    assert handed.proposal.sample == ("enable-mixed-chunk",)
+    assert "TPE over the flags not guided (enable-mixed-chunk)" in handed.proposal.step.why
+    unknown = baseline.model_copy(update={"best_bottleneck": None})
+    sampled = path_state(_spec(), [unknown])
+    assert sampled.proposal is not None and sampled.proposal.step.sampler
+    assert sampled.proposal.step.verdict == "unknown"
+    assert sampled.proposal.sample == tuple(_spec().space)
+
+
+def test_a_step_is_kept_on_a_win_or_a_simpler_tie_and_reverted_otherwise() -> None:
+    spec = _spec(space={"max-running-requests": [64, 128]}, baseline={"max-running-requests": 64})
+    base = _trial(0, {"max-running-requests": 64}, 100.0)
+    changed = {"max-running-requests": 128}
+    step = GuidedStep(step=1, against=0, flag="max-running-requests", old=64, new=128)
+
+    def raced(outcome: str) -> TrialRecord:
+        race = Race(against=0, outcome=outcome, diff=0.05, low=0.01, high=0.09, pairs=3)
+        return _trial(1, changed, 105.0, races=(race,))
+
+    assert judge(step, raced("win"), base, spec).outcome == "kept"
+    win = judge(step, raced("win"), base, spec)
+    assert (win.effect, win.low, win.high, win.pairs) == (0.05, 0.01, 0.09, 3)
+    assert judge(step, raced("loss"), base, spec).outcome == "reverted"
+    assert judge(step, raced("undecided"), base, spec).note == "undecided after 3 pairs"
+    tie = judge(step, raced("tie"), base, spec)
+    assert tie.outcome == "reverted" and "not simpler" in tie.note
+    # a tie back towards the baseline (fewer flags changed) is kept
+    back = judge(step, _trial(2, {"max-running-requests": 64}, 99.0, races=(
+        Race(against=1, outcome="tie", diff=-0.01, low=-0.03, high=0.01, pairs=3),)),
+        _trial(1, changed, 100.0), spec)
+    assert back.outcome == "kept" and back.note == "a tie, with fewer flags changed"
+    one = judge(step, _trial(1, changed, 110.0), base, spec)
+    assert one.outcome == "kept" and one.note == "one run" and abs(one.effect - 0.1) < 1e-9
+    crashed = judge(step, _trial(1, changed, None, cause="oom"), base, spec)
+    assert crashed.outcome == "reverted" and "oom" in crashed.note
+
+
+def test_the_notebook_reads_as_the_issue_writes_it() -> None:
+    entry = GuidedStep(step=2, against=1, level="c=256", verdict="running_cap",
+                       evidence="running 64 of cap 64, 190 waiting", flag="max-running-requests",
+                       old=64, new=128, effect=0.382, low=0.310, high=0.454, pairs=3,
+                       outcome="kept", note="won the race")
+    assert step_line(entry) == (
+        "step 2: running_cap at c=256 (running 64 of cap 64, 190 waiting) -> raise "
+        "max-running-requests 64 -> 128: kept, +38.2 % [+31.0, +45.4] (won the race)")
+    graphs = entry.model_copy(update={"flag": "disable-cuda-graph", "old": True, "new": False,
+                                      "verdict": "compute", "effect": 0.02, "low": None,
+                                      "high": None, "outcome": "reverted", "note": "one run"})
+    assert "-> turn disable-cuda-graph off (true -> false): reverted, +2.0 % (one run)" in \
+        step_line(graphs)
+    spec = _spec(space={"max-running-requests": [64, 128]}, baseline={"max-running-requests": 64})
+    lines = notebook_lines(spec, [
+        _trial(0, {"max-running-requests": 64}, 100.0, "running_cap",
+               GuidedStep(step=0, outcome="baseline", verdict="running_cap", level="c=256")),
+        _trial(1, {"max-running-requests": 128}, 130.0, "compute", GuidedStep(
+            step=1, against=0, verdict="running_cap", flag="max-running-requests", old=64,
+            new=128, why="raise max-running-requests 64 -> 128: requests queue", effect=0.3,
+            outcome="kept", note="one run"))])
+    assert lines[0] == "not guided: none (a rule maps every flag of the space)"
+    assert lines[1] == "step 0: the baseline: running_cap at c=256 (trial 0)"
+    assert lines[2].endswith("kept, +30.0 % (one run) (trial 1)")
+    assert lines[-2] == "the path ended: compute at c=256 has no step left in the space"
+    assert lines[-1] == "incumbent: trial 1 (max-running-requests=128)"
