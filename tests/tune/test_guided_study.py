@@ -71,6 +71,22 @@ def test_the_first_guided_step_raises_the_cap_that_binds_and_the_notebook_has_it
     figure(line)
     figure(f"values: cap 64 {base['value']:,.0f}, cap 128 {step['value']:,.0f} tok/s")
 
+    store = f"sqlite:///{db}"
+    text = run_cli("report", "founding", "--store", store, env=env)
+    assert text.returncode == 0, text.stderr
+    assert "the guided path (lab notebook):" in text.stdout and line in text.stdout, text.stdout
+    doc = json.loads(run_cli("report", "founding", "--store", store, "--format", "json",
+                             env=env).stdout)
+    steps = doc["studies"][0]["guided"]
+    assert [(s["step"], s["trial"], s["outcome"]) for s in steps] == [
+        (0, base["number"], "baseline"), (1, step["number"], entry["outcome"])]
+    assert steps[1]["line"] == line.removesuffix(f" (trial {step['number']})")
+    page = tmp_path / "report.html"
+    assert run_cli("report", "founding", "--store", store, "--html", str(page),
+                   env=env).returncode == 0
+    html = page.read_text()
+    assert "Guided path" in html and "raise max-running-requests 64 -&gt; 128" in html
+
 
 def test_a_guided_study_without_a_baseline_is_refused_at_its_line(tmp_path: Path) -> None:
     study = tmp_path / "guided.yaml"

@@ -24,6 +24,7 @@ from cleanslate.report._data import (
     shared_configs,
     show,
 )
+from cleanslate.report._guided import guided_lines
 from cleanslate.report._stats import Difference, pm_text
 from cleanslate.stats import Outcome
 
@@ -241,6 +242,8 @@ def print_report(console: Console, report: StudyReport) -> None:
     if report.simulated:
         console.print("[yellow]simulated engine:[/] numbers from cleanslate's sim performance "
                       "model, not from a GPU")
+    for text in guided_lines(report):
+        console.print(_t(text), soft_wrap=True)
     best = report.best
     if best is None:
         console.print("[bold red]no feasible configuration[/]")

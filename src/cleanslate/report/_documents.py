@@ -216,6 +216,8 @@ class StudyDocument(TypedDict):
     ablation: list[AblationDocument]
     slots: list[SlotDocument]
     hosts: list[dict[str, object]]
+    #: ``strategy: guided`` only: the lab notebook, one entry per step with its trial
+    guided: NotRequired[list[dict[str, object]]]
 
 
 class ExportDocument(TypedDict):

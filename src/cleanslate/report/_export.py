@@ -27,6 +27,7 @@ from cleanslate.report._documents import (
     StudyDocument,
     StudyStatisticsDocument,
 )
+from cleanslate.report._guided import guided_documents
 
 #: CSV columns before the parameters (``param.<flag>``) and the best level's metrics:
 #: ``crash`` where the server crashed and why (``crashed at c=256 (python_exception)``),
@@ -197,8 +198,9 @@ def study_document(report: StudyReport) -> StudyDocument:
     record (levels, phases, verdicts, log tail, interval, replicates, races) with its launch
     command, the ablation effects with their intervals, what the statistics cost, per slot its
     trials, infrastructure failures and state (quarantined and why), and per host its doctor
-    snapshot with a one-line summary."""
-    return {
+    snapshot with a one-line summary; a guided study's lab notebook as ``guided``
+    (:func:`~cleanslate.report._guided.guided_documents`)."""
+    document: StudyDocument = {
         "study": report.name,
         "status": report.status,
         "engine": report.engine,
@@ -220,6 +222,9 @@ def study_document(report: StudyReport) -> StudyDocument:
         "hosts": [{**h.snapshot.model_dump(mode="json"), "host": h.host, "machine": h.machine,
                    "label": h.label, "summary": h.snapshot.summary()} for h in report.hosts],
     }
+    if report.strategy == "guided":
+        document["guided"] = guided_documents(report)
+    return document
 
 
 def _moved_document(effect: Effect) -> MovedDocument:

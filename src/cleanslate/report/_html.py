@@ -43,6 +43,7 @@ from cleanslate.report._data import (
     shared_configs,
     show,
 )
+from cleanslate.report._guided import guided_timeline
 from cleanslate.report._plots import (
     MAX_CAPACITY_PLOTS,
     MAX_PANELS,
@@ -728,6 +729,8 @@ def _study_sections(report: StudyReport, multi: bool, plots_html: str = "",
         parts += [title("Capacity"), _capacity_section(report, plots or [], multi)]
     if report.strategy == "ablation":
         parts += [title("Ablation"), _ablation_table(report)]
+    if report.strategy == "guided":
+        parts += [title("Guided path"), guided_timeline(report)]
     parts += [
         title("Failures"), _failures(report),
         title("Hosts"), _hosts_section(report),
