@@ -7,7 +7,7 @@ from typing import Any
 
 from cleanslate.bench import Bottleneck
 from cleanslate.store import GuidedStep, Race, TrialRecord, TrialStatus
-from cleanslate.tune.notebook import judge, notebook_lines, path_state, step_line
+from cleanslate.tune.notebook import deciding, judge, notebook_lines, path_state, step_line
 from cleanslate.tune.study import StudySpec
 
 BASE = {"max-running-requests": 64, "mem-fraction-static": 0.85}
@@ -137,3 +137,20 @@ def test_the_notebook_reads_as_the_issue_writes_it() -> None:
     assert lines[2].endswith("kept, +30.0 % (one run) (trial 1)")
     assert lines[-2] == "the path ended: compute at c=256 has no step left in the space"
     assert lines[-1] == "incumbent: trial 1 (max-running-requests=128)"
+
+
+def test_a_server_that_did_not_start_or_crashed_is_a_crash_with_its_cause() -> None:
+    spec = _spec(space={"mem-fraction-static": [0.8, 0.85]},
+                 baseline={"mem-fraction-static": 0.85})
+    oom = TrialRecord(study="g", number=0, params={"mem-fraction-static": 0.85},
+                      status=TrialStatus.INFEASIBLE, cause="oom", detail="CUDA out of memory")
+    state = path_state(spec, [oom.model_copy(update={"guided": GuidedStep(
+        step=0, outcome="baseline")})])
+    assert state.proposal is not None and state.proposal.params == {"mem-fraction-static": 0.8}
+    step = state.proposal.step
+    assert (step.verdict, step.cause, step.evidence) == ("crashed", "oom", "CUDA out of memory")
+    assert step_line(step).startswith("step 1: crashed (CUDA out of memory) -> lower "
+                                      "mem-fraction-static 0.85 -> 0.8")
+    crashed = oom.model_copy(update={"cause": "python_exception",
+                                     "level_verdicts": {"c=256": "crashed"}})
+    assert deciding(crashed) == ("c=256", "crashed", "python_exception", None)

@@ -289,6 +289,11 @@ def _print_plan(spec: StudySpec, plan: TunePlan) -> None:
                        f"engine {spec.engine}, model {spec.model}, host {plan.host}"))
     if plan.flags_note:
         console_err.print(f"[yellow]note:[/] {escape(plan.flags_note)}")
+    if spec.strategy == "guided":
+        from cleanslate.tune.notebook import not_guided_line
+
+        console.print(Text(f"the baseline first, then one flag at a time; {not_guided_line(spec)}"),
+                      highlight=False, soft_wrap=True)
     if plan.configurations is not None:
         table = Table(title="planned configurations", title_justify="left")
         table.add_column("#", justify="right")

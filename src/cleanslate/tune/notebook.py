@@ -83,7 +83,8 @@ def deciding(trial: TrialRecord) -> tuple[str | None, str, str | None, Bottlenec
         return trial.limit_level, found.verdict, cause, found
     if trial.best_bottleneck is not None:
         return trial.best_level, trial.best_bottleneck.verdict, None, trial.best_bottleneck
-    if trial.status == TrialStatus.INFEASIBLE and trial.cause:
+    if trial.status == TrialStatus.INFEASIBLE and trial.cause and (
+            trial.crashed_at is not None or not trial.levels):
         return trial.crashed_at, "crashed", trial.cause, None
     return trial.best_level, "unknown", None, None
 
