@@ -23,7 +23,7 @@ records and return decisions and lines; :class:`~cleanslate.tune.fleet.Fleet` ru
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cleanslate.bench import Bottleneck
@@ -51,7 +51,8 @@ class Proposal:
 class PathState:
     """Where a guided study stands: its baseline trial (``None`` before it has a result), the
     incumbent, the notebook so far (finished trials in order), and the next proposal, or
-    ``None`` with ``ended`` saying why the path ends."""
+    ``None`` with ``ended`` saying why the path ends; ``not_guided``: the flags of the space no
+    relax row names; ``next_step``: the number of the next notebook entry."""
 
     baseline: TrialRecord | None
     incumbent: TrialRecord | None
@@ -141,7 +142,7 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
             return _fallback(spec, state, head, current, unguided,
                              f"the verdict at {verdict[0] or 'the deciding level'} is unknown "
                              "and its sampler trial was reverted")
-        return _replace(state, proposal=Proposal(current, head.model_copy(update={
+        return replace(state, proposal=Proposal(current, head.model_copy(update={
             "sampler": True, "outcome": RUNNING,
             "why": "verdict unknown at the deciding level: one trial from the sampler"}),
             sample=tuple(spec.space)))
@@ -153,16 +154,12 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
         params = {**current, candidate.flag: candidate.new}
         if _key(params) in measured:
             continue
-        return _replace(state, proposal=Proposal(params, head.model_copy(update={
+        return replace(state, proposal=Proposal(params, head.model_copy(update={
             "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
             "why": candidate.why, "outcome": RUNNING})))
     where = f" at {verdict[0]}" if verdict[0] else ""
     return _fallback(spec, state, head, current, unguided,
                      f"{verdict[1]}{where} has no step left in the space")
-
-
-def _replace(state: PathState, **changes: Any) -> PathState:
-    return PathState(**{**state.__dict__, **changes})
 
 
 def _fallback(spec: StudySpec, state: PathState, head: GuidedStep, current: dict[str, Any],
@@ -171,11 +168,11 @@ def _fallback(spec: StudySpec, state: PathState, head: GuidedStep, current: dict
     over those (the guided flags at the incumbent's values)."""
     sample = tuple(name for name in spec.space if name in unguided)
     if spec.guided.then == "tpe" and sample:
-        return _replace(state, proposal=Proposal(current, head.model_copy(update={
+        return replace(state, proposal=Proposal(current, head.model_copy(update={
             "sampler": True, "outcome": RUNNING,
             "why": f"{why}: TPE over the flags not guided ({', '.join(sample)})"}),
             sample=sample))
-    return _replace(state, ended=why)
+    return replace(state, ended=why)
 
 
 def judge(step: GuidedStep, challenger: TrialRecord, incumbent: TrialRecord | None,
