@@ -107,6 +107,9 @@ def test_a_step_is_kept_on_a_win_or_a_simpler_tie_and_reverted_otherwise() -> No
     assert back.outcome == "kept" and back.note == "a tie, with fewer flags changed"
     one = judge(step, _trial(1, changed, 110.0), base, spec)
     assert one.outcome == "kept" and one.note == "one run" and abs(one.effect - 0.1) < 1e-9
+    noise = judge(step, _trial(1, changed, 102.0), base, spec)  # inside the 3 % tie margin
+    assert noise.outcome == "reverted"
+    assert noise.note == "one run, inside the tie margin: not simpler than the incumbent"
     crashed = judge(step, _trial(1, changed, None, cause="oom"), base, spec)
     assert crashed.outcome == "reverted" and "oom" in crashed.note
 

@@ -180,8 +180,9 @@ def judge(step: GuidedStep, challenger: TrialRecord, incumbent: TrialRecord | No
     """The notebook entry of ``challenger`` once measured (and raced): the effect against the
     incumbent with its interval, and ``kept`` or ``reverted`` with why. Kept: a race won, a
     tie with fewer flags changed from the baseline than the incumbent's, or (no paired race
-    against the incumbent) a better value, said "one run" (or the number of runs of each);
-    feasible where the incumbent was not. Everything else is reverted."""
+    against the incumbent) a value better by more than the tie margin (within it: kept only
+    when simpler, as a tie), said "one run" (or the number of runs of each); feasible where
+    the incumbent was not. Everything else is reverted."""
     if step.outcome == BASELINE or incumbent is None:
         return step.model_copy(update={"outcome": BASELINE, "note": "the starting point"})
     base = {name: spec.baseline[name] for name in spec.space}
@@ -209,14 +210,21 @@ def judge(step: GuidedStep, challenger: TrialRecord, incumbent: TrialRecord | No
     if challenger.value is None:
         return step.model_copy(update={"outcome": REVERTED, "note": "no value"})
     effect = challenger.value / incumbent.value - 1 if incumbent.value else 0.0
-    better = effect > 0 if spec.objective.direction == "maximize" else effect < 0
+    gain = effect if spec.objective.direction == "maximize" else -effect
     runs = (challenger.n_replicates, incumbent.n_replicates)
     said = "one run" if runs == (1, 1) else f"means of {runs[0]} and {runs[1]} runs, unpaired"
     if race is not None:  # a loss beyond the noise, decided on its first pair
         said = f"{race.outcome} on its first pair, beyond the noise"
+        kept = False
+    elif abs(gain) <= spec.statistics.tie_margin:
+        # inside the tie margin the simpler configuration stays, as a race's tie would
+        kept = simpler
+        said += (", inside the tie margin: fewer flags changed" if simpler else
+                 ", inside the tie margin: not simpler than the incumbent")
+    else:
+        kept = gain > 0
     return step.model_copy(update={"effect": effect, "pairs": 1 if race else 0,
-                                   "outcome": KEPT if better and race is None else REVERTED,
-                                   "note": said})
+                                   "outcome": KEPT if kept else REVERTED, "note": said})
 
 
 def noted(spec: StudySpec, record: TrialRecord, others: Sequence[TrialRecord],
