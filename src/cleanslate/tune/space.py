@@ -6,6 +6,9 @@
 - ``tpe`` / ``random``: Optuna's samplers over lists (categorical) and ranges (int/float, log);
   the baseline, when given, is enqueued first. Infeasible trials are told to TPE as violating a
   constraint, so it learns where configurations fail.
+- ``guided``: no plan; the next configuration is the notebook's (:mod:`cleanslate.tune.notebook`),
+  and TPE is asked only for a verdict ``unknown`` or, with ``then: tpe``, for the flags not
+  guided. Its space is categorical, as grid's (the relax rows move to the nearest listed value).
 """
 
 from __future__ import annotations
