@@ -263,8 +263,10 @@ def _serve(tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch,
     gpus.mkdir()
     monkeypatch.setenv("CLEANSLATE_SIM_GPU_DIR", str(gpus))
     store = f"sqlite:///{tmp_path}/cs.db"
+    # a port of its own: the sim's default port may be another test's server in a full run
     served = cli("serve", "--engine", "sim", "--model", "m", "--store", store, "--detach",
-                 "--json", "--gpu-backend", "sim", "--ready-timeout", "60", "--", "--tp-size",
+                 "--port", str(free_port()), "--json", "--gpu-backend", "sim",
+                 "--ready-timeout", "60", "--", "--tp-size",
                  "1", *(x for fault in faults for x in ("--fault", fault)), timeout=120)
     assert served.returncode == 0, served.stdout + served.stderr
     return store, str(served.json()["run_id"])
