@@ -128,8 +128,10 @@ def live_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StudyStore]
     for name, text in (("report-tiny", TINY_STUDY), ("report-tiny-b", OTHER_STUDY)):
         path = folder / f"{name}.yaml"
         path.write_text(text.format(port=free_port()))
+        # the default store (./cleanslate.db in the folder), not the session's
+        env = {k: v for k, v in os.environ.items() if k != "CLEANSLATE_STORE"}
         done = subprocess.run(_tune_argv(path), cwd=folder, capture_output=True, text=True,
-                              timeout=240, check=False)
+                              timeout=240, check=False, env=env)
         assert done.returncode == 0, f"cleanslate tune {name} failed:\n{done.stdout}\n" \
                                      f"{done.stderr}"
         names.append(name)
