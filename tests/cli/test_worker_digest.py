@@ -75,3 +75,22 @@ def test_the_digest_is_of_canonical_json() -> None:
     assert study_digest({"b": 1, "a": [1, "é"]}) == study_digest({"a": [1, "é"], "b": 1})
     assert study_digest({"a": 1}) != study_digest({"a": 2})
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", study_digest({}))
+
+
+def test_a_worker_refuses_a_guided_study(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A guided study's path is one trial at a time in the process that runs it: a worker
+    joining it is exit 2 before it claims anything, naming how to run it."""
+    study = tmp_path / "study.yaml"
+    study.write_text(STUDY.replace("strategy: grid", "strategy: guided\n"
+                                   "baseline: {max-running-requests: 16}"))
+    url = f"sqlite:///{tmp_path / 'cs.db'}"
+    store = Store(url)
+    spec = load_study(study)[0]
+    store.save_study(spec.name, spec.model_dump(mode="json"), StudyStatus.RUNNING)
+    store.close()
+    code, text = _main(monkeypatch, capsys, "worker", "--study", "digest", "--store", url)
+    assert code == 2, text
+    assert "is guided (strategy: guided)" in text and "cleanslate tune" in text
+    assert store.__class__(url).trials("digest") == []

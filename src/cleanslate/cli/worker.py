@@ -18,7 +18,7 @@ from rich.text import Text
 from cleanslate.cli._common import console, parse_gpus
 from cleanslate.cli._options import GpuBackendOption, named_host, store_option
 from cleanslate.cli.tune import ConsoleView
-from cleanslate.errors import ExitCode
+from cleanslate.errors import ExitCode, InputError
 
 
 def worker(
@@ -63,6 +63,13 @@ def worker(
         console.print(Text(f"worker: study {spec.name} from {reader.display_url}, definition "
                            f"{study_digest(record.spec)} (engine {spec.engine}, model "
                            f"{spec.model})"), highlight=False)
+    if spec.strategy == "guided":
+        # its path is one trial at a time, each read from the one before: a second process
+        # claiming trials beside `tune` would measure steps no verdict asked for
+        raise InputError(f"study {spec.name} is guided (strategy: guided): it runs one trial "
+                         "at a time, in the process that runs it", where="--study",
+                         hint="run it with cleanslate tune STUDY.yaml; workers serve studies "
+                              "of another strategy")
     slot = worker_slot(spec, host=host, gpus=gpu_list, port=port)
     # a model path that is not on this worker's host: before anything is claimed
     asyncio.run(check_model_paths(spec.model_copy(update={"host": slot.host, "hosts": None}),
