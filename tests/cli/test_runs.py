@@ -156,3 +156,22 @@ def test_a_find_max_search_is_recorded_with_its_probes_levels(
                      "json")
     assert shown.code == 0, shown.err
     assert [lv["label"] for lv in json.loads(shown.out)["levels"]] == ["c=1", "c=2"]
+
+
+def test_a_ready_run_whose_pids_now_name_other_processes_is_exited(tmp_path: Path) -> None:
+    """`runs` proves a ready run's processes by PID and recorded start time: a PID the
+    kernel gave to another process since (here: this test's own, with another start time)
+    is not the run; the right start time is."""
+    import psutil
+
+    from cleanslate.cli.runs import run_state
+
+    me = os.getpid()
+    started = psutil.Process(me).create_time()
+    doc = {**recorded_run(), "status": "ready", "host": "local", "boot_id": None,
+           "pid": me, "create_time": started - 1000.0,
+           "supervisor_pid": me, "supervisor_create_time": started - 1000.0}
+    reused = RunRecord.model_validate(doc)
+    assert run_state(reused, tmp_path)[:2] == ("exited", "gone")
+    alive = RunRecord.model_validate({**doc, "create_time": started})
+    assert run_state(alive, tmp_path)[0] == "ready"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -118,10 +117,26 @@ def _exited(run: RunRecord, artifacts: Path) -> tuple[str, str | None, str | Non
         status, cause, detail = "stopped", None, None
     if status == "crashed":
         return "exited", cause, detail
-    pids = [p for p in (run.pid, run.supervisor_pid) if p]
-    if pids and not any(os.path.exists(f"/proc/{p}") for p in pids):
+    pids = [(p, t) for p, t in ((run.pid, run.create_time),
+                                (run.supervisor_pid, run.supervisor_create_time)) if p]
+    if pids and not any(_runs(pid, started) for pid, started in pids):
         return "exited", "gone", "neither its server nor its supervisor runs any more"
     return None
+
+
+def _runs(pid: int, started: float | None) -> bool:
+    """Whether the recorded process still runs: its PID, and the start time recorded with it
+    (a PID the kernel gave to another process since is not it); without a recorded start
+    time, the PID alone (it cannot be told apart)."""
+    import psutil
+
+    from cleanslate.teardown.scope import SAME_START_S
+
+    try:
+        now = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return False
+    return started is None or abs(now - started) <= SAME_START_S
 
 
 def _when(epoch: float | None) -> str:
