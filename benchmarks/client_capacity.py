@@ -268,6 +268,7 @@ def measure_together(runs: dict[str, list[str]], servers: dict[str, Server],
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
                 for proc in procs.values():
                     proc.kill()
+                    proc.wait()
                 raise RuntimeError("a client never reached the start barrier")
             time.sleep(0.001)
         (barrier / "go").touch()
