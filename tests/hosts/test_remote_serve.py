@@ -88,8 +88,14 @@ def served(lab: RemoteLab, port: int, *flags: str) -> dict[str, Any]:
     pytest.skip(f"this machine is not quiet (others' simulated servers run): {noise[:3]}")
 
 
+#: Findings that describe a moment, not what a process holds: a server busy on a loaded machine
+#: may be in uninterruptible sleep for one of two checks a second apart (CI saw it).
+MOMENTARY = {"d_state"}
+
+
 def _ours(doc: dict[str, Any], pids: set[int]) -> set[tuple[str, int]]:
-    return {(f["kind"], f["pid"]) for f in doc["hosts"][0]["findings"] if f["pid"] in pids}
+    return {(f["kind"], f["pid"]) for f in doc["hosts"][0]["findings"]
+            if f["pid"] in pids and f["kind"] not in MOMENTARY}
 
 
 def test_serve_check_stop_over_ssh(lab: RemoteLab) -> None:

@@ -358,10 +358,18 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     # while the API server, starved on 2 busy cores, held the requests (running 0.5 with none
     # waiting at c=8), and a 0.9 s level left 1 scrape in its window. A scrape every 0.25 s:
     # each one takes the API server's CPU.
-    result = lab.timed("bench_s", "bench", "--url", url, "--model", model, "--concurrency",
-                       "1,8", "--duration", "4", "--workload",
-                       "random:input_len=32,output_len=256", "--observe-interval", "0.25",
-                       "--max-error-rate", "0.5", "--no-live", "--json", "-", timeout=300)
+    # Once more where no scrape at c=8 saw a queue: on a CI machine whose 2 cores ran another
+    # test, the API server held the requests and the engine saw at most its cap (waiting 0 in
+    # every scrape); the second bench is said in the figures.
+    for attempt in (1, 2):
+        result = lab.timed("bench_s", "bench", "--url", url, "--model", model, "--concurrency",
+                           "1,8", "--duration", "4", "--workload",
+                           "random:input_len=32,output_len=256", "--observe-interval", "0.25",
+                           "--max-error-rate", "0.5", "--no-live", "--json", "-", timeout=300)
+        levels = result.json().get("levels", []) if result.returncode in (0, 1) else []
+        if attempt == 2 or (len(levels) == 2
+                            and levels[1]["server_metrics"]["waiting"]["max"] > 0):
+            break
     # Greedy decoding of the random-weight model answers a few prompts with tokens whose text
     # is empty (2 of 16 at c=1 once): the bench counts them failed (and exits 1 where they pass
     # --max-error-rate, which would make them the level's verdict). Not this test's point;
@@ -374,7 +382,7 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     assert config["flavour"] == "vllm" and config["unreadable"] is None, config
     assert config["sources"]["num_gpu_blocks"] == "vllm:cache_config_info", config["sources"]
     blocks = int(config["in_effect"]["num_gpu_blocks"])
-    figures = []
+    figures = [] if attempt == 1 else ["(second bench: the first saw no queue at c=8)"]
     for level in doc["levels"]:
         assert level["completed"] >= 2 and level["failed"] <= level["completed"], level
         metrics = level["server_metrics"]

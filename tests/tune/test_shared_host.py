@@ -11,6 +11,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests._kit import free_port, study_yaml
@@ -57,7 +58,9 @@ def test_a_foreign_listener_on_the_port_is_named_and_no_trial_ran(
 
     out = _one_line(result.stdout)
     assert result.returncode == 1, result.stdout + result.stderr
-    named = f"port {port} is bound (127.0.0.1) by PID {listener.pid} `python"
+    # the process's own name (``python3`` or ``python``: whichever this interpreter is called)
+    name = psutil.Process(listener.pid).name()
+    named = f"port {port} is bound (127.0.0.1) by PID {listener.pid} `{name}"
     assert f"host not clean before the trial ({named}" in out
     assert f"the server needs port {port}: end PID {listener.pid} if it is yours, or give the " \
            "study another `port:`" in out
