@@ -180,29 +180,34 @@ def test_a_launching_run_is_written_as_the_current_version_and_refused_by_an_old
     (what watched a level, the configuration in effect) a reader of 3 would drop, and
     version 5's (a level's bottleneck verdict) a reader of 4 refuses, and a reader of 5
     knows no recorded bench (version 6), a reader of 6 would drop a guided trial's notebook
-    entry (version 7): the row says its version and an older reader refuses it (an input
-    error naming the store), never misreads it."""
+    entry (version 7) and a guided step's carried changes (version 8): the row says its
+    version and an older reader refuses it (an input error naming the store), never misreads
+    it."""
     run = RunRecord.from_document({**recorded_run(), "status": "launching"})
     document = run.to_document()
-    assert document["schema_version"] == 7 and document["status"] == "launching"
+    assert document["schema_version"] == 8 and document["status"] == "launching"
     monkeypatch.setattr(_records, "SCHEMA_VERSION", 5)
-    with pytest.raises(NewerSchemaError, match="schema version 7"):
+    with pytest.raises(NewerSchemaError, match="schema version 8"):
         RunRecord.from_document(document)
 
 
-def test_a_guided_trial_keeps_its_notebook_entry_and_a_reader_of_6_refuses_it(
+def test_a_guided_trial_keeps_its_notebook_entry_and_an_older_reader_refuses_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A guided study's trial carries its notebook entry (``guided``, version 7): it comes back
-    equal, and a reader of version 6, which would drop it without a word, refuses the row."""
-    entry = GuidedStep(step=1, against=0, level="c=256", verdict="running_cap",
-                       evidence="running 64 of cap 64", flag="max-running-requests", old=64,
-                       new=128, why="requests queue", effect=0.38, low=0.31, high=0.45, pairs=3,
-                       outcome="kept", note="won the race")
-    trial = TrialRecord(study="s", number=1, params={"max-running-requests": 128},
-                        guided=entry)
+    """A guided study's trial carries its notebook entry (``guided``, version 7), with the
+    changes a step carries from the reverted one it builds on (version 8): it comes back equal,
+    and a reader of version 7, which would drop ``base`` and ``carried`` without a word (a
+    change of two flags shown as one), refuses the row."""
+    entry = GuidedStep(step=4, against=2, level="c=256", verdict="kv_capacity",
+                       evidence="KV 99 %", flag="mem-fraction-static", old=0.88, new=0.92,
+                       why="more memory", effect=0.12, low=0.01, high=0.24, pairs=3,
+                       outcome="kept", note="won the race", base=3,
+                       carried={"max-running-requests": 256})
+    trial = TrialRecord(study="s", number=4, guided=entry,
+                        params={"max-running-requests": 256, "mem-fraction-static": 0.92})
     document = trial.to_document()
-    assert document["schema_version"] == 7 and document["guided"]["outcome"] == "kept"
+    assert document["schema_version"] == 8 and document["guided"]["outcome"] == "kept"
+    assert document["guided"]["carried"] == {"max-running-requests": 256}
     assert TrialRecord.from_document(json.loads(json.dumps(document))) == trial
-    monkeypatch.setattr(_records, "SCHEMA_VERSION", 6)
-    with pytest.raises(NewerSchemaError, match="schema version 7"):
+    monkeypatch.setattr(_records, "SCHEMA_VERSION", 7)
+    with pytest.raises(NewerSchemaError, match="schema version 8"):
         TrialRecord.from_document(document)

@@ -157,3 +157,97 @@ def test_a_server_that_did_not_start_or_crashed_is_a_crash_with_its_cause() -> N
     crashed = oom.model_copy(update={"cause": "python_exception",
                                      "level_verdicts": {"c=256": "crashed"}})
     assert deciding(crashed) == ("c=256", "crashed", "python_exception", None)
+
+
+#: The founding story's space on the sim (examples/guided.yaml).
+STORY = {"max-running-requests": [64, 128, 256], "mem-fraction-static": [0.85, 0.88, 0.92],
+         "disable-cuda-graph": [True, False], "cuda-graph-max-bs": [112, 160, 256]}
+STORY_BASE = {"max-running-requests": 64, "mem-fraction-static": 0.85,
+              "disable-cuda-graph": True, "cuda-graph-max-bs": 112}
+
+
+def _kept(number: int, params: dict[str, Any], verdict: str, against: int) -> TrialRecord:
+    return _trial(number, params, 100.0 + number, verdict,
+                  GuidedStep(step=number, against=against, outcome="kept"))
+
+
+def test_a_reverted_steps_own_verdict_is_followed_with_its_change() -> None:
+    """Cap 256 lost to cap 128 because the KV cache then bound (the founding story's third
+    step): the path does not end at "running_cap has no step left"; it gives the cache memory
+    *with* the larger cap (step 4 carries cap 256 from trial 3), raced against the incumbent.
+    (A space of the two capacity flags: with compute's flags in it, those come first.)"""
+    space = {k: STORY[k] for k in ("max-running-requests", "mem-fraction-static")}
+    base = {k: STORY_BASE[k] for k in space}
+    spec = _spec(space=space, baseline=base)
+    baseline = _trial(0, base, 100.0, "running_cap", GuidedStep(step=0, outcome="baseline"))
+    one = _kept(1, {**base, "max-running-requests": 128}, "kv_capacity", 0)
+    two = _kept(2, {**one.params, "mem-fraction-static": 0.88}, "running_cap", 1)
+    three = _trial(3, {**two.params, "max-running-requests": 256}, 98.0, "kv_capacity",
+                   GuidedStep(step=3, against=2, flag="max-running-requests", old=128,
+                              new=256, outcome="reverted"))
+    state = path_state(spec, [baseline, one, two, three])
+    assert state.proposal is not None and state.incumbent is two
+    step = state.proposal.step
+    assert state.proposal.params == {"max-running-requests": 256, "mem-fraction-static": 0.92}
+    assert (step.step, step.against, step.base, step.verdict) == (4, 2, 3, "kv_capacity")
+    assert (step.flag, step.old, step.new) == ("mem-fraction-static", 0.88, 0.92)
+    assert step.carried == {"max-running-requests": 256}
+    assert "from step 3 (trial 3, reverted), whose own verdict this is" in step.why
+    assert step_line(step) == ("step 4: kv_capacity at c=256 of trial 3 (kv_capacity evidence) "
+                               "-> raise mem-fraction-static 0.88 -> 0.92 with "
+                               "max-running-requests=256")
+    # reverted too, still bound by the cache: lowering the cap back would undo the change it
+    # builds on, and no memory is left: the path ends
+    four = _trial(4, state.proposal.params, 99.0, "kv_capacity",
+                  step.model_copy(update={"outcome": "reverted"}))
+    ended = path_state(spec, [baseline, one, two, three, four])
+    assert ended.proposal is None
+    assert ended.ended == "running_cap at c=256 has no step left in the space"
+    # kept: it is the incumbent, and the path goes on from its own verdict
+    won = four.model_copy(update={"guided": step.model_copy(update={"outcome": "kept"})})
+    moved = path_state(spec, [baseline, one, two, three, won])
+    assert moved.incumbent is won
+    lines = notebook_lines(spec, [baseline, one, two, three, won])
+    assert any(line.startswith("  why: more GPU memory for the KV cache; with "
+                               "max-running-requests=256 from step 3") for line in lines), lines
+    assert any("with max-running-requests=256: kept" in line for line in lines), lines
+
+
+def test_a_capacity_verdict_without_a_step_goes_on_to_faster_steps() -> None:
+    """The cap binds at the largest value of the space: the batch is as large as it gets here,
+    and compute's rows (CUDA graphs on) come next, said so."""
+    incumbent = {**STORY_BASE, "max-running-requests": 256}
+    spec = _spec(space=STORY, baseline=incumbent)
+    baseline = _trial(0, incumbent, 100.0, "running_cap", GuidedStep(step=0, outcome="baseline"))
+    state = path_state(spec, [baseline])
+    assert state.proposal is not None
+    step = state.proposal.step
+    assert (step.verdict, step.flag, step.new, step.base) == (
+        "running_cap", "disable-cuda-graph", False, None)
+    assert step.why.startswith("running_cap has no step left in the space, so the batch "
+                               "cannot grow: compute is what is left; turn disable-cuda-graph "
+                               "off")
+
+
+def test_a_crashed_step_is_followed_before_the_incumbents_other_rows() -> None:
+    """CUDA graphs on crashed at a batch beyond the captured ones (the founding story): the next
+    step raises the captures *with* graphs on, before the compute rows that come after graphs
+    (the graph limit alone, which changes nothing while graphs are off)."""
+    spec = _spec(space=STORY, baseline=STORY_BASE)
+    incumbent = _trial(0, {**STORY_BASE, "max-running-requests": 256}, 100.0, "compute",
+                       GuidedStep(step=0, outcome="baseline"))
+    spec = _spec(space=STORY, baseline=incumbent.params)
+    state = path_state(spec, [incumbent])
+    assert state.proposal is not None
+    assert state.proposal.step.flag == "disable-cuda-graph"
+    crash = TrialRecord(study="g", number=1, params=state.proposal.params,
+                        status=TrialStatus.INFEASIBLE, cause="python_exception",
+                        detail="RuntimeError: batch 256 beyond captured graphs",
+                        level_verdicts={"c=256": "crashed"}, crashed_at="c=256",
+                        guided=state.proposal.step.model_copy(update={"outcome": "reverted"}))
+    after = path_state(spec, [incumbent, crash])
+    assert after.proposal is not None
+    step = after.proposal.step
+    assert (step.verdict, step.cause, step.base) == ("crashed", "python_exception", 1)
+    assert (step.flag, step.new, step.carried) == ("cuda-graph-max-bs", 160,
+                                                   {"disable-cuda-graph": False})

@@ -37,13 +37,14 @@ from cleanslate.verdict.check import CheckReport
 #: levels carry their bottleneck verdict (``bottleneck``), which a reader of version 4 refuses
 #: as an unknown level key; 6: benches are recorded (``cs_benches``, :class:`BenchRecord`), which
 #: a reader of version 5 would neither list nor keep; 7: a guided study's trial carries its lab
-#: notebook entry (``guided``), which a reader of version 6 would drop without a word.
-SCHEMA_VERSION = 7
+#: notebook entry (``guided``), which a reader of version 6 would drop without a word; 8: a guided
+#: step may build on a reverted one (``guided.base``, ``guided.carried``), which a reader of
+#: version 7 would drop, showing a change of two flags as a change of one.
+SCHEMA_VERSION = 8
 
 #: ``UPGRADES[n]`` turns a stored document of version ``n`` into one of version ``n + 1``.
-#: Versions 1 -> 2, 2 -> 3, 3 -> 4, 4 -> 5, 5 -> 6 and 6 -> 7 changed nothing in the JSON of
-#: older documents (3 added a status value, 4, 5 and 7 fields with defaults, 6 a table), so
-#: there is none yet.
+#: Versions 1 -> 2 up to 7 -> 8 changed nothing in the JSON of older documents (3 added a
+#: status value, 4, 5, 7 and 8 fields with defaults, 6 a table), so there is none yet.
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 

@@ -177,7 +177,12 @@ class GuidedStep(Frozen):
     one run, or a race of one pair), ``pairs`` how many pairs decided it. ``outcome``:
     ``baseline``, ``kept``, ``reverted`` or ``running`` (not decided yet); ``sampler``: the
     configuration came from the sampler (a verdict ``unknown``, or ``then: tpe``), not from a
-    rule; ``note``: why it was kept or reverted, in words."""
+    rule; ``note``: why it was kept or reverted, in words.
+
+    A step built on a reverted one (its own verdict followed: a cap raised that the KV cache
+    then bound, a graph that crashed) names it in ``base`` (that trial's number) and keeps its
+    changes from the incumbent in ``carried`` (flag -> value, ``flag`` apart); ``verdict``,
+    ``level`` and ``evidence`` are then that trial's."""
 
     step: int
     against: int | None = None
@@ -196,6 +201,8 @@ class GuidedStep(Frozen):
     pairs: int = 0
     outcome: str = "running"
     note: str = ""
+    base: int | None = None
+    carried: dict[str, Any] = Field(default_factory=dict)
 
 
 class TrialRecord(Record):

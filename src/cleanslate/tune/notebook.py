@@ -29,7 +29,7 @@ from typing import Any
 from cleanslate.bench import Bottleneck
 from cleanslate.stats import Outcome
 from cleanslate.store import GuidedStep, TrialRecord, TrialStatus
-from cleanslate.tune.guided import next_steps, not_guided, space_values
+from cleanslate.tune.guided import next_steps, not_guided, same_value, space_values
 from cleanslate.tune.study import StudySpec
 
 #: The outcomes of a notebook entry.
@@ -148,18 +148,97 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
             sample=tuple(spec.space)))
     tried = [(t.guided.flag, t.guided.new) for t in entries
              if t.guided is not None and t.guided.flag is not None
-             and t.guided.against == incumbent.number]
-    steps = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried)
-    for candidate in steps:
-        params = {**current, candidate.flag: candidate.new}
-        if _key(params) in measured:
-            continue
-        return replace(state, proposal=Proposal(params, head.model_copy(update={
-            "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
-            "why": candidate.why, "outcome": RUNNING})))
+             and t.guided.against == incumbent.number and t.guided.base is None]
+    reverted = _reverted_bases(entries, incumbent, current)
+    # A step that crashed is followed first: its crash names what the change needs (CUDA
+    # graphs that crash at a batch beyond the captured ones need the captures raised).
+    found = _follow([r for r in reverted if deciding(r)[1] == "crashed"], spec, space,
+                    current, entries, measured, number)
+    if found is None:
+        steps = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried)
+        then = THEN.get(verdict[1])
+        if then is not None:  # the batch can grow no further here: faster steps are left
+            steps += [replace(step, why=f"{verdict[1]} has no step left in the space, so the "
+                              f"batch cannot grow: {then} is what is left; {step.why}")
+                      for step in next_steps(then, None, space, current, spec.engine,
+                                             tried=tried)]
+        for candidate in steps:
+            params = {**current, candidate.flag: candidate.new}
+            if _key(params) in measured:
+                continue
+            return replace(state, proposal=Proposal(params, head.model_copy(update={
+                "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
+                "why": candidate.why, "outcome": RUNNING})))
+        found = _follow([r for r in reverted if deciding(r)[1] != "crashed"], spec, space,
+                        current, entries, measured, number)
+    if found is not None:
+        return replace(state, proposal=found)
     where = f" at {verdict[0]}" if verdict[0] else ""
     return _fallback(spec, state, head, current, unguided,
                      f"{verdict[1]}{where} has no step left in the space")
+
+
+#: The verdict whose rows come next once a verdict's own have no step left in the space: a
+#: batch held by the cap or the cache that can grow no further still gains from faster steps.
+THEN = {"running_cap": "compute", "kv_capacity": "compute"}
+
+#: A step built on reverted ones changes at most this many flags from the incumbent: the path
+#: stays one variable at a time, plus what the variable needs to show its effect.
+MAX_CHANGED = 3
+
+
+def _changed(params: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags of ``params`` whose values differ from ``current``'s."""
+    return {name: value for name, value in params.items()
+            if not same_value(value, current.get(name))}
+
+
+def _reverted_bases(entries: Sequence[TrialRecord], incumbent: TrialRecord,
+                    current: Mapping[str, Any]) -> list[TrialRecord]:
+    """The steps tried against ``incumbent`` and reverted (not the sampler's), newest first,
+    that changed fewer than :data:`MAX_CHANGED` flags from it: the ones whose own verdict a
+    next step may follow."""
+    found = [t for t in entries if t.guided is not None and t.guided.outcome == REVERTED
+             and not t.guided.sampler and t.guided.against == incumbent.number
+             and 0 < len(_changed(t.params, current)) < MAX_CHANGED]
+    return found[::-1]
+
+
+def _follow(bases: Sequence[TrialRecord], spec: StudySpec,
+            space: Mapping[str, Sequence[Any]], current: Mapping[str, Any],
+            entries: Sequence[TrialRecord], measured: set[tuple[tuple[str, str], ...]],
+            number: int) -> Proposal | None:
+    """The first step that relaxes a reverted step's own verdict on top of its change (the
+    operator's "the cap did not help because the cache then bound: give the cache memory with
+    the larger cap"), raced against the incumbent; ``None`` when no base has one left. The
+    entry says the base trial and the changes it carries."""
+    for base in bases:
+        verdict = deciding(base)
+        kind, cause = verdict[1], verdict[2]
+        if kind == "unknown" or base.guided is None:
+            continue
+        here = {name: base.params.get(name, current[name]) for name in current}
+        tried = [(t.guided.flag, t.guided.new) for t in entries
+                 if t.guided is not None and t.guided.flag is not None
+                 and t.guided.base == base.number]
+        for candidate in next_steps(kind, cause, space, here, spec.engine, tried=tried):
+            params = {**here, candidate.flag: candidate.new}
+            carried = {k: v for k, v in _changed(params, current).items()
+                       if k != candidate.flag}
+            undoes = candidate.flag in _changed(base.params, current) and same_value(
+                candidate.new, current.get(candidate.flag))
+            if (_key(params) in measured or not carried or undoes
+                    or len(_changed(params, current)) > MAX_CHANGED):
+                continue
+            with_ = ", ".join(f"{k}={_value(v)}" for k, v in carried.items())
+            why = (f"{candidate.why}; with {with_} from step {base.guided.step} (trial "
+                   f"{base.number}, reverted), whose own verdict this is")
+            entry = _entry_for(base, number, verdict).model_copy(update={
+                "against": base.guided.against, "flag": candidate.flag,
+                "old": candidate.old, "new": candidate.new, "why": why, "outcome": RUNNING,
+                "base": base.number, "carried": carried})
+            return Proposal(params, entry)
+    return None
 
 
 def _fallback(spec: StudySpec, state: PathState, head: GuidedStep, current: dict[str, Any],
@@ -269,7 +348,15 @@ def _value(value: Any) -> str:
 
 def change_text(step: GuidedStep) -> str:
     """``raise max-running-requests 64 -> 128`` (``lower``, ``set``; a boolean: ``turn
-    disable-cuda-graph off (true -> false)``)."""
+    disable-cuda-graph off (true -> false)``); a step built on a reverted one adds what it
+    carries: ``raise mem-fraction-static 0.88 -> 0.92 with max-running-requests=256``."""
+    text = _one_change(step)
+    if step.carried:
+        text += " with " + ", ".join(f"{k}={_value(v)}" for k, v in step.carried.items())
+    return text
+
+
+def _one_change(step: GuidedStep) -> str:
     old, new = step.old, step.new
     if isinstance(new, bool):
         # the flag's value as written, not the feature it names (disable-cuda-graph off)
@@ -306,7 +393,8 @@ def step_line(step: GuidedStep, params: Mapping[str, Any] | None = None) -> str:
         change += f" ({step.why})" if step.why else ""
     else:
         change = change_text(step)
-    line = f"step {step.step}: {step.verdict}{where}{evidence} -> {change}"
+    of = f" of trial {step.base}" if step.base is not None else ""
+    line = f"step {step.step}: {step.verdict}{where}{of}{evidence} -> {change}"
     if step.outcome == RUNNING:
         return line
     effect = effect_text(step)
@@ -326,7 +414,7 @@ def notebook_lines(spec: StudySpec, trials: Sequence[TrialRecord]) -> list[str]:
             lines.append(f"{step_line(t.guided, t.params if t.guided.sampler else None)} "
                          f"(trial {t.number})")
             if t.guided.why and t.guided.flag is not None:
-                why = t.guided.why.removeprefix(f"{change_text(t.guided)}: ")
+                why = t.guided.why.removeprefix(f"{_one_change(t.guided)}: ")
                 lines.append(f"  why: {why}")
     if state.ended:
         lines.append(f"the path ended: {state.ended}")
