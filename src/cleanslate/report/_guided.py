@@ -59,7 +59,8 @@ def guided_timeline(report: StudyReport) -> str:
     rows = []
     for record, entry in entries:
         where = f" at {entry.level}" if entry.level else ""
-        verdict = (f"<b>{_e(entry.verdict or '-')}</b>{_e(where)}"
+        of = f" of trial #{entry.base}" if entry.base is not None else ""
+        verdict = (f"<b>{_e(entry.verdict or '-')}</b>{_e(where + of)}"
                    + (f'<br><span class="meta">{_e(entry.evidence)}</span>'
                       if entry.evidence else ""))
         if entry.step == 0:
