@@ -196,7 +196,8 @@ class StatisticsDoc(Document):
 
 class TuneDone(Document):
     """``tune --json``: how the run of the study ended, the best trial and every trial (their
-    log tails left out; ``cleanslate report`` shows them). ``capacity``: for a capacity
+    log tails left out; ``cleanslate report`` shows them; each with ``crashed_at`` and
+    ``crash``, as the report's JSON has them). ``capacity``: for a capacity
     objective, the best trial's search (capacity, upper, bracket, stopped_by, crash, cliffs,
     unresolved, probes: :func:`cleanslate.report._capacity.capacity_document`); every trial
     record carries its own search as ``capacity``."""
@@ -212,7 +213,8 @@ class TuneDone(Document):
 
     @field_serializer("trials")
     def _without_log_tails(self, trials: list[TrialRecord]) -> list[dict[str, object]]:
-        return [t.model_dump(mode="json", exclude={"log_tail"}) for t in trials]
+        return [{**t.model_dump(mode="json", exclude={"log_tail"}),
+                 "crashed_at": t.crashed_at, "crash": t.crash_text} for t in trials]
 
     @classmethod
     def of(cls, spec: StudySpec, outcome: StudyOutcome) -> TuneDone:
