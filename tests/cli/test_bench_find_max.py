@@ -168,28 +168,30 @@ def test_the_search_finds_the_servers_boundary_and_its_json_reads_back(
 def test_an_attainment_target_and_json_on_stdout(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         slowing: SlowingServer) -> None:
-    # per request: TPOT at most 10 ms for half the requests: c=4 (8 ms) passes, 6 (12) does not
+    # per request: TPOT at most 18 ms for half the requests: c=4 (8 ms) and 6 (12) pass, 8
+    # (26) does not; 6 ms either side (a 10 ms bound, 2 ms from c=4's, failed 1 run in 3 on a
+    # loaded machine: sleeps only get longer there)
     res = run_main(capsys, monkeypatch, "bench", "--url", slowing.url, "--model", "m",
-                   "--find-max", "concurrency", "--slo", "tpot_ms=10", "--slo-attainment",
+                   "--find-max", "concurrency", "--slo", "tpot_ms=18", "--slo-attainment",
                    "0.5", "--start", "4", "--max-load", "8", "--tolerance", "0.5",
                    "--num-prompts", "40", "--warmup", "0", *SMALL, "--json", "-")
     assert res.code == 0, res.err
     doc = FindMaxDocument.model_validate_json(res.out)  # stdout holds the document alone
     result = doc.find_max
     assert doc.warmup == 0
-    assert result.slo.attainment == 0.5 and result.slo.limits == {"tpot_ms": 10.0}
+    assert result.slo.attainment == 0.5 and result.slo.limits == {"tpot_ms": 18.0}
     assert [(p.load, p.verdict) for p in result.probes] == [(4, ProbeVerdict.PASS),
                                                            (8, ProbeVerdict.FAIL),
-                                                           (6, ProbeVerdict.FAIL)]
+                                                           (6, ProbeVerdict.PASS)]
     assert result.probes[0].checks[0].key == "attainment"
-    assert (result.capacity, result.upper) == (4, 6)
+    assert (result.capacity, result.upper) == (6, 8)
     # with --json -: no decided-probe lines; the table and the summary go to stderr, and a
     # line as each probe starts (a search can run for minutes with stdout redirected)
     assert "c=4: pass" not in res.err
     starts = [ln.split(",")[0] for ln in res.err.splitlines()
               if ln.startswith("probe ") and " measured again " not in ln]  # an extension
     assert starts == ["probe 1: c=4", "probe 2: c=8", "probe 3: c=6"]
-    assert "boundary in [4, 6)" in res.err and "p99_tpot_ms" in res.err
+    assert "boundary in [6, 8)" in res.err and "p99_tpot_ms" in res.err
 
 
 def test_a_rate_search_probes_open_loops_shaped_by_the_options(
