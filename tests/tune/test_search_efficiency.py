@@ -52,8 +52,9 @@ def test_guided_reaches_the_noise_free_optimum_and_every_launch_is_counted() -> 
     assert any(run["spent_launches"] > run["spent_trials"] for run in guided["runs"])
     assert [t["space"] for t in data["targets"]] == ["quick", "quick"]
     assert all(isinstance(t["met"], bool) for t in data["targets"])
-    assert "| strategy | median launches | worst | median trials | worst | not reached |" in said
-    assert any(line.startswith("| guided |") for line in said)
+    assert any(line.startswith("| strategy | median launches") for line in said)
+    n = guided["median_launches"]  # every seed the same: median, interval and worst agree
+    assert any(line.startswith(f"| guided | {n} [{n}, {n}] | {n} |") for line in said)
 
 
 def test_a_trial_is_recorded_as_tune_records_it() -> None:
@@ -77,3 +78,10 @@ def test_a_bad_argument_is_exit_2_naming_it(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(sys, "argv", ["search_efficiency.py", "--spaces", "huge"])
     assert efficiency.main() == 2
     assert "not known: huge" in capsys.readouterr().err
+
+
+def test_the_median_interval_is_the_order_statistics_the_binomial_gives() -> None:
+    # 30 values: P(Binomial(30, 1/2) <= 9) = 0.021 <= 0.025 < P(<= 10): the 10th and 21st
+    assert efficiency.median_interval([float(v) for v in range(30, 0, -1)]) == (10.0, 21.0)
+    # too few to exclude anything at 95 %: the range; a seed that never reached stays infinite
+    assert efficiency.median_interval([3.0, float("inf"), 1.0]) == (1.0, float("inf"))
