@@ -249,5 +249,7 @@ def test_a_crashed_step_is_followed_before_the_incumbents_other_rows() -> None:
     assert after.proposal is not None
     step = after.proposal.step
     assert (step.verdict, step.cause, step.base) == ("crashed", "python_exception", 1)
+    # the crash's own line, not what the client saw of it
+    assert step.evidence == "RuntimeError: batch 256 beyond captured graphs"
     assert (step.flag, step.new, step.carried) == ("cuda-graph-max-bs", 160,
                                                    {"disable-cuda-graph": False})

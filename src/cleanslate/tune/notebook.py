@@ -103,8 +103,12 @@ def _entry_for(trial: TrialRecord, number: int, verdict: tuple[str | None, str, 
                Bottleneck | None]) -> GuidedStep:
     level, kind, cause, found = verdict
     evidence = found.evidence[0] if found is not None and found.evidence else ""
+    if kind == "crashed" and trial.detail:
+        # the crash's own line from the log ("AttributeError: ..."), not what the client saw
+        # of it ("server unreachable")
+        evidence = trial.detail[:200]
     if not evidence and cause:
-        evidence = (trial.detail or cause)[:200]
+        evidence = cause
     return GuidedStep(step=number, against=trial.number, level=level, verdict=kind,
                       evidence=evidence, cause=cause)
 
