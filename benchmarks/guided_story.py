@@ -75,6 +75,7 @@ def main() -> int:
     parser.add_argument("--study", default=str(REPO / "examples" / "guided.yaml"))
     parser.add_argument("--out", default=None, help="folder for story.json, tune.txt, "
                         "report.html (default: a temporary one, printed)")
+    parser.add_argument("--json", default=None, help="also write story.json here")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="guided-story-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,7 @@ def main() -> int:
               f"{(ratio - 1) * 100:+.1f} % of the optimum: {verdict}")
     else:
         verdict = "no incumbent"
-    (out / "story.json").write_text(json.dumps({
+    document = json.dumps({
         "exit": tune.returncode, "seconds": round(took, 1), "launches": launches,
         "notebook": lines, "ended": state.ended, "incumbent": final,
         "incumbent_true": final_true, "optimum": optimum, "ratio": ratio,
@@ -123,9 +124,39 @@ def main() -> int:
         "trials": [t.model_dump(mode="json", include={"number", "params", "status", "value",
                                                      "ci_low", "ci_high", "n_replicates",
                                                      "guided"}) for t in trials],
-        "truth": table}, indent=1, default=str))
+        "truth": table}, indent=1, default=str)
+    (out / "story.json").write_text(document)
+    if args.json:
+        Path(args.json).write_text(document)
     print(f"written: {out}/story.json, tune.txt, report.html")
     return 0 if tune.returncode == 0 else 1
+
+
+def render(data: dict[str, Any]) -> list[str]:
+    """The story's section of ``benchmarks/RESULTS.md``: the notebook as printed, and the
+    path's incumbent against the sim's optimum."""
+    opt = data["optimum"]
+    lines = [f"One run of `examples/guided.yaml` ({data['seconds']:.0f} s, {data['launches']} "
+             "launches counting race measurements); the notebook as `cleanslate tune` printed "
+             "it:", "", "```", *data["notebook"], "```", ""]
+    if data.get("ended"):
+        lines.append(f"The path ended: {data['ended']}.")
+    lines.append(f"The sim's optimum over the {len(data['truth'])} configurations of the space "
+                 f"(its model's steady-state tok/s at c=256): `{opt['params']}`, "
+                 f"{opt['true_value']:.0f} tok/s; {data['tied_configurations']} configuration(s) "
+                 f"within the tie margin ({data['tie_margin']:.0%}).")
+    if data.get("ratio") is not None:
+        lines.append(f"The path's incumbent `{data['incumbent']}`: "
+                     f"{data['incumbent_true']:.0f} tok/s true, "
+                     f"{(data['ratio'] - 1) * 100:+.1f} % of the optimum: {data['verdict']}.")
+    return lines
+
+
+def results_targets(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
+    ratio = data.get("ratio")
+    return [(f"the founding story's path ends tied with the sim's optimum (within "
+             f"{data['tie_margin']:.0%}; {((ratio or 0) - 1) * 100:+.1f} %)",
+             None if ratio is None else ratio >= 1 - data["tie_margin"])]
 
 
 if __name__ == "__main__":

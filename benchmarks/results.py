@@ -161,6 +161,13 @@ def profile_teardown(data: dict[str, Any]) -> list[str]:
     return (["", "Where the time goes:", *lines]) if lines else []
 
 
+def _story(name: str) -> Callable[[dict[str, Any]], Any]:
+    import guided_story
+
+    found: Callable[[dict[str, Any]], Any] = getattr(guided_story, name)
+    return found
+
+
 def targets_search(data: dict[str, Any]) -> list[tuple[str, bool | None]]:
     from search_efficiency import results_targets
 
@@ -408,6 +415,9 @@ PARTS = [
          lambda out, quick: _py("search_efficiency.py", "--json", str(out),
                                 *(["--seeds", "5"] if quick else [])),
          render_search, targets=targets_search),
+    Part("guided_story", "The founding story, guided: the path and the sim's optimum",
+         lambda out, quick: _py("guided_story.py", "--json", str(out)),
+         lambda data: _story("render")(data), targets=lambda data: _story("results_targets")(data)),
     Part("check", "Check latency against ps and the seeds' one-liner",
          lambda out, quick: _py("check_latency.py", "--json", str(out), *(["--quick"] if quick
                                                                          else [])),
