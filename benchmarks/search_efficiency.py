@@ -382,7 +382,7 @@ async def run_guided(lab: Lab, limit: int) -> Path_:
                            "effect": entry.effect if entry else None,
                            "pairs": entry.pairs if entry else 0,
                            "status": str(found.status), "launches": lab.launches - before})
-        lab.check(path_state(spec, lab.records()).incumbent)
+        lab.check(best_trial(lab.records(), spec))  # what tune reports, as for the others
         tell_result(study, trial, found, spec)
     else:
         path.ended = f"the budget of {limit} trials"

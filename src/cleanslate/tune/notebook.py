@@ -150,9 +150,14 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
             "sampler": True, "outcome": RUNNING,
             "why": "verdict unknown at the deciding level: one trial from the sampler"}),
             sample=tuple(spec.space)))
+    # Tried: the steps taken from this incumbent, and those reverted under the same verdict
+    # from an earlier one (the operator's "raising the cap did not help": a later incumbent
+    # bound by the same thing does not try it again; what its own verdict asked for is
+    # followed with it instead, below).
     tried = [(t.guided.flag, t.guided.new) for t in entries
-             if t.guided is not None and t.guided.flag is not None
-             and t.guided.against == incumbent.number and t.guided.base is None]
+             if t.guided is not None and t.guided.flag is not None and t.guided.base is None
+             and (t.guided.against == incumbent.number
+                  or (t.guided.outcome == REVERTED and t.guided.verdict == verdict[1]))]
     reverted = _reverted_bases(entries, incumbent, current)
     # A step that crashed is followed first: its crash names what the change needs (CUDA
     # graphs that crash at a batch beyond the captured ones need the captures raised).
