@@ -33,8 +33,8 @@ the product's path (:func:`cleanslate.tune.notebook.path_state` for the next ste
 noted` for kept or reverted) until the path ends; ``guided+tpe`` is ``guided: {then: tpe}``.
 
 Reached: the configuration the strategy would report (``tune``'s best,
-:func:`cleanslate.tune.fleet.best_trial`; for the guided strategies the path's incumbent) is
-within the tie margin (5 %) of the optimum in true value. Counted at the first trial after which
+:func:`cleanslate.tune.fleet.best_trial`, for every strategy, guided included) is within the
+tie margin (5 %) of the optimum in true value. Counted at the first trial after which
 that holds: **launches** (every measurement: each trial's first and every race replicate) and
 **trials**. A seed that never gets there counts as more than what it spent (``> N``): the
 samplers stop after as many trials as the space has configurations, the plans at their end, the
@@ -623,7 +623,7 @@ def stuck(rows: list[dict[str, Any]], best: dict[str, Any]) -> list[str]:
             if run["launches"] is not None:
                 continue
             share = run["incumbent_share"]
-            what = [f"ended: {run['ended']}; incumbent at "
+            what = [f"ended: {run['ended']}; the path's incumbent at "
                     + (f"{share:.1%} of the optimum" if share else "no value")]
             for flag, value in best.items():
                 have = run["incumbent"].get(flag)
@@ -716,9 +716,9 @@ def render(data: dict[str, Any]) -> list[str]:
              f"{data.get('noise')}`: the sim's steady-state surface, every strategy under "
              f"`statistics: {stats}` (races by the product's `Racer`), the guided path by "
              "`path_state` / `noted`. Reached: the configuration the strategy would report "
-             "(tune's best; guided: its incumbent) within the tie margin of the optimum in "
-             "true value; a launch is every measurement (a trial's first and each race "
-             "replicate). `> N`: a seed that never reached it, N what it spent.", ""]
+             "(tune's best, `best_trial`, guided included) within the tie margin of the "
+             "optimum in true value; a launch is every measurement (a trial's first and each "
+             "race replicate). `> N`: a seed that never reached it, N what it spent.", ""]
     for info in data.get("spaces", []):
         lines += [*space_lines(info), ""]
     lines += ["Targets:", "", *target_lines(data)]
