@@ -236,3 +236,23 @@ def test_the_docs_rule_table_is_the_registry() -> None:
     assert found.group(1).strip() == rule_tables(), (
         "docs/study.md's guided rule table is stale: paste "
         "cleanslate.tune.guided.rule_tables() between its markers")
+
+
+def test_a_row_that_needs_a_flag_value_is_skipped_where_the_configuration_lacks_it() -> None:
+    """The graph capture limit matters only with CUDA graphs on: with ``disable-cuda-graph``
+    true, compute's ``cuda-graph-max-bs`` row gives no step (chunked prefill's does); with
+    graphs on, or the flag not in the configuration (not known), it does."""
+    space = {"disable-cuda-graph": [True, False], "cuda-graph-max-bs": [128, 256],
+             "chunked-prefill-size": [4096, 8192]}
+    off = {"disable-cuda-graph": True, "cuda-graph-max-bs": 128, "chunked-prefill-size": 4096}
+    flags = [s.flag for s in next_steps("compute", None, space, off, "sglang",
+                                        tried=[("disable-cuda-graph", False)])]
+    assert flags == ["chunked-prefill-size"]
+    on = {**off, "disable-cuda-graph": False}
+    assert [s.flag for s in next_steps("compute", None, space, on, "sglang")] == [
+        "cuda-graph-max-bs", "chunked-prefill-size"]
+    unknown = {k: v for k, v in off.items() if k != "disable-cuda-graph"}
+    assert "cuda-graph-max-bs" in [s.flag for s in next_steps(
+        "compute", None, {k: space[k] for k in unknown}, unknown, "sglang")]
+    with pytest.raises(ValueError, match="without dashes"):
+        Relaxer("compute", "x", "up", "why", needs=(("--y", True),))

@@ -253,3 +253,27 @@ def test_a_crashed_step_is_followed_before_the_incumbents_other_rows() -> None:
     assert step.evidence == "RuntimeError: batch 256 beyond captured graphs"
     assert (step.flag, step.new, step.carried) == ("cuda-graph-max-bs", 160,
                                                    {"disable-cuda-graph": False})
+
+
+def test_after_a_clear_loss_the_values_further_that_way_are_not_tried() -> None:
+    """Lowering the cap 128 -> 64 lost beyond the noise: 32 is not measured; a tie going up
+    does not stop the next value up."""
+    space = {"max-running-requests": [32, 64, 128, 256, 512]}
+    spec = _spec(space=space, baseline={"max-running-requests": 128})
+    baseline = _trial(0, {"max-running-requests": 128}, 100.0, "kv_capacity",
+                      GuidedStep(step=0, outcome="baseline"))
+    down = _trial(1, {"max-running-requests": 64}, 80.0, "kv_capacity", GuidedStep(
+        step=1, against=0, flag="max-running-requests", old=128, new=64, effect=-0.2,
+        outcome="reverted", note="loss on its first pair, beyond the noise"))
+    state = path_state(spec, [baseline, down])
+    assert state.proposal is None, state.proposal
+    assert state.ended == "kv_capacity at c=256 has no step left in the space"
+    # single-shot: worse by more than the tie margin is a loss too
+    one_run = down.model_copy(update={"guided": down.guided.model_copy(  # type: ignore[union-attr]
+        update={"note": "one run"})})
+    assert path_state(spec, [baseline, one_run]).proposal is None
+    # a tie is not a loss: the next value that way is still tried
+    tie = down.model_copy(update={"guided": down.guided.model_copy(  # type: ignore[union-attr]
+        update={"effect": -0.01, "note": "a tie, and not simpler than the incumbent"})})
+    nxt = path_state(spec, [baseline, tie]).proposal
+    assert nxt is not None and nxt.params == {"max-running-requests": 32}

@@ -37,7 +37,10 @@ class Relaxer:
     short ``np`` for ``parallel``); ``direction``: see the module docstring; ``why``: the
     reason said in the notebook (``requests queue behind the cap``); ``value``: the value of a
     ``set`` row (``fp8_e5m2``), else ``None``; ``cause``: for ``crashed`` only, the crash cause
-    (``oom``, ``python_exception``) the row answers, ``None`` for any.
+    (``oom``, ``python_exception``) the row answers, ``None`` for any; ``needs``: flag values
+    (as written, without dashes) the configuration must have for the row to matter (the graph
+    capture limit only matters with CUDA graphs on: ``(("disable-cuda-graph", False),)``); a
+    flag the configuration does not set is not known, and does not hold the row back.
 
     A row that breaks these rules is a :class:`ValueError` when it is built (a mistake in an
     adapter, found when the package imports).
@@ -50,6 +53,7 @@ class Relaxer:
     value: FlagScalar = None
     cause: str | None = None
     aliases: tuple[str, ...] = ()
+    needs: tuple[tuple[str, FlagScalar], ...] = ()
 
     def __post_init__(self) -> None:
         where = f"relax row {self.verdict}/{self.flag}"
@@ -67,6 +71,8 @@ class Relaxer:
             raise ValueError(f"{where}: a cause is a crash cause, for verdict 'crashed' only")
         if not self.why:
             raise ValueError(f"{where}: say why")
+        if any(not name or name.startswith("-") for name, _ in self.needs):
+            raise ValueError(f"{where}: write a needed flag without dashes")
 
     def names(self) -> tuple[str, ...]:
         """The spellings of the flag: ``flag`` and its ``aliases``."""

@@ -72,6 +72,19 @@ def _row_key(row: Relaxer, space: Mapping[str, Sequence[Scalar]]) -> str | None:
     return next((key for key in space if _bare(key) in names), None)
 
 
+def _needs_hold(row: Relaxer, current: Mapping[str, Scalar]) -> bool:
+    """Whether the configuration has the values the row needs (a flag it does not set, under
+    any spelling, is not known and holds nothing back; an unset boolean is off)."""
+    for name, value in row.needs:
+        key = next((k for k in current if _bare(k) == name), None)
+        if key is None:
+            continue
+        have = current[key]
+        if not same_value(have if have is not None else False, value):
+            return False
+    return True
+
+
 def _number(value: object) -> float | None:
     """``value`` as a number, ``None`` for a boolean or a non-number."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -150,7 +163,7 @@ def next_steps(verdict: str, cause: str | None, space: Mapping[str, Sequence[Sca
         if not row.matches(verdict, cause):
             continue
         key = _row_key(row, space)
-        if key is None:
+        if key is None or not _needs_hold(row, current):
             continue
         skip = [v for f, v in tried if _bare(f) in row.names() or f == key]
         skip += [s.new for s in steps if s.flag == key]
@@ -186,6 +199,9 @@ def rule_table(engine: str, *, title: str | None = None) -> str:
         flag = "`" + "` / `".join(row.names()) + "`"
         change = (f"set `{_show(row.value)}`" if row.direction == "set"
                   else _DIRECTION_WORDS[row.direction])
+        if row.needs:
+            change += " (with " + ", ".join(f"`{name}` {_show(value)}"
+                                            for name, value in row.needs) + ")"
         lines.append(f"| {verdict} | {flag} | {change} | {row.why} |")
     return "\n".join(lines)
 
