@@ -256,3 +256,17 @@ def test_a_row_that_needs_a_flag_value_is_skipped_where_the_configuration_lacks_
         "compute", None, {k: space[k] for k in unknown}, unknown, "sglang")]
     with pytest.raises(ValueError, match="without dashes"):
         Relaxer("compute", "x", "up", "why", needs=(("--y", True),))
+
+
+def test_a_batch_limit_the_batch_never_reached_is_not_raised() -> None:
+    """``cuda-graph-max-bs`` 160 while the level ran at most 128 at once (the cap): raising the
+    capture limit changes nothing, so compute's row gives no step; at 200 running it does."""
+    space = {"cuda-graph-max-bs": [160, 256], "chunked-prefill-size": [4096, 8192]}
+    on = {"disable-cuda-graph": False, "cuda-graph-max-bs": 160, "chunked-prefill-size": 4096}
+    capped = next_steps("compute", None, space, on, "sglang", figures={"running_max": 128.0})
+    assert [s.flag for s in capped] == ["chunked-prefill-size"]
+    over = next_steps("compute", None, space, on, "sglang", figures={"running_max": 200.0})
+    assert [s.flag for s in over] == ["cuda-graph-max-bs", "chunked-prefill-size"]
+    # no figures (a crash, a level without the engine's metrics): not known, not held back
+    assert "cuda-graph-max-bs" in [s.flag for s in next_steps("compute", None, space, on,
+                                                              "sglang")]

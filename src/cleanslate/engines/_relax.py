@@ -40,7 +40,11 @@ class Relaxer:
     (``oom``, ``python_exception``) the row answers, ``None`` for any; ``needs``: flag values
     (as written, without dashes) the configuration must have for the row to matter (the graph
     capture limit only matters with CUDA graphs on: ``(("disable-cuda-graph", False),)``); a
-    flag the configuration does not set is not known, and does not hold the row back.
+    flag the configuration does not set is not known, and does not hold the row back;
+    ``batch_limit``: the flag is a limit on the running batch (the largest captured graph), so
+    raising it matters only when the deciding level's batch reached it: a guided step skips
+    the row when the level's largest running batch (``running_max``, else ``batch``, of the
+    verdict's figures) is at or below the value in effect.
 
     A row that breaks these rules is a :class:`ValueError` when it is built (a mistake in an
     adapter, found when the package imports).
@@ -54,6 +58,7 @@ class Relaxer:
     cause: str | None = None
     aliases: tuple[str, ...] = ()
     needs: tuple[tuple[str, FlagScalar], ...] = ()
+    batch_limit: bool = False
 
     def __post_init__(self) -> None:
         where = f"relax row {self.verdict}/{self.flag}"

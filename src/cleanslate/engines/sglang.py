@@ -161,7 +161,7 @@ RELAXERS = (
     Relaxer("compute", "disable-cuda-graph", "off", "CUDA graphs shorten every decode step"),
     Relaxer("compute", "cuda-graph-max-bs", "up",
             "a batch above the graph limit runs without CUDA graphs",
-            needs=(("disable-cuda-graph", False),)),
+            needs=(("disable-cuda-graph", False),), batch_limit=True),
     Relaxer("compute", "chunked-prefill-size", "up",
             "larger chunks pay the fixed cost of a prefill step fewer times"),
     Relaxer("crashed", "disable-cuda-graph", "on",

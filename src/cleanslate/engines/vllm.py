@@ -87,7 +87,7 @@ RELAXERS = (
     Relaxer("compute", "enforce-eager", "off", "CUDA graphs shorten every decode step"),
     Relaxer("compute", "max-cudagraph-capture-size", "up",
             "a batch above the largest captured size runs without CUDA graphs",
-            needs=(("enforce-eager", False),)),
+            needs=(("enforce-eager", False),), batch_limit=True),
     Relaxer("compute", "enable-chunked-prefill", "on",
             "chunked prefill mixes prefills into the decoding batch"),
     Relaxer("compute", "max-num-batched-tokens", "up",

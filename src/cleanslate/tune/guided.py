@@ -85,6 +85,13 @@ def _needs_hold(row: Relaxer, current: Mapping[str, Scalar]) -> bool:
     return True
 
 
+def _under_limit(limit: Scalar | None, figures: Mapping[str, float]) -> bool:
+    """Whether the level's largest running batch is known and at or below ``limit``."""
+    batch = figures.get("running_max", figures.get("batch"))
+    at = _number(limit)
+    return batch is not None and at is not None and batch <= at
+
+
 def _number(value: object) -> float | None:
     """``value`` as a number, ``None`` for a boolean or a non-number."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -152,12 +159,15 @@ def _sentence(row: Relaxer, flag: str, old: Scalar | None, new: Scalar) -> str:
 
 def next_steps(verdict: str, cause: str | None, space: Mapping[str, Sequence[Scalar]],
                current: Mapping[str, Scalar], engine: str,
-               tried: Collection[tuple[str, Scalar]] = ()) -> list[Step]:
+               tried: Collection[tuple[str, Scalar]] = (),
+               figures: Mapping[str, float] | None = None) -> list[Step]:
     """The candidate changes for ``verdict`` (with the crash's ``cause`` for ``crashed``), in
     the order of ``engine``'s relax table: for each row that answers the verdict and whose flag
     is in ``space`` (flag -> its values), the nearest value in the row's direction from
     ``current[flag]`` that is not in ``tried`` (see the module docstring). ``[]`` when no row
-    answers, no flag of the space is named, or every value in reach was tried."""
+    answers, no flag of the space is named, or every value in reach was tried. ``figures``:
+    the deciding verdict's, for a ``batch_limit`` row (a limit the batch never reached is not
+    raised)."""
     steps: list[Step] = []
     for row in relaxers(engine):
         if not row.matches(verdict, cause):
@@ -168,6 +178,8 @@ def next_steps(verdict: str, cause: str | None, space: Mapping[str, Sequence[Sca
         skip = [v for f, v in tried if _bare(f) in row.names() or f == key]
         skip += [s.new for s in steps if s.flag == key]
         old = current.get(key)
+        if row.batch_limit and _under_limit(old, figures or {}):
+            continue
         new = _nearest(row, space[key], old, skip)
         if new is None:
             continue
@@ -202,6 +214,8 @@ def rule_table(engine: str, *, title: str | None = None) -> str:
         if row.needs:
             change += " (with " + ", ".join(f"`{name}` {_show(value)}"
                                             for name, value in row.needs) + ")"
+        if row.batch_limit:
+            change += ", if the batch reached it"
         lines.append(f"| {verdict} | {flag} | {change} | {row.why} |")
     return "\n".join(lines)
 

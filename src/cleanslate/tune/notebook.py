@@ -164,13 +164,15 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
     found = _follow([r for r in reverted if deciding(r)[1] == "crashed"], spec, space,
                     current, entries, measured, number)
     if found is None:
-        steps = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried)
+        figures = verdict[3].figures if verdict[3] is not None else None
+        steps = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried,
+                           figures=figures)
         then = THEN.get(verdict[1])
         if then is not None:  # the batch can grow no further here: faster steps are left
             steps += [replace(step, why=f"{verdict[1]} has no step left in the space, so the "
                               f"batch cannot grow: {then} is what is left; {step.why}")
                       for step in next_steps(then, None, space, current, spec.engine,
-                                             tried=tried)]
+                                             tried=tried, figures=figures)]
         lost = _lost_directions(entries, incumbent.number, verdict[1],
                                 1.0 if spec.objective.direction == "maximize" else -1.0)
         for candidate in steps:
@@ -281,7 +283,9 @@ def _follow(bases: Sequence[TrialRecord], spec: StudySpec,
         tried = [(t.guided.flag, t.guided.new) for t in entries
                  if t.guided is not None and t.guided.flag is not None
                  and t.guided.base == base.number]
-        for candidate in next_steps(kind, cause, space, here, spec.engine, tried=tried):
+        found = verdict[3]
+        for candidate in next_steps(kind, cause, space, here, spec.engine, tried=tried,
+                                    figures=found.figures if found is not None else None):
             params = {**here, candidate.flag: candidate.new}
             carried = {k: v for k, v in _changed(params, current).items()
                        if k != candidate.flag}
