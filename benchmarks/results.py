@@ -581,7 +581,8 @@ def main() -> int:
               + ", ".join(p.name for p in PARTS), file=sys.stderr)
         return 2
     has_gpu = shutil.which("nvidia-smi") is not None
-    if not args.render:
+    # --adopt alone rewrites the page with what it adopted; it runs parts only with --only
+    if not args.render and not (args.adopt and not names):
         for part in PARTS:
             if part.name in names or (not names and (has_gpu or not part.gpu)):
                 run_part(part, args.quick)
