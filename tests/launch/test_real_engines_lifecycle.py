@@ -348,17 +348,18 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     # while the API server, starved on 2 busy cores, held the requests (running 0.5 with none
     # waiting at c=8), and a 0.9 s level left 1 scrape in its window. A scrape every 0.25 s:
     # each one takes the API server's CPU.
-    # Once more where no scrape at c=8 saw a queue: on a CI machine whose 2 cores ran another
-    # test, the API server held the requests and the engine saw at most its cap (waiting 0 in
-    # every scrape); the second bench is said in the figures.
+    # Once more where no scrape at c=8 saw a queue or a third of the scrapes failed: on a CI
+    # machine whose 2 cores ran another test, the API server held the requests and the engine
+    # saw at most its cap (waiting 0 in every scrape); the second bench is said in the figures.
     for attempt in (1, 2):
         result = lab.timed("bench_s", "bench", "--url", url, "--model", model, "--concurrency",
                            "1,8", "--duration", "4", "--workload",
                            "random:input_len=32,output_len=256", "--observe-interval", "0.25",
                            "--max-error-rate", "0.5", "--no-live", "--json", "-", timeout=300)
         levels = result.json().get("levels", []) if result.returncode in (0, 1) else []
-        if attempt == 2 or (len(levels) == 2
-                            and levels[1]["server_metrics"]["waiting"]["max"] > 0):
+        seen = [lv["server_metrics"] for lv in levels]
+        if attempt == 2 or (len(seen) == 2 and seen[1]["waiting"]["max"] > 0 and all(
+                m["failed_scrapes"] <= m["samples"] // 3 for m in seen)):
             break
     # Greedy decoding of the random-weight model answers a few prompts with tokens whose text
     # is empty (2 of 16 at c=1 once): the bench counts them failed (and exits 1 where they pass
@@ -372,7 +373,8 @@ def vllm_metrics_under_a_cap(lab: Lab, url: str, model: str) -> None:
     assert config["flavour"] == "vllm" and config["unreadable"] is None, config
     assert config["sources"]["num_gpu_blocks"] == "vllm:cache_config_info", config["sources"]
     blocks = int(config["in_effect"]["num_gpu_blocks"])
-    figures = [] if attempt == 1 else ["(second bench: the first saw no queue at c=8)"]
+    figures = [] if attempt == 1 else ["(second bench: the first saw no queue at c=8 or lost "
+                                       "scrapes)"]
     for level in doc["levels"]:
         assert level["completed"] >= 2 and level["failed"] <= level["completed"], level
         metrics = level["server_metrics"]
@@ -468,7 +470,11 @@ def test_vllm_serve_completion_stop_clean(lab: Lab, tiny_model: Path) -> None:
     port = free_port()
     shm_before = shm_names()
     # a batch cap of 2, which the engine's own metrics must show (issue 36)
-    doc = served(lab.serve_config(vllm_config(tiny_model, port, python, **{"max-num-seqs": 2})))
+    # an SSE event per 32 tokens (--stream-interval 32): streaming each token kept the API
+    # server so busy on 2 loaded cores that scrapes missed their 2 s (2 of 5 at c=8 in a full
+    # run beside another test)
+    doc = served(lab.serve_config(vllm_config(tiny_model, port, python, **{
+        "max-num-seqs": 2, "stream-interval": 32})))
     assert doc["argv"][:3] == [python, "-m", API_SERVER_MODULE]
     lab.timings.update({k: v for k, v in doc["phases"].items() if k != "launch_s"})
     assert complete(doc["url"], str(tiny_model)).strip()
