@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests._kit import OMIT, study_yaml
-from tests.conftest import run_cli
+from tests.conftest import CliResult, run_cli
 
 #: The sim's fast, steady settings (no drift, no cold start, a fixed noise seed).
 STEADY = {"tp-size": 1, "time-scale": 0.25, "drift": 0, "cold-start": 1,
@@ -36,17 +36,24 @@ def _trials(db: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda t: t["number"])
 
 
-@pytest.mark.slow  # two verified sim trials: about 20 s on 2 cores
-def test_the_first_guided_step_raises_the_cap_that_binds_and_the_notebook_has_it(
-        tmp_path: Path, figure: Any) -> None:
-    study = tmp_path / "founding.yaml"
-    study.write_text(study_yaml(**FOUNDING))
+def _tune(tmp_path: Path, study: Path) -> tuple[Path, CliResult, dict[str, str]]:
+    """``cleanslate tune STUDY`` on a simulated GPU ledger of its own, wide output; the store's
+    path, the result (exit 0 asserted) and the environment it ran with."""
     gpus = tmp_path / "gpus"
     gpus.mkdir()
     db = tmp_path / "s.db"
     env = {"CLEANSLATE_SIM_GPU_DIR": str(gpus), "COLUMNS": "250"}
     done = run_cli("tune", str(study), "--store", f"sqlite:///{db}", env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    return db, done, env
+
+
+@pytest.mark.slow  # two verified sim trials: about 20 s on 2 cores
+def test_the_first_guided_step_raises_the_cap_that_binds_and_the_notebook_has_it(
+        tmp_path: Path, figure: Any) -> None:
+    study = tmp_path / "founding.yaml"
+    study.write_text(study_yaml(**FOUNDING))
+    db, done, env = _tune(tmp_path, study)
     base, step = _trials(db)
     assert base["params"] == {"max-running-requests": 64, "mem-fraction-static": 0.85}
     assert base["guided"]["step"] == 0 and base["guided"]["outcome"] == "baseline"
@@ -119,12 +126,7 @@ def test_with_then_tpe_a_verdict_without_a_step_hands_the_flags_not_guided_to_tp
         budget={"trials": 2}, workload={"kind": "random", "input_len": 32, "output_len": 8},
         concurrency=[8], requests_per_level=64,
         observe={"interval_s": 0.05, "gpu_source": "off"}, slo=OMIT))
-    gpus = tmp_path / "gpus"
-    gpus.mkdir()
-    db = tmp_path / "s.db"
-    env = {"CLEANSLATE_SIM_GPU_DIR": str(gpus), "COLUMNS": "250"}
-    done = run_cli("tune", str(study), "--store", f"sqlite:///{db}", env=env, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    db, done, _ = _tune(tmp_path, study)
     assert "not guided: stream-interval (TPE once the rules have no step left)" in done.stdout
     base, handed = _trials(db)
     entry = handed["guided"]
