@@ -127,14 +127,17 @@ def _exited(run: RunRecord, artifacts: Path) -> tuple[str, str | None, str | Non
 def _runs(pid: int, started: float | None) -> bool:
     """Whether the recorded process still runs: its PID, and the start time recorded with it
     (a PID the kernel gave to another process since is not it); without a recorded start
-    time, the PID alone (it cannot be told apart)."""
+    time, the PID alone (it cannot be told apart). A process whose start time cannot be read
+    (access denied) is not called gone: what cannot be read proves nothing."""
     import psutil
 
     from cleanslate.teardown.scope import SAME_START_S
 
     try:
         now = psutil.Process(pid).create_time()
-    except psutil.Error:
+    except psutil.AccessDenied:
+        return True
+    except psutil.Error:  # no such process, or a zombie: it ended
         return False
     return started is None or abs(now - started) <= SAME_START_S
 
