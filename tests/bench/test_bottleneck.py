@@ -173,6 +173,24 @@ def test_the_load_the_server_is_sent_is_the_limit_below_the_cap() -> None:
     assert "a level before with a smaller batch" in first.missing
 
 
+def test_a_queue_beside_a_batch_at_the_whole_load_is_the_offered_load() -> None:
+    """CI's run of the sim capped at 64, c=16, on 2 busy cores: 16 ran for 56 % of the window,
+    and waves of up to 16 waited between steps (4.1 on average, above a quarter of the
+    batch). The closed loop sent no more than 16: that is what held it, not the GPU's work."""
+    late = observed(C16, running=gauge(11.9, 16, 0.56), waiting=gauge(4.1, 16, 0.05))
+    b = diagnose(late, [], SIM_CONFIG)
+    assert (b.verdict, b.confidence) == ("offered_load", "likely"), b
+    assert b.evidence[1] == ("all 16 ran for 56% of the window; the waiting were sent between "
+                             "a finish and the step that admits them")
+    assert "what holds the running count at its plateau" not in b.missing
+    # below the whole load for most of the window, the same queue waits for prefill
+    short = observed(C16, running=gauge(11.9, 16, 0.3), waiting=gauge(4.1, 16, 0.05))
+    assert diagnose(short, [], SIM_CONFIG).verdict == "compute"
+    # more in the engine than the loop sends is another client's load: no longer this case
+    shared = observed(C16, running=gauge(11.9, 16, 0.56), waiting=gauge(9.0, 16, 0.05))
+    assert diagnose(shared, [], SIM_CONFIG).verdict == "unknown"
+
+
 def test_an_open_loop_the_server_keeps_up_with_is_the_offered_load() -> None:
     paced = level(8, tput=800, ttft=20, tpot=5, load=OpenLoop(rate=100.0),
                   server=metrics(gauge(5.2, 9, 0.1), gauge(0.1, 2)),
