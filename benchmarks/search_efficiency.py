@@ -146,7 +146,11 @@ class Level:
                           evidence=(b.reason,), rule="sim truth (binding_constraint)",
                           figures={"batch": b.batch, "cap": b.running_cap,
                                    "kv_limit": b.kv_limit, "graph_max_bs": b.graph_max_bs,
-                                   "marginal_gain": b.marginal_gain})
+                                   "marginal_gain": b.marginal_gain,
+                                   # as the engine's metrics give them to a diagnosis
+                                   "running_mean": b.batch, "running_max": b.batch,
+                                   "kv_usage_max": min(1.0, b.batch / b.kv_limit)
+                                   if b.kv_limit > 0 else 1.0})
 
 
 @dataclass

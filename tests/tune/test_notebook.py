@@ -277,3 +277,139 @@ def test_after_a_clear_loss_the_values_further_that_way_are_not_tried() -> None:
         update={"effect": -0.01, "note": "a tie, and not simpler than the incumbent"})})
     nxt = path_state(spec, [baseline, tie]).proposal
     assert nxt is not None and nxt.params == {"max-running-requests": 32}
+
+
+# -- what a step can add, and a race owed another look -----------------------------------------
+
+CAPPED = {"max-running-requests": 128, "mem-fraction-static": 0.88,
+          "disable-cuda-graph": True}
+GRAPHS_SPACE = {"max-running-requests": [64, 128, 256], "mem-fraction-static": [0.85, 0.88],
+                "disable-cuda-graph": [True, False]}
+
+
+def _bound_trial(number: int, params: dict[str, Any], value: float | None, verdict: str,
+                 figures: dict[str, float], guided: GuidedStep | None = None,
+                 **more: Any) -> TrialRecord:
+    found = Bottleneck(verdict=verdict, confidence="clear",  # type: ignore[arg-type]
+                       evidence=(f"{verdict} evidence",), figures=figures)
+    return TrialRecord(study="g", number=number, params=params, value=value,
+                       status=TrialStatus.FEASIBLE, best_level="c=256", best_bottleneck=found,
+                       guided=guided, **more)
+
+
+def test_a_cap_the_full_cache_stops_at_is_tried_after_the_faster_steps() -> None:
+    """The sim at cap 128 whose KV cache holds 129 (99 % full at the cap), a marginal gain of
+    0.31 from c=32 to c=256: a cap of 256 lets the batch grow 128 -> 129, +0.2 % at most,
+    inside the 5 % tie margin: CUDA graphs come first, the cap after them. Without a
+    marginal gain (no level before with a smaller batch) nothing is deferred."""
+    spec = _spec(space=GRAPHS_SPACE, baseline=CAPPED, statistics={"tie_margin": 0.05})
+    figures = {"cap": 128, "running_mean": 128, "running_max": 128,
+               "kv_usage_max": 128 / 129, "marginal_gain": 0.312}
+    baseline = _bound_trial(0, CAPPED, 1745.0, "running_cap", figures,
+                            GuidedStep(step=0, outcome="baseline", verdict="running_cap"))
+    first = path_state(spec, [baseline])
+    assert first.proposal is not None
+    step = first.proposal.step
+    assert (step.flag, step.old, step.new) == ("disable-cuda-graph", True, False)
+    assert step.why.startswith(
+        "running_cap's steps let the batch grow too little to matter (max-running-requests "
+        "256: at most +0.2 %: the batch can grow 128 -> 129 (the KV cache 99% full at 128) at "
+        "a marginal gain of 0.31, inside the tie margin of 5%): compute is what is left")
+    graphs = _bound_trial(1, {**CAPPED, "disable-cuda-graph": False}, 1700.0, "running_cap",
+                          figures, step.model_copy(update={"outcome": "reverted",
+                                                           "note": "loss after 2 pairs"}))
+    last = path_state(spec, [baseline, graphs])
+    assert last.proposal is not None
+    assert last.proposal.params == {**CAPPED, "max-running-requests": 256}
+    assert last.proposal.step.why.endswith(
+        "tried last: at most +0.2 %: the batch can grow 128 -> 129 (the KV cache 99% full at "
+        "128) at a marginal gain of 0.31")
+    blind = _bound_trial(0, CAPPED, 1745.0, "running_cap",
+                         {k: v for k, v in figures.items() if k != "marginal_gain"},
+                         GuidedStep(step=0, outcome="baseline", verdict="running_cap"))
+    plain = path_state(spec, [blind])
+    assert plain.proposal is not None
+    assert plain.proposal.params == {**CAPPED, "max-running-requests": 256}
+
+
+def test_the_bound_of_a_step_reads_the_cap_the_cache_and_the_marginal_gain() -> None:
+    from cleanslate.engines import relaxers
+    from cleanslate.tune.guided import batch_bound
+    cap_row = next(r for r in relaxers("sglang") if r.verdict == "running_cap")
+    mem_row = next(r for r in relaxers("sglang") if r.verdict == "kv_capacity"
+                   and r.direction == "up")
+    down_row = next(r for r in relaxers("sglang") if r.verdict == "kv_capacity"
+                    and r.direction == "down")
+    # cap 64 with room in the cache for 117: the batch can grow 64 -> 117 (not to 128)
+    room = batch_bound("running_cap", cap_row, 64, 128, {
+        "cap": 64, "running_mean": 64, "running_max": 64, "kv_usage_max": 64 / 117,
+        "marginal_gain": 0.474})
+    assert room is not None and round(room.to) == 117
+    assert abs(room.gain - (117 / 64 - 1) * 0.474) < 1e-9  # +39 %: tried first
+    # no KV figure: the new cap alone bounds it
+    blind = batch_bound("running_cap", cap_row, 64, 128, {"cap": 64, "running_mean": 64,
+                                                         "marginal_gain": 0.5})
+    assert blind is not None and (blind.to, blind.gain) == (128, 0.5)
+    # the cache full at 117 under a cap of 128: more memory grows the batch to 128 at most
+    mem = batch_bound("kv_capacity", mem_row, 0.85, 0.88, {
+        "cap": 128, "running_mean": 117, "marginal_gain": 0.331})
+    assert mem is not None and abs(mem.gain - (128 / 117 - 1) * 0.331) < 1e-9
+    assert mem.text() == ("at most +3.1 %: the batch can grow 117 -> 128 (the cap 128) at a "
+                          "marginal gain of 0.33")
+    # a lower cap does not grow the batch; without a marginal gain nothing is bounded
+    assert batch_bound("kv_capacity", down_row, 128, 64, {
+        "cap": 128, "running_mean": 117, "marginal_gain": 0.331}) is None
+    assert batch_bound("kv_capacity", mem_row, 0.85, 0.88, {"cap": 128,
+                                                            "running_mean": 117}) is None
+
+
+def _raced(number: int, params: dict[str, Any], value: float, against: int, outcome: str,
+           diff: float, low: float, high: float, pairs: int, step: GuidedStep,
+           figures: dict[str, float]) -> TrialRecord:
+    from cleanslate.store import Replicate
+    reps = tuple(Replicate(index=i, seed=i, status=TrialStatus.FEASIBLE,
+                           value=value * (1 + 0.01 * ((i + number) % 3 - 1)), pair=i,
+                           against=against) for i in range(pairs))
+    return _bound_trial(number, params, value, "running_cap", figures,
+                        step.model_copy(update={"outcome": "reverted", "effect": diff,
+                                                "low": low, "high": high, "pairs": pairs,
+                                                "note": f"{outcome} after {pairs} pairs"}),
+                        replicates=reps, races=(Race(against=against, outcome=outcome,
+                                                     diff=diff, low=low, high=high,
+                                                     pairs=pairs),))
+
+
+def test_an_undecided_gain_is_raced_once_more_once_the_noise_is_known() -> None:
+    """The quick space's first race: CUDA graphs +12.9 % [-7.3, +37.5] after 3 pairs,
+    undecided (the study's first race has only its own pairs for the noise). Once the other
+    steps are measured and the races have given the noise 3 degrees of freedom, the same
+    change is raced again, once; an undecided step under +5 % is not."""
+    from cleanslate.store import Replicate
+    spec = _spec(space=GRAPHS_SPACE, baseline=CAPPED, statistics={"tie_margin": 0.05})
+    figures = {"cap": 128, "running_mean": 128, "running_max": 128,
+               "kv_usage_max": 128 / 129, "marginal_gain": 0.312}
+    base_reps = tuple(Replicate(index=i, seed=i, status=TrialStatus.FEASIBLE,
+                                value=1745.0 * (1 + 0.01 * (i % 2)), pair=i)
+                      for i in range(4))
+    baseline = _bound_trial(0, CAPPED, 1745.0, "running_cap", figures,
+                            GuidedStep(step=0, outcome="baseline", verdict="running_cap"),
+                            replicates=base_reps)
+    step = path_state(spec, [baseline]).proposal
+    assert step is not None and step.step.flag == "disable-cuda-graph"
+    graphs = _raced(1, step.params, 1970.0, 0, "undecided", 0.129, -0.073, 0.375, 3,
+                    step.step, figures)
+    # the deferred cap comes next: a step is measured before a race is run again
+    nxt = path_state(spec, [baseline, graphs]).proposal
+    assert nxt is not None and nxt.params == {**CAPPED, "max-running-requests": 256}
+    cap = _raced(2, nxt.params, 1750.0, 0, "undecided", 0.003, -0.05, 0.06, 2, nxt.step,
+                 figures)
+    again = path_state(spec, [baseline, graphs, cap]).proposal
+    assert again is not None and again.params == graphs.params
+    assert again.step.step == 3 and again.step.against == 0
+    assert "raced again: step 1 (trial 1) measured +12.9 %, undecided after 3 pairs" in \
+        again.step.why
+    # raced twice: not a third time
+    second = _raced(3, graphs.params, 1960.0, 0, "undecided", 0.11, -0.01, 0.24, 3,
+                    again.step, figures)
+    after = path_state(spec, [baseline, graphs, cap, second])
+    assert after.proposal is None or after.proposal.params != graphs.params

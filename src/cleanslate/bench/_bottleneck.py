@@ -671,6 +671,18 @@ def _against_before(seen: Seen) -> tuple[list[str], dict[str, float]]:
             {"ttft_growth": ttft, "tpot_growth": tpot})
 
 
+def _growth(seen: Seen) -> dict[str, float]:
+    """The scaling figures (``marginal_gain`` among them) against the level before with a
+    batch at least :data:`BATCH_GROWTH` smaller, where the step time explains the batch's
+    growth: what a guided study reads to bound what a larger batch can add
+    (``tune.guided.batch_bound``); ``{}`` without such a level."""
+    prev = _previous(seen, smaller_by=BATCH_GROWTH)
+    scaling = _scaling(seen.level, prev) if prev is not None else None
+    if scaling is None or scaling.queued:
+        return {}
+    return scaling.figures()
+
+
 def running_cap(seen: Seen) -> Match | None:
     """Requests queue behind the request cap: the engine's running count pinned at the cap
     (the configured one, else the plateau it holds) for at least :data:`PINNED_SHARE` of the
@@ -725,7 +737,7 @@ def running_cap(seen: Seen) -> Match | None:
                  {"cap": at, "running_max": running.max, "running_mean": running.mean,
                   "share_at_cap": pinned, "waiting_mean": waiting.mean,
                   "waiting_max": waiting.max, **({"kv_usage_max": kv} if kv is not None
-                                                 else {}), **figures})
+                                                 else {}), **_growth(seen), **figures})
 
 
 def kv_capacity(seen: Seen) -> Match | None:
@@ -766,8 +778,12 @@ def kv_capacity(seen: Seen) -> Match | None:
     full = (f"KV cache {kv:.0%} full" if kv >= KV_FULL or size is None or need is None else
             f"KV cache {kv:.0%} full: {(1 - kv) * size:,.0f} tokens free, a request needs "
             f"{need:,.0f}")
+    if m.running is not None:
+        figures["running_mean"] = m.running.mean
+    if cap is not None:
+        figures["cap"] = cap[0]
     return Match("kv_capacity", "clear", (f"{full}; " + ", ".join(w for w in why if w),),
-                 figures)
+                 {**figures, **_growth(seen)})
 
 
 def _cache_full(seen: Seen, kv: float) -> bool:

@@ -53,6 +53,60 @@ class Step:
     new: Scalar
     verdict: str
     why: str
+    bound: Bound | None = None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most a step that lets the batch grow can add to throughput, from the deciding
+    verdict's figures: the batch's room (``batch`` now, ``to`` at most) times the marginal gain
+    measured between the levels (what one more running request adds, as a share of what an
+    average one carries; ``bench._bottleneck.MARGINAL_GAIN``). ``gain``: that product, a
+    share (0.031 is +3.1 %); ``limit``: what stops the batch at ``to``."""
+
+    batch: float
+    to: float
+    marginal: float
+    limit: str
+
+    @property
+    def gain(self) -> float:
+        return max(0.0, self.to / self.batch - 1) * self.marginal
+
+    def text(self) -> str:
+        return (f"at most {self.gain * 100:+.1f} %: the batch can grow {self.batch:.0f} -> "
+                f"{self.to:.0f} ({self.limit}) at a marginal gain of {self.marginal:.2f}")
+
+
+def batch_bound(verdict: str, row: Relaxer, old: Scalar | None, new: Scalar,
+                figures: Mapping[str, float]) -> Bound | None:
+    """The :class:`Bound` of a row that lets the batch grow: under ``running_cap`` any row
+    (a larger cap, or another limit on admission: the batch still stops where the KV cache is
+    full, at ``running_max / kv_usage_max``, the room as large as it can be: SGLang's usage
+    stops short of 1 when full, ``bench._bottleneck.KV_FULL``; the cap's own row also at its
+    new value), under ``kv_capacity`` a row that does not lower a value (more memory, a smaller KV
+    dtype: the batch still stops at the cap). ``None`` without the figures to say (a marginal
+    gain needs a level before with a smaller batch) or for another row: it is not deferred."""
+    marginal = figures.get("marginal_gain")
+    batch = figures.get("running_mean", figures.get("batch"))
+    if marginal is None or batch is None or batch <= 0:
+        return None
+    cap = figures.get("cap")
+    if verdict == "running_cap":
+        kv, top = figures.get("kv_usage_max"), figures.get("running_max", batch)
+        limits: list[tuple[float, str]] = []
+        if kv is not None and kv > 0:
+            limits.append((top / min(kv, 1.0), f"the KV cache {kv:.0%} full at {top:.0f}"))
+        at, to = _number(old), _number(new)
+        if at is not None and to is not None and cap is not None and at == cap and to > at:
+            limits.append((to, f"the new cap {to:.0f}"))
+        if not limits:
+            return None
+        to_, limit = min(limits)
+        return Bound(batch=batch, to=to_, marginal=marginal, limit=limit)
+    if verdict == "kv_capacity" and row.direction != "down" and cap is not None:
+        return Bound(batch=batch, to=cap, marginal=marginal, limit=f"the cap {cap:.0f}")
+    return None
 
 
 def space_values(spec: StudySpec) -> dict[str, list[Scalar]]:
@@ -184,7 +238,8 @@ def next_steps(verdict: str, cause: str | None, space: Mapping[str, Sequence[Sca
         if new is None:
             continue
         steps.append(Step(flag=key, old=old, new=new, verdict=verdict,
-                          why=_sentence(row, key, old, new)))
+                          why=_sentence(row, key, old, new),
+                          bound=batch_bound(verdict, row, old, new, figures or {})))
     return steps
 
 
@@ -232,8 +287,10 @@ def rule_tables() -> str:
 
 __all__ = [
     "NEGATIVE_PREFIXES",
+    "Bound",
     "Relaxer",
     "Step",
+    "batch_bound",
     "next_steps",
     "not_guided",
     "register_relaxers",

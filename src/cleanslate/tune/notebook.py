@@ -22,6 +22,7 @@ records and return decisions and lines; :class:`~cleanslate.tune.fleet.Fleet` ru
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +30,14 @@ from typing import Any
 from cleanslate.bench import Bottleneck
 from cleanslate.stats import Outcome
 from cleanslate.store import GuidedStep, TrialRecord, TrialStatus
-from cleanslate.tune.guided import next_steps, not_guided, same_value, space_values
+from cleanslate.tune.guided import (
+    Step,
+    next_steps,
+    not_guided,
+    same_value,
+    space_values,
+)
+from cleanslate.tune.race import MIN_POOLED_DF, pooled_noise
 from cleanslate.tune.study import StudySpec
 
 #: The outcomes of a notebook entry.
@@ -153,11 +161,12 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
     # Tried: the steps taken from this incumbent, and those reverted under the same verdict
     # from an earlier one (the operator's "raising the cap did not help": a later incumbent
     # bound by the same thing does not try it again; what its own verdict asked for is
-    # followed with it instead, below).
+    # followed with it instead, below); not those whose race said nothing (undecided).
     tried = [(t.guided.flag, t.guided.new) for t in entries
              if t.guided is not None and t.guided.flag is not None and t.guided.base is None
              and (t.guided.against == incumbent.number
-                  or (t.guided.outcome == REVERTED and t.guided.verdict == verdict[1]))]
+                  or (t.guided.outcome == REVERTED and t.guided.verdict == verdict[1]
+                      and not t.guided.note.startswith("undecided")))]
     reverted = _reverted_bases(entries, incumbent, current)
     # A step that crashed is followed first: its crash names what the change needs (CUDA
     # graphs that crash at a batch beyond the captured ones need the captures raised).
@@ -165,24 +174,39 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
                     current, entries, measured, number)
     if found is None:
         figures = verdict[3].figures if verdict[3] is not None else None
-        steps = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried,
-                           figures=figures)
+        own = next_steps(verdict[1], verdict[2], space, current, spec.engine, tried=tried,
+                         figures=figures)
+        # a step whose batch can grow too little to matter (the cache full at the cap, a cap
+        # just above the batch) is tried after the others: the operator's "raising the cap
+        # cannot help, the cache is full at it"
+        margin = spec.statistics.tie_margin
+        small = [s for s in own if s.bound is not None and s.bound.gain < margin]
+        steps = [s for s in own if s not in small]
         then = THEN.get(verdict[1])
         if then is not None:  # the batch can grow no further here: faster steps are left
-            steps += [replace(step, why=f"{verdict[1]} has no step left in the space, so the "
-                              f"batch cannot grow: {then} is what is left; {step.why}")
+            why = (f"{verdict[1]} has no step left in the space, so the batch cannot grow"
+                   if not small else
+                   f"{verdict[1]}'s steps let the batch grow too little to matter "
+                   f"({_bounds_text(small)}, inside the tie margin of {margin:.0%})")
+            steps += [replace(step, why=f"{why}: {then} is what is left; {step.why}")
                       for step in next_steps(then, None, space, current, spec.engine,
                                              tried=tried, figures=figures)]
         lost = _lost_directions(entries, incumbent.number, verdict[1],
                                 1.0 if spec.objective.direction == "maximize" else -1.0)
-        for candidate in steps:
-            params = {**current, candidate.flag: candidate.new}
-            if _key(params) in measured or _beyond_a_loss(candidate.flag, candidate.old,
-                                                          candidate.new, lost):
-                continue
-            return replace(state, proposal=Proposal(params, head.model_copy(update={
-                "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
-                "why": candidate.why, "outcome": RUNNING})))
+        steps = [s for s in steps if _key({**current, s.flag: s.new}) not in measured
+                 and not _beyond_a_loss(s.flag, s.old, s.new, lost)]
+        small = [s for s in small if _key({**current, s.flag: s.new}) not in measured
+                 and not _beyond_a_loss(s.flag, s.old, s.new, lost)]
+        if not steps:  # the steps that can matter are measured: one undecided gain again
+            again = _race_again(spec, done, entries, incumbent, number)
+            if again is not None:
+                return replace(state, proposal=again)
+        for candidate in [*steps, *(replace(s, why=f"{s.why}; tried last: {s.bound.text()}")
+                                    for s in small if s.bound is not None)]:
+            return replace(state, proposal=Proposal(
+                {**current, candidate.flag: candidate.new}, head.model_copy(update={
+                    "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
+                    "why": candidate.why, "outcome": RUNNING})))
         # the most promising first: the reverted step that measured best (undecided +10 %
         # before a tie at +0.1 %), the newest first among equals
         rest = sorted((r for r in reverted if deciding(r)[1] != "crashed"),
@@ -193,6 +217,49 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
     where = f" at {verdict[0]}" if verdict[0] else ""
     return _fallback(spec, state, head, current, unguided,
                      f"{verdict[1]}{where} has no step left in the space")
+
+
+def _race_again(spec: StudySpec, done: Sequence[TrialRecord], entries: Sequence[TrialRecord],
+                incumbent: TrialRecord, number: int) -> Proposal | None:
+    """A step from ``incumbent`` whose race ended undecided with a measured gain of at least
+    the tie margin, raced once more as a new trial now that the study's own noise is known
+    (:data:`~cleanslate.tune.race.MIN_POOLED_DF` degrees of freedom from its races): a
+    study's first race has only its own pairs to judge the noise by, and three pairs of +13 %
+    left an interval of [-7 %, +38 %] on the sim. Each change races at most twice (the chance
+    of a false win at most doubles); ``None`` when no step is owed one."""
+    margin = math.log1p(spec.statistics.tie_margin)
+    counts: dict[tuple[tuple[str, str], ...], int] = {}
+    for t in done:
+        counts[_key(t.params)] = counts.get(_key(t.params), 0) + 1
+    best: tuple[float, TrialRecord] | None = None
+    for t in entries:
+        g = t.guided
+        if (g is None or g.sampler or g.outcome != REVERTED or g.against != incumbent.number
+                or not g.note.startswith("undecided") or g.effect is None
+                or counts.get(_key(t.params), 0) > 1):
+            continue
+        gain = _gain(t, spec)
+        if gain <= -1 or math.log1p(gain) < margin:
+            continue
+        if best is None or gain > best[0]:
+            best = (gain, t)
+    if best is None or pooled_noise(done)[1] < MIN_POOLED_DF:
+        return None
+    gain, t = best
+    g = t.guided
+    assert g is not None
+    why = (f"{g.why}; raced again: step {g.step} (trial {t.number}) measured {gain * 100:+.1f} "
+           f"%, undecided after {g.pairs} pairs, before the study's noise was known")
+    entry = GuidedStep(step=number, against=incumbent.number, level=g.level, verdict=g.verdict,
+                       evidence=g.evidence, cause=g.cause, flag=g.flag, old=g.old, new=g.new,
+                       why=why, outcome=RUNNING, base=g.base, carried=dict(g.carried))
+    return Proposal(dict(t.params), entry)
+
+
+def _bounds_text(steps: Sequence[Step]) -> str:
+    """``max-running-requests 256: at most +0.2 %: ...`` for each step with a bound."""
+    return "; ".join(f"{s.flag} {_value(s.new)}: {s.bound.text()}" for s in steps
+                     if s.bound is not None)
 
 
 #: The verdict whose rows come next once a verdict's own have no step left in the space: a
