@@ -300,7 +300,8 @@ class Lab:
                          value=true * noise(self.seed, trial.number, index, self.sigma),
                          best_level=trial.best_level, slot=SLOT, pair=pair, against=against)
 
-    async def trial(self, params: dict[str, Any], against: int | None = None) -> TrialRecord:
+    async def trial(self, params: dict[str, Any], against: int | None = None,
+                    max_pairs: int | None = None) -> TrialRecord:
         """Trial ``params``: its first measurement, then a race against the incumbent (the
         study's best, or trial ``against``) as ``statistics: {replicates: auto}`` asks."""
         number = len(self.store)
@@ -309,7 +310,7 @@ class Lab:
         self.launches += 1
         self.trials += 1
         if found.status == TrialStatus.FEASIBLE:
-            found = (await self.racer.race(found, SLOT, against)).challenger
+            found = (await self.racer.race(found, SLOT, against, max_pairs)).challenger
         return found
 
     def check(self, reported: TrialRecord | None) -> None:
@@ -375,7 +376,8 @@ async def run_guided(lab: Lab, limit: int) -> Path_:
         trial = study.ask(dists)
         step = proposal.step
         before = lab.launches
-        found = await lab.trial(dict(trial.params), step.against if step.step else None)
+        found = await lab.trial(dict(trial.params), step.against if step.step else None,
+                                proposal.max_pairs)
         others = [t for t in lab.records() if t.number != found.number]
         found, line = noted(spec, found, others, step)
         lab.save(found)

@@ -406,6 +406,7 @@ def test_an_undecided_gain_is_raced_once_more_once_the_noise_is_known() -> None:
     again = path_state(spec, [baseline, graphs, cap]).proposal
     assert again is not None and again.params == graphs.params
     assert again.step.step == 3 and again.step.against == 0
+    assert again.max_pairs == 2 * spec.statistics.max_replicates
     assert "raced again: step 1 (trial 1) measured +12.9 %, undecided after 3 pairs" in \
         again.step.why
     # raced twice: not a third time

@@ -196,6 +196,23 @@ def test_undecided_when_the_pairs_run_out() -> None:
     assert loser in result.undecided
 
 
+def test_a_race_given_more_pairs_runs_past_max_replicates() -> None:
+    """``max_pairs`` (a guided step raced again) lets a race go on past the study's
+    ``max_replicates``: 6 % apart at 2 % noise with a 5 % tie margin, three pairs leave it
+    undecided; six make it a win (the same draws)."""
+    spec = _spec(tie_margin=0.05, max_replicates=3)
+    short = World({1: 1000.0, 2: 1060.0}, seed=0)
+    _run(short, spec, 0, 1)
+    assert _run(short, spec, 1, 2).races[-1].outcome == Outcome.UNDECIDED
+    world = World({1: 1000.0, 2: 1060.0}, seed=0)
+    _run(world, spec, 0, 1)
+    racer = Racer(spec, load=world.load, save=world.save, measure=world.measure,
+                  trials=lambda: list(world.rows.values()))
+    result = asyncio.run(racer.race(world.first(1, 2), SLOT, max_pairs=6))
+    race = result.challenger.races[-1]
+    assert (race.outcome, race.pairs) == (Outcome.WIN, 6), race
+
+
 def test_fixed_replicates_compare_by_seed_at_the_end() -> None:
     spec = _spec(replicates=4, tie_margin=0.05)
     world = World({1: 1000.0, 2: 1000.0, 3: 1300.0}, seed=2)

@@ -583,7 +583,8 @@ class Fleet:
         if stats.racing:
             step = self._steps.get(record.number)
             against = step.step.against if step is not None and step.step.step else None
-            result = await racer.race(record, slot.key, against)
+            result = await racer.race(record, slot.key, against,
+                                      step.max_pairs if step is not None else None)
         else:
             result = await racer.repeat(record)
         return result.challenger, bound, result.stopped

@@ -48,11 +48,13 @@ BASELINE, KEPT, REVERTED, RUNNING = "baseline", "kept", "reverted", "running"
 class Proposal:
     """The next trial of a guided study: ``params`` (the whole configuration) and its notebook
     entry (outcome ``running``). ``sample``: the flags the sampler picks (the entry says so);
-    the others are held at ``params``' values."""
+    the others are held at ``params``' values. ``max_pairs``: how many pairs its race may run
+    (``None``: the study's ``max_replicates``; a step raced again gets twice that)."""
 
     params: dict[str, Any]
     step: GuidedStep
     sample: tuple[str, ...] = ()
+    max_pairs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -225,8 +227,9 @@ def _race_again(spec: StudySpec, done: Sequence[TrialRecord], entries: Sequence[
     the tie margin, raced once more as a new trial now that the study's own noise is known
     (:data:`~cleanslate.tune.race.MIN_POOLED_DF` degrees of freedom from its races): a
     study's first race has only its own pairs to judge the noise by, and three pairs of +13 %
-    left an interval of [-7 %, +38 %] on the sim. Each change races at most twice (the chance
-    of a false win at most doubles); ``None`` when no step is owed one."""
+    left an interval of [-7 %, +38 %] on the sim. The second race may run twice the study's
+    ``max_replicates`` pairs (:attr:`Proposal.max_pairs`). Each change races at most twice (the
+    chance of a false win at most doubles); ``None`` when no step is owed one."""
     margin = math.log1p(spec.statistics.tie_margin)
     counts: dict[tuple[tuple[str, str], ...], int] = {}
     for t in done:
@@ -253,7 +256,7 @@ def _race_again(spec: StudySpec, done: Sequence[TrialRecord], entries: Sequence[
     entry = GuidedStep(step=number, against=incumbent.number, level=g.level, verdict=g.verdict,
                        evidence=g.evidence, cause=g.cause, flag=g.flag, old=g.old, new=g.new,
                        why=why, outcome=RUNNING, base=g.base, carried=dict(g.carried))
-    return Proposal(dict(t.params), entry)
+    return Proposal(dict(t.params), entry, max_pairs=2 * spec.statistics.max_replicates)
 
 
 def _bounds_text(steps: Sequence[Step]) -> str:

@@ -460,7 +460,7 @@ class Racer:
         return RaceResult(challenger=trial, incumbent=None)
 
     async def race(self, challenger: TrialRecord, slot: str | None,
-                   against: int | None = None) -> RaceResult:
+                   against: int | None = None, max_pairs: int | None = None) -> RaceResult:
         """``replicates: auto``: race the challenger against the incumbent when its first
         measurement is within the noise (:func:`needs_race`); record the race on the
         challenger and the pairs' measurements on both. The incumbent is the study's best
@@ -516,14 +516,16 @@ class Racer:
         found: Comparison | None = None
         stopped: BaseException | None = None
         screen = None if SCREEN_PAIR_COUNTS else seed0
+        limit = max_pairs or stats.max_replicates
         seed = seed0
         tried = 0
         while stopped is None:
             a, _ = _pairs(incumbent, challenger, slot, skip=screen)
-            found = compare(incumbent, challenger, spec, pooled, slot, skip=screen) if a else None
+            found = compare(incumbent, challenger, spec, pooled, slot, max_pairs=limit,
+                            skip=screen) if a else None
             if found is not None and found.outcome is not None:
                 break
-            if len(a) >= stats.max_replicates or tried >= 2 * stats.max_replicates:
+            if len(a) >= limit or tried >= 2 * limit:
                 break
             # The next pair: the first seed that the two do not both have on this slot; each
             # member is measured unless it has that seed on this slot already.
@@ -553,7 +555,7 @@ class Racer:
             seed += 1
         if found is None or found.outcome is None:
             a, _ = _pairs(incumbent, challenger, slot, skip=screen)
-            found = compare(incumbent, challenger, spec, pooled, slot,
+            found = compare(incumbent, challenger, spec, pooled, slot, max_pairs=limit,
                             skip=screen) if len(a) else None
             if found is not None:
                 found = Comparison(outcome=Outcome.UNDECIDED, diff=found.diff, low=found.low,
