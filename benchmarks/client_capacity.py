@@ -66,6 +66,9 @@ observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"])
 config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
                      loads=(ClosedLoop(concurrency=conc),), num_prompts=n, observe=observe)
 harness = Harness()
+if sys.argv[8:9] and sys.argv[8] != "-":  # parse this metrics file first, as the read does
+    from cleanslate.bench._server_config import parse_cache_config
+    parse_cache_config(Path(sys.argv[8]).read_text())
 if sys.argv[7:8]:  # a start barrier: say "ready" as the level starts, wait for "go"
     import time
     barrier, ready = Path(sys.argv[7]), []
@@ -503,6 +506,15 @@ def scrape_cost(metrics: Path, scrapes: int = 200) -> dict[str, float]:
             "cpu_share_pct": round(cpu_ms / (DEFAULT_INTERVAL_S * 1000) * 100, 3)}
 
 
+def prime(url: str) -> None:
+    """Read the configuration of the server at ``url`` from this process, as the client with
+    its observers on does before its first level (the same requests, another client)."""
+    import asyncio
+
+    from cleanslate.bench._server_config import read_server_config
+    asyncio.run(read_server_config(None, url))
+
+
 def ratio_text(iv: dict[str, Any]) -> str:
     """``mean [low, high]`` (the mean alone without an interval)."""
     if iv.get("low") is None or iv.get("high") is None:
@@ -534,11 +546,15 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
             barrier.mkdir()
             # --control: the "on" client observes nothing either (the method's own bias)
             flags = {"off": "off", "on": "off" if args.control else "on"}
+            if args.prime_off:  # the off client's server answers the configuration read too
+                prime(servers["off"].url)
             try:
                 got = measure_together({
                     mode: [sys.executable, "-c", OURS, servers[mode].url, str(conc),
                            str(args.requests), workload, str(outputs[mode]), flags[mode],
-                           str(barrier)]
+                           str(barrier),
+                           str(args.metrics_file) if mode == "off" and args.off_parses
+                           else "-"]
                     for mode in ("off", "on")}, servers, outputs, args.client_cpu, args.timeout,
                     barrier)
             finally:
@@ -634,6 +650,14 @@ def main() -> None:
     ap.add_argument("--control", action="store_true",
                     help="with --together: both clients with the observers off, the method's "
                          "own bias (an A/A test); the ratio should hold 1.0")
+    ap.add_argument("--prime-off", action="store_true",
+                    help="with --together: before each pair, this harness reads the off "
+                         "client's server's configuration as the on client does (its server "
+                         "then has answered the same requests)")
+    ap.add_argument("--off-parses", action="store_true",
+                    help="with --together: the off client parses the metrics file's cache "
+                         "configuration before its run, as the on client's configuration "
+                         "read does (no request)")
     ap.add_argument("--control-pairs", type=int, default=0,
                     help="with --together: then this many pairs of --control")
     ap.add_argument("--metrics-file", type=Path,
