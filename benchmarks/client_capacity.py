@@ -647,17 +647,16 @@ def main() -> None:
                     help="side by side: run each pair's two clients at the same time on the "
                          "client core (each with its own server), measured over their common "
                          "window; the machine's other load then weighs on both alike")
-    ap.add_argument("--control", action="store_true",
-                    help="with --together: both clients with the observers off, the method's "
-                         "own bias (an A/A test); the ratio should hold 1.0")
-    ap.add_argument("--prime-off", action="store_true",
-                    help="with --together: before each pair, this harness reads the off "
-                         "client's server's configuration as the on client does (its server "
-                         "then has answered the same requests)")
-    ap.add_argument("--off-parses", action="store_true",
-                    help="with --together: the off client parses the metrics file's cache "
-                         "configuration before its run, as the on client's configuration "
-                         "read does (no request)")
+    for flag, what in (
+            ("--control", "both clients with the observers off, the method's own bias (an A/A "
+                          "test); the ratio should hold 1.0"),
+            ("--prime-off", "before each pair, this harness reads the off client's server's "
+                            "configuration as the on client does (its server then has "
+                            "answered the same requests)"),
+            ("--off-parses", "the off client parses the metrics file's cache configuration "
+                             "before its run, as the on client's configuration read does "
+                             "(no request)")):
+        ap.add_argument(flag, action="store_true", help=f"with --together: {what}")
     ap.add_argument("--control-pairs", type=int, default=0,
                     help="with --together: then this many pairs of --control")
     ap.add_argument("--metrics-file", type=Path,
