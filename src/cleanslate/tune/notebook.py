@@ -203,12 +203,14 @@ def path_state(spec: StudySpec, trials: Sequence[TrialRecord]) -> PathState:
             again = _race_again(spec, done, entries, incumbent, number)
             if again is not None:
                 return replace(state, proposal=again)
-        for candidate in [*steps, *(replace(s, why=f"{s.why}; tried last: {s.bound.text()}")
-                                    for s in small if s.bound is not None)]:
+        candidates = [*steps, *(replace(s, why=f"{s.why}; tried last: {s.bound.text()}")
+                                for s in small if s.bound is not None)]
+        if candidates:
+            first = candidates[0]
             return replace(state, proposal=Proposal(
-                {**current, candidate.flag: candidate.new}, head.model_copy(update={
-                    "flag": candidate.flag, "old": candidate.old, "new": candidate.new,
-                    "why": candidate.why, "outcome": RUNNING})))
+                {**current, first.flag: first.new}, head.model_copy(update={
+                    "flag": first.flag, "old": first.old, "new": first.new,
+                    "why": first.why, "outcome": RUNNING})))
         # the most promising first: the reverted step that measured best (undecided +10 %
         # before a tie at +0.1 %), the newest first among equals
         rest = sorted((r for r in reverted if deciding(r)[1] != "crashed"),
@@ -251,12 +253,13 @@ def _race_again(spec: StudySpec, done: Sequence[TrialRecord], entries: Sequence[
     gain, t = best
     g = t.guided
     assert g is not None
+    pairs = 2 * spec.statistics.max_replicates
     why = (f"{g.why}; raced again: step {g.step} (trial {t.number}) measured {gain * 100:+.1f} "
-           f"%, undecided after {g.pairs} pairs, before the study's noise was known")
+           f"%, undecided after {g.pairs} pairs; now with up to {pairs} pairs")
     entry = GuidedStep(step=number, against=incumbent.number, level=g.level, verdict=g.verdict,
                        evidence=g.evidence, cause=g.cause, flag=g.flag, old=g.old, new=g.new,
                        why=why, outcome=RUNNING, base=g.base, carried=dict(g.carried))
-    return Proposal(dict(t.params), entry, max_pairs=2 * spec.statistics.max_replicates)
+    return Proposal(dict(t.params), entry, max_pairs=pairs)
 
 
 def _bounds_text(steps: Sequence[Step]) -> str:
