@@ -189,7 +189,8 @@ def test_a_stop_during_the_search_ends_it_and_tears_down(tmp_path: Path,
     controller.wait(timeout=60)
     assert time.monotonic() - stopped_at < 30
     (trial,) = [TrialRecord.model_validate(t) for t in _rows(db, "cs_trials")]
-    assert (trial.status, trial.cause) == (TrialStatus.INFRA_FAILED, "interrupted"), trial
+    assert (trial.status, trial.cause) == (TrialStatus.INFRA_FAILED, "interrupted"), \
+        (trial.cause, trial.detail)
     assert trial.value is None and trial.verdict_after == "clean"
     assert {"level_c=8_s", "level_c=16_s"} <= set(trial.phases)
     assert not any(k.startswith("level_c=4096") for k in trial.phases)

@@ -93,6 +93,31 @@ def test_an_exception_during_a_level_tears_down_and_records(
     _check_left_nothing(store, spec)
 
 
+def test_an_exception_while_stopping_is_recorded_interrupted(
+        lab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level that breaks after the study was asked to stop (SIGTERM during a capacity
+    search): torn down and verified as any failure, but recorded ``interrupted``, not
+    ``controller_error`` (the run was stopped; neither the controller nor the configuration
+    failed), and :class:`~cleanslate.tune.trial.Interrupted` raised, as for any stopped
+    trial."""
+    spec, store = lab
+    stop = asyncio.Event()
+
+    async def stopped(*_a: Any, **_kw: Any) -> Any:
+        stop.set()
+        raise Injected("a level broke as it was stopped")
+
+    monkeypatch.setattr(trial_mod, "run_level", stopped)
+    with pytest.raises(trial_mod.Interrupted):  # re-queued by the fleet as a stopped trial
+        asyncio.run(trial_mod.run_trial(executor_for(None), store, spec, 0, {"fault": None},
+                                        gpu_backend="sim", stop=stop))
+    (run,) = store.runs(study=spec.name)
+    assert _marked(run.marker) == [] and not _alive(run.pid)
+    (trial,) = store.trials(spec.name)
+    assert (trial.status, trial.cause) == ("infra_failed", "interrupted"), trial.detail
+    assert trial.verdict_after == "clean" and "Injected" in (trial.detail or "")
+
+
 def test_an_exception_right_after_the_launch_tears_down_and_records(
         lab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, store = lab

@@ -451,8 +451,15 @@ async def _cycle(
                 checks=slo_checks)
     except BaseException as exc:  # torn down, verified and recorded below, then raised again
         failure = exc
-        cause, detail = TrialCause.CONTROLLER_ERROR, _describe(exc)
-        say(f"error during the levels ({detail}): tearing down")
+        detail = _describe(exc)
+        if stop is not None and stop.is_set():
+            # asked to stop: what broke as the levels were stopped says nothing of the
+            # controller or the configuration (CI once saw a search stopped by SIGTERM so)
+            cause = TrialCause.INTERRUPTED
+            say(f"stopped during the levels ({detail}): tearing down")
+        else:
+            cause = TrialCause.CONTROLLER_ERROR
+            say(f"error during the levels ({detail}): tearing down")
     say("teardown and verification")
     t0 = time.monotonic()
     try:
@@ -479,6 +486,8 @@ async def _cycle(
         finish(TrialStatus.INFRA_FAILED, cause, detail=detail,
                levels=tuple(levels), phases=phases,
                verdict_after=verdict_after, findings_after=findings_after)
+        if cause == TrialCause.INTERRUPTED and isinstance(failure, Exception):
+            raise Interrupted() from failure  # re-queued as any stopped trial
         raise failure
     if stop is not None and stop.is_set():
         finish(TrialStatus.INFRA_FAILED, TrialCause.INTERRUPTED, phases=phases,
