@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from cleanslate.bench import Bottleneck
-from cleanslate.store import GuidedStep, Race, TrialRecord, TrialStatus
+from cleanslate.engines import relaxers
+from cleanslate.store import GuidedStep, Race, Replicate, TrialRecord, TrialStatus
+from cleanslate.tune.guided import batch_bound
 from cleanslate.tune.notebook import deciding, judge, notebook_lines, path_state, step_line
 from cleanslate.tune.study import StudySpec
 
@@ -333,8 +335,6 @@ def test_a_cap_the_full_cache_stops_at_is_tried_after_the_faster_steps() -> None
 
 
 def test_the_bound_of_a_step_reads_the_cap_the_cache_and_the_marginal_gain() -> None:
-    from cleanslate.engines import relaxers
-    from cleanslate.tune.guided import batch_bound
     cap_row = next(r for r in relaxers("sglang") if r.verdict == "running_cap")
     mem_row = next(r for r in relaxers("sglang") if r.verdict == "kv_capacity"
                    and r.direction == "up")
@@ -366,7 +366,6 @@ def test_the_bound_of_a_step_reads_the_cap_the_cache_and_the_marginal_gain() -> 
 def _raced(number: int, params: dict[str, Any], value: float, against: int, outcome: str,
            diff: float, low: float, high: float, pairs: int, step: GuidedStep,
            figures: dict[str, float]) -> TrialRecord:
-    from cleanslate.store import Replicate
     reps = tuple(Replicate(index=i, seed=i, status=TrialStatus.FEASIBLE,
                            value=value * (1 + 0.01 * ((i + number) % 3 - 1)), pair=i,
                            against=against) for i in range(pairs))
@@ -384,7 +383,6 @@ def test_an_undecided_gain_is_raced_once_more_once_the_noise_is_known() -> None:
     undecided (the study's first race has only its own pairs for the noise). Once the other
     steps are measured and the races have given the noise 3 degrees of freedom, the same
     change is raced again, once; an undecided step under +5 % is not."""
-    from cleanslate.store import Replicate
     spec = _spec(space=GRAPHS_SPACE, baseline=CAPPED, statistics={"tie_margin": 0.05})
     figures = {"cap": 128, "running_mean": 128, "running_max": 128,
                "kv_usage_max": 128 / 129, "marginal_gain": 0.312}

@@ -802,7 +802,7 @@ def _queued_for_compute(seen: Seen, running: GaugeStats, waiting: float,
     if kv is not None and _cache_full(seen, kv):
         return None
     if _pinned(running) >= PINNED_SHARE:
-        if _holds_target(seen.level, running):
+        if _holds_target(seen.level, running, waiting):
             # the batch is the whole closed loop for most of the window: the queue is the
             # requests sent between a finish and the step that admits them (offered_load)
             return None
@@ -880,7 +880,7 @@ def compute(seen: Seen) -> Match | None:
     return Match("compute", "clear" if m is not None else "likely", tuple(lines), figures)
 
 
-def _holds_target(lv: LevelResult, running: GaugeStats) -> bool:
+def _holds_target(lv: LevelResult, running: GaugeStats, waiting: float) -> bool:
     """A closed loop whose running count sat at its whole concurrency for at least
     :data:`PINNED_SHARE` of the window, with no more running and waiting (means) than it
     sends: it cannot send more than that, so what waits beside it are requests sent after
@@ -888,10 +888,8 @@ def _holds_target(lv: LevelResult, running: GaugeStats) -> bool:
     waves, and on a busy host the next step comes late: the sim capped at 64 at c=16 on a
     2-core CI machine ran 16 for over half its window, with a wave of up to 16 waiting in
     between (more than :data:`QUEUE_SHARE` of the batch on average). More in the engine than
-    the loop sends is someone else's load: not this case."""
+    the loop sends is someone else's load: not this case. ``waiting``: the waiting mean."""
     want = target(lv)
-    m = _readable(lv)
-    waiting = m.waiting.mean if m is not None and m.waiting is not None else 0.0
     return (lv.load.kind == "closed" and want is not None and want > 0
             and running.max >= want * AT_CAP and _pinned(running) >= PINNED_SHARE
             and running.mean + waiting <= want / AT_CAP)
@@ -911,8 +909,8 @@ def offered_load(seen: Seen) -> Match | None:
     cap = cap_in_effect(seen.config)
     if m is not None and m.running is not None and want:
         waiting = m.waiting.mean if m.waiting is not None else 0.0
-        queue_ok = (waiting <= max(QUEUE_MIN, QUEUE_SHARE * m.running.mean)
-                    or _holds_target(lv, m.running))
+        queued = waiting > max(QUEUE_MIN, QUEUE_SHARE * m.running.mean)
+        queue_ok = not queued or _holds_target(lv, m.running, waiting)
         most = m.running.max + (m.waiting.max if m.waiting is not None else 0.0)
         held = most >= want * HELD_SHARE
         # a load at the cap is admitted whole: the cap holds nothing back until it is passed
@@ -925,7 +923,7 @@ def offered_load(seen: Seen) -> Match | None:
                  + (f", cap {cap[0]:.0f}" if cap is not None else "")
                  + ": the server runs everything it is sent"
                  + ("; the load is at the cap: more would queue behind it" if at_cap else "")]
-        if waiting > max(QUEUE_MIN, QUEUE_SHARE * m.running.mean):
+        if queued:  # admitted by _holds_target
             lines.append(f"all {want:.0f} ran for {_pinned(m.running):.0%} of the window; "
                          "the waiting were sent between a finish and the step that admits "
                          "them")
