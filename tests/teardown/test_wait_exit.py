@@ -13,7 +13,7 @@ import pytest
 
 from cleanslate.hosts.local import LocalExecutor
 from cleanslate.teardown import Target, _signal_script
-from cleanslate.teardown._host import wait_gone
+from cleanslate.teardown._host import send_signal, wait_gone
 from cleanslate.teardown.scope import ROOT
 from tests.conftest import Processes
 
@@ -75,7 +75,7 @@ def test_teardown_wait_through_the_executor(procs: Processes) -> None:
     short = _sleeper(procs, 0.4)
     long = _sleeper(procs, 30)
     time.sleep(0.2)
-    targets = [Target(pid, _target(pid)["create_time"], "python3", "", ROOT)
+    targets = [Target(pid, _target(pid)["create_time"], "python3", "", ROOT, boot_time=BOOT)
                for pid in (short, long)]
 
     async def go() -> tuple[list[Target], list[Target], float]:
@@ -89,3 +89,26 @@ def test_teardown_wait_through_the_executor(procs: Processes) -> None:
     first, both, waited = asyncio.run(go())
     assert first == [] and waited < 5.0
     assert [t.pid for t in both] == [long]
+
+
+def test_a_clock_adjustment_between_snapshot_and_signal_is_not_a_reused_pid(
+    procs: Processes,
+) -> None:
+    """``btime`` moves by a whole second when the clock is adjusted; a start time read against
+    the old ``btime`` is compared as time since boot, so the live process is still signalled
+    (CI once saw it taken for a reused PID and left alive). A reused PID is still refused."""
+    pid = _sleeper(procs, 30)
+    since_boot = _target(pid)["create_time"] - BOOT
+    for shifted in (BOOT - 1.0, BOOT + 1.0):
+        before = Target(pid, round(shifted + since_boot, 2), "python3", "", ROOT,
+                        boot_time=shifted)
+        state = asyncio.run(send_signal(LocalExecutor(sys.executable), [before], "0"))
+        assert state["sent"] == [pid] and not state["reused"], (shifted, state)
+        reused = Target(pid, round(shifted + since_boot - 5.0, 2), "python3", "", ROOT,
+                        boot_time=shifted)
+        state = asyncio.run(send_signal(LocalExecutor(sys.executable), [reused], "0"))
+        assert state["reused"] == [pid] and not state["sent"], (shifted, state)
+    # without the boot time, the script reads btime itself: a second off is another process
+    unshifted = Target(pid, round(BOOT - 1.0 + since_boot, 2), "python3", "", ROOT)
+    state = asyncio.run(send_signal(LocalExecutor(sys.executable), [unshifted], "0"))
+    assert state["reused"] == [pid]

@@ -195,7 +195,8 @@ def test_a_stop_during_the_search_ends_it_and_tears_down(tmp_path: Path,
     assert {"level_c=8_s", "level_c=16_s"} <= set(trial.phases)
     assert not any(k.startswith("level_c=4096") for k in trial.phases)
     (run,) = _rows(db, "cs_runs")
-    assert run["status"] == "stopped" and run["verdict_after"]["verdict"] == "clean"
+    assert run["status"] == "stopped" and run["verdict_after"]["verdict"] == "clean", \
+        (run["status"], trial.detail)
     assert not alive(run["pid"])
 
 

@@ -73,12 +73,15 @@ def _boot_time() -> float | None:
 
 
 def _processes(
-    marker: str, errors: list[int], environ_limit: int = ENVIRON_LIMIT
+    marker: str, errors: list[int], environ_limit: int = ENVIRON_LIMIT,
+    boot: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every process from /proc/PID/{stat,cmdline,environ}. PIDs listed in /proc whose stat
-    could not be read (other than because they exited) are appended to ``errors``."""
+    could not be read (other than because they exited) are appended to ``errors``. ``boot`` is
+    the boot time the snapshot reports (read once: ``btime`` moves by a whole second when the
+    clock is adjusted, and start times must agree with the boot time they are reported with)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    boot = _boot_time() or 0.0
+    boot = (boot if boot is not None else _boot_time()) or 0.0
     needle = marker.encode() + b"="
     out: list[dict[str, Any]] = []
     for name in os.listdir("/proc"):
@@ -540,7 +543,8 @@ def collect(options: dict[str, Any]) -> dict[str, Any]:
         result["gpu_devices"] = _gpu_devices()
         errors: list[int] = []
         procs = _processes(marker, errors,
-                           int(options.get("environ_limit") or ENVIRON_LIMIT))
+                           int(options.get("environ_limit") or ENVIRON_LIMIT),
+                           result["boot_time"])
         result["processes"] = procs
         # Unreadable single processes are reported by PID (the verdict says how many); a
         # failed listing fails the source.

@@ -52,7 +52,8 @@ async def send_signal(executor: Executor, targets: Iterable[Target], signal: str
     """Signal targets that are still the same processes; ``signal`` ``"0"`` only tests them,
     after waiting up to ``wait_s`` seconds for all of them to exit (on the host, event-driven:
     see ``_signal_script.py``). Raises :class:`OSError` when the host cannot be asked."""
-    listed = [{"pid": t.pid, "create_time": t.create_time} for t in targets]
+    listed = [{"pid": t.pid, "create_time": t.create_time}
+              | ({} if t.boot_time is None else {"boot": t.boot_time}) for t in targets]
     if not listed:
         return SignalOutput(sent=[], gone=[], reused=[], zombie=[], d_state=[], errors={})
     payload: dict[str, object] = {"signal": signal, "targets": listed}

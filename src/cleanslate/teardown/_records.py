@@ -58,6 +58,10 @@ class Target:
     uid: int | None = None
     user: str | None = None
     protected: str | None = None
+    #: The host's boot time that ``create_time`` was computed against (the snapshot's
+    #: ``btime``): the signal script compares the time since boot, which a clock adjustment
+    #: does not move (``btime`` does, by a whole second).
+    boot_time: float | None = None
 
     def record(self) -> TargetRecord:
         """This process as a :class:`TeardownReport` keeps it."""

@@ -4,7 +4,11 @@ A self-contained, stdlib-only script (shipped to a host's ``python3`` like the c
 each target ``{"pid": P, "create_time": T}`` it reads ``/proc/P/stat`` and signals P only when
 its start time still equals T (the PID was not reused by another process since the snapshot).
 
-Input (argv[1], JSON): ``{"signal": "SIGTERM", "targets": [{"pid": .., "create_time": ..}]}``.
+Input (argv[1], JSON): ``{"signal": "SIGTERM", "targets": [{"pid": .., "create_time": ..,
+"boot": ..}]}``, where ``boot`` (optional) is the boot time that ``create_time`` was computed
+against. With it, the comparison is of the time since boot, which never moves; without it, of
+``btime`` now plus that time, and ``btime`` moves by a whole second when the clock is adjusted
+(CI once saw a live process taken for a reused PID so, 37 minutes after its boot time was read).
 Output (stdout, JSON): ``{"sent": [..], "gone": [..], "reused": [..], "zombie": [..],
 "d_state": [..], "errors": {pid: message}}``.
 
@@ -49,13 +53,24 @@ def identity(pid: int, boot: float, ticks: int) -> tuple[float, str] | None:
     return round(boot + int(fields[19]) / ticks, 2), fields[0]
 
 
+def matches(target: dict[str, Any], create_time: float, boot: float) -> bool:
+    """Does a process that started at ``create_time`` (against ``boot``) have the target's
+    start time? Compared as time since boot when the target says which boot time it used."""
+    expected = target.get("create_time")
+    if expected is None:
+        return True
+    given = target.get("boot")
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        return abs((create_time - boot) - (float(expected) - float(given))) <= 0.02
+    return abs(create_time - float(expected)) <= 0.02
+
+
 def _same(target: dict[str, Any], boot: float, ticks: int) -> bool:
     """Is the target still alive (not a zombie) and the process we were given?"""
     found = identity(int(target["pid"]), boot, ticks)
     if found is None or found[1] == "Z":
         return False
-    expected = target.get("create_time")
-    return expected is None or abs(found[0] - expected) <= 0.02
+    return matches(target, found[0], boot)
 
 
 def wait_exit(targets: list[dict[str, Any]], seconds: float, boot: float, ticks: int) -> None:
@@ -113,8 +128,7 @@ def main() -> None:
             out["gone"].append(pid)
             continue
         create_time, state = found
-        expected = target.get("create_time")
-        if expected is not None and abs(create_time - expected) > 0.02:
+        if not matches(target, create_time, boot):
             out["reused"].append(pid)
             continue
         if state == "Z":

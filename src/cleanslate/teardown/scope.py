@@ -243,7 +243,7 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
     def target(pid: int, why: str, reason: str | None = None) -> Target:
         proc = by_pid[pid]
         return Target(pid, proc.create_time, proc.comm, proc.command, why, uid=proc.uid,
-                      protected=reason)
+                      protected=reason, boot_time=snapshot.boot_time)
 
     return (
         [target(pid, why) for pid, why in chosen.items() if not by_pid[pid].is_zombie],

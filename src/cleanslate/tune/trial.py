@@ -469,6 +469,7 @@ async def _cycle(
                                    verify_deadline_s=spec.verify_deadline_s,
                                    status=RunStatus.CRASHED if crashed else (
                                        RunStatus.FAILED if failure is not None
+                                       and cause != TrialCause.INTERRUPTED
                                        else RunStatus.STOPPED),
                                    cause=cause, detail=detail, log_tail_text=tail,
                                    exclusions=exclusions)
