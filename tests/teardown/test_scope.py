@@ -32,6 +32,7 @@ from cleanslate.teardown.scope import (
     SUPERVISOR,
     protected_pids,
     resolve_scope,
+    same_process,
     scope_and_protected,
 )
 
@@ -473,3 +474,18 @@ def test_targets_carry_their_uid() -> None:
     worker = proc(1070, 1, 1070, 1070, "x", ("x",), marker=RUN, uid=1001)
     (target,) = [t for t in resolve_scope(host(worker), run_spec(), now=NOW) if t.pid == 1070]
     assert target.uid == 1001 and target.as_dict()["uid"] == 1001
+
+
+def test_targets_carry_their_snapshots_boot_time_and_compare_times_since_boot() -> None:
+    """A target keeps the boot time its start time was read against; a later snapshot whose
+    ``btime`` moved by a whole second (a clock adjustment) still sees the same process, and a
+    process started at another time since boot is still another process."""
+    boot = T0 - 9500.0
+    (target,) = [t for t in resolve_scope(host(boot_time=boot), run_spec(), now=NOW)
+                 if t.pid == ROOTPID]
+    assert target.boot_time == boot
+    moved = proc(ROOTPID, SUP, ROOTPID, SUP, "python", at=T0 + 0.4 + 1.0)  # btime + 1 s
+    assert same_process(moved, target.create_time, target.boot_time, boot + 1.0)
+    assert not same_process(moved, target.create_time)  # without boot times: 1 s apart
+    other = proc(ROOTPID, SUP, ROOTPID, SUP, "python", at=T0 + 0.4 + 1.5)
+    assert not same_process(other, target.create_time, target.boot_time, boot + 1.0)

@@ -75,8 +75,9 @@ class _Scan:
     def living(self, targets: Iterable[Target]) -> list[Target]:
         """The targets that this scan saw alive (same start time, not a zombie)."""
         by_pid = self.snapshot.by_pid
+        boot = self.snapshot.boot_time
         return [t for t in targets if (p := by_pid.get(t.pid)) is not None
-                and not p.is_zombie and same_process(p, t.create_time)]
+                and not p.is_zombie and same_process(p, t.create_time, t.boot_time, boot)]
 
 
 async def _scan(executor: Executor, spec: ScopeSpec, *, gpu: GpuBackend | None = None,

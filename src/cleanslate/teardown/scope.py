@@ -259,9 +259,14 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
 SAME_START_S = 0.02
 
 
-def same_process(proc: ProcessInfo, create_time: float) -> bool:
+def same_process(proc: ProcessInfo, create_time: float, boot: float | None = None,
+                 proc_boot: float | None = None) -> bool:
     """Whether ``proc`` is the process that started at ``create_time`` (:data:`SAME_START_S`
-    apart at most)."""
+    apart at most). With ``boot`` (the boot time ``create_time`` was computed against) and
+    ``proc_boot`` (``proc``'s snapshot's), the times since boot are compared: ``btime`` moves by
+    a whole second when the clock is adjusted between two snapshots."""
+    if boot is not None and proc_boot is not None:
+        return abs((proc.create_time - proc_boot) - (create_time - boot)) <= SAME_START_S
     return abs(proc.create_time - create_time) <= SAME_START_S
 
 
