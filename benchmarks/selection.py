@@ -57,8 +57,9 @@ Targets, on the ``ablation`` surface for ``auto``: wrong winner at most 5 %, fal
 at most 5 %, GPU-seconds at most 2x single-shot's. "met" compares the point estimate; the
 table also says whether the interval's upper end is below the target.
 
-``--sweep`` varies Racer's knobs one at a time (``PRIOR_CV``, ``BAND_SDS``, ``max_replicates``,
-``tie_margin``, and the Bonferroni split of ``stats.compare_paired`` turned off: every look at
+``--sweep`` varies Racer's knobs one at a time (``PRIOR_CV``, ``BAND_SDS``, the spread's prior
+``PRIOR_DF`` (0: none) and ``SPREAD_PRIOR_CV``, ``max_replicates``, ``tie_margin``, and the
+Bonferroni split of ``stats.compare_paired`` turned off: every look at
 the full error rate) and prints what each moves, on the ablation and grid surfaces.
 
     python benchmarks/selection.py [--seeds 30] [--noise 0.02] [--surfaces ablation,grid]
@@ -439,6 +440,9 @@ SWEEP: list[tuple[str, str, dict[str, Any], str, Any]] = [
     ("default", "-", {}, "", None),
     ("PRIOR_CV", "0.02", {}, "PRIOR_CV", 0.02),
     ("PRIOR_CV", "0.05", {}, "PRIOR_CV", 0.05),
+    ("PRIOR_DF (the spread's prior)", "0", {}, "PRIOR_DF", 0),
+    ("PRIOR_DF (the spread's prior)", "4", {}, "PRIOR_DF", 4),
+    ("SPREAD_PRIOR_CV", "0.03", {}, "SPREAD_PRIOR_CV", 0.03),
     ("BAND_SDS", "1", {}, "BAND_SDS", 1.0),
     ("BAND_SDS", "3", {}, "BAND_SDS", 3.0),
     ("max_replicates", "3", {"max_replicates": 3}, "", None),
@@ -607,7 +611,8 @@ def run(seeds: int, sigma: float, names: list[str], do_sweep: bool, overhead_s: 
                       "truth": s.truth, "plan": s.plan} for s in found],
         "rows": rows,
         "knobs": {"PRIOR_CV": race_mod.PRIOR_CV, "BAND_SDS": race_mod.BAND_SDS,
-                  "MIN_POOLED_DF": race_mod.MIN_POOLED_DF},
+                  "MIN_POOLED_DF": race_mod.MIN_POOLED_DF, "PRIOR_DF": race_mod.PRIOR_DF,
+                  "SPREAD_PRIOR_CV": race_mod.SPREAD_PRIOR_CV},
     }
     data["targets"] = target_checks(data)
     if do_sweep:

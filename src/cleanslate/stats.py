@@ -274,6 +274,7 @@ def log_ratios(base: Sequence[float], other: Sequence[float]) -> list[float]:
 def compare_paired(base: Sequence[float], other: Sequence[float], *, tie_margin: float = 0.03,
                    confidence: float = 0.95, max_pairs: int = 5,
                    pooled: tuple[float, int] | None = None,
+                   prior: tuple[float, int] | None = None,
                    higher_is_better: bool = True, futility: bool = True) -> Comparison:
     """Compare ``other`` with ``base``, measured in pairs (``base[i]`` with ``other[i]``).
 
@@ -288,7 +289,8 @@ def compare_paired(base: Sequence[float], other: Sequence[float], *, tie_margin:
 
     ``pooled``, ``(sum of squares, degrees of freedom)`` of paired log ratios around their own
     means from other races of the same study, sharpens the spread estimate (the same slot, the
-    same engine: the noise of one pair is taken to be that of another).
+    same engine: the noise of one pair is taken to be that of another). ``prior``, an assumed
+    spread in the same form, is added to them (a moderated t: ``tune.race.noise_prior``).
 
     With ``futility``, a race is also **undecided** before its last pair when the pairs left
     cannot decide it: a tie is out of reach (the interval at ``max_pairs``, with the spread as
@@ -310,6 +312,9 @@ def compare_paired(base: Sequence[float], other: Sequence[float], *, tie_margin:
     if pooled is not None and pooled[1] > 0:
         ss += pooled[0]
         df += pooled[1]
+    if prior is not None and prior[1] > 0:
+        ss += prior[0]
+        df += prior[1]
     if n < MIN_REPEATS or df < 1:
         return Comparison(outcome=None, diff=diff, low=None, high=None, pairs=n)
     sd = math.sqrt(ss / df)

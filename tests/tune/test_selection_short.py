@@ -74,12 +74,14 @@ def test_without_noise_the_racer_finds_the_best_and_its_twin(quickstart: Path) -
     surface = _ablation(quickstart)
     auto = asyncio.run(selection._run(surface, _spec(surface, replicates="auto"), 0, 0.0))
     races = {(c, a): outcome for c, a, outcome in auto.races}
-    # Without noise every race decides at its second pair: 0.85 (3 % slower) loses to the
-    # baseline, 0.92 (the same speed) ties it, 256 running requests (0.25 % faster) beat it,
-    # and 512 ties 256.
-    assert races[(1, 0)] == "loss" and races[(2, 0)] == "tie"
-    assert races[(5, 0)] == "win" and races[(6, 5)] == "tie"
-    assert auto.best == 5 and auto.tied == (6,) and not auto.wrong
+    # Without noise the spread's prior (2.4 % a measurement, two degrees of freedom) still
+    # counts: 0.85 (3 % slower, on the 3 % tie margin) is not told apart from the baseline,
+    # 0.92 (the same speed) ties it, 256 running requests (0.25 % faster, inside the margin)
+    # tie it too, and 512 ties 256. Nothing is called better or worse than it is.
+    assert races[(1, 0)] == "undecided" and races[(2, 0)] == "tie"
+    assert races[(5, 0)] == "tie" and races[(6, 5)] == "tie"
+    assert auto.best == 5 and auto.tied == (0, 2, 6)
+    assert not auto.wrong
     assert auto.pairs == 1 and auto.pairs_different == 0 and auto.race_different == 0
     single = asyncio.run(selection._run(surface, _spec(surface, replicates=1), 0, 0.0))
     # Single-shot ranks its best over its twin: a difference declared where there is none.
