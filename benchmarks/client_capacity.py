@@ -62,7 +62,9 @@ import cleanslate.engines  # registers the engines' metric names, as cleanslate 
 from cleanslate.bench import (BenchConfig, ClosedLoop, Harness, ObserveOptions,
                               parse_workload, run_benchmark)
 url, conc, n, workload, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
-observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"])
+# "off": no observer; "config": the configuration read before the first level, no scrape
+observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"], metrics=sys.argv[6:7] != ["config"],
+                         interval_s=float(sys.argv[9]) if sys.argv[9:10] else 0.25)
 config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
                      loads=(ClosedLoop(concurrency=conc),), num_prompts=n, observe=observe)
 harness = Harness()
@@ -545,7 +547,8 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
             barrier = work / f"barrier-{i}"
             barrier.mkdir()
             # --control: the "on" client observes nothing either (the method's own bias)
-            flags = {"off": "off", "on": "off" if args.control else "on"}
+            flags = {"off": "config" if args.off_reads_config else "off",
+                     "on": "off" if args.control else "on"}
             if args.prime_off:  # the off client's server answers the configuration read too
                 prime(servers["off"].url)
             try:
@@ -554,7 +557,7 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
                            str(args.requests), workload, str(outputs[mode]), flags[mode],
                            str(barrier),
                            str(args.metrics_file) if mode == "off" and args.off_parses
-                           else "-"]
+                           else "-", str(args.observe_interval)]
                     for mode in ("off", "on")}, servers, outputs, args.client_cpu, args.timeout,
                     barrier)
             finally:
@@ -606,7 +609,11 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
     done = [p for p in pairs if "capacity_ratio" in p]
     summary: dict[str, Any] = {"concurrency": conc, "requests": args.requests,
                                "method": ("together" if args.together else "interleaved")
-                               + (", control (both off)" if args.control else ""),
+                               + (", control (both off)" if args.control else "")
+                               + (", the off client reads the configuration"
+                                  if args.off_reads_config else "")
+                               + (", the off client parses" if args.off_parses else "")
+                               + f", observe interval {args.observe_interval} s",
                                "output_len": args.output_len, "pairs": pairs,
                                "metrics_file": args.metrics_file.name,
                                "target": 0.97}
@@ -655,8 +662,13 @@ def main() -> None:
                             "answered the same requests)"),
             ("--off-parses", "the off client parses the metrics file's cache configuration "
                              "before its run, as the on client's configuration read does "
-                             "(no request)")):
+                             "(no request)"),
+            ("--off-reads-config", "the off client reads the server's configuration before "
+                                   "its first level, as the on client does (its requests and "
+                                   "the parse), and scrapes nothing")):
         ap.add_argument(flag, action="store_true", help=f"with --together: {what}")
+    ap.add_argument("--observe-interval", type=float, default=0.25,
+                    help="with --together: the observers' sampling period (seconds)")
     ap.add_argument("--control-pairs", type=int, default=0,
                     help="with --together: then this many pairs of --control")
     ap.add_argument("--metrics-file", type=Path,
