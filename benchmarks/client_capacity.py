@@ -68,6 +68,11 @@ observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"], metrics=sys.argv[6:7]
 config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
                      loads=(ClosedLoop(concurrency=conc),), num_prompts=n, observe=observe)
 harness = Harness()
+if sys.argv[10:11] == ["thread"]:  # an idle second thread, as the observer's parse starts one
+    import threading
+    asyncio.run(asyncio.to_thread(lambda: None))  # the executor's worker, left waiting
+    idle = threading.Event()
+    threading.Thread(target=idle.wait, daemon=True).start()
 if sys.argv[8:9] and sys.argv[8] != "-":  # parse this metrics file first, as the read does
     from cleanslate.bench._server_config import parse_cache_config
     parse_cache_config(Path(sys.argv[8]).read_text())
@@ -557,7 +562,8 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
                            str(args.requests), workload, str(outputs[mode]), flags[mode],
                            str(barrier),
                            str(args.metrics_file) if mode == "off" and args.off_parses
-                           else "-", str(args.observe_interval)]
+                           else "-", str(args.observe_interval),
+                           "thread" if mode == "off" and args.off_thread else "-"]
                     for mode in ("off", "on")}, servers, outputs, args.client_cpu, args.timeout,
                     barrier)
             finally:
@@ -613,6 +619,8 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
                                + (", the off client reads the configuration"
                                   if args.off_reads_config else "")
                                + (", the off client parses" if args.off_parses else "")
+                               + (", the off client has an idle thread" if args.off_thread
+                                  else "")
                                + f", observe interval {args.observe_interval} s",
                                "output_len": args.output_len, "pairs": pairs,
                                "metrics_file": args.metrics_file.name,
@@ -663,6 +671,8 @@ def main() -> None:
             ("--off-parses", "the off client parses the metrics file's cache configuration "
                              "before its run, as the on client's configuration read does "
                              "(no request)"),
+            ("--off-thread", "the off client starts an idle second thread before its "
+                             "level, as the on client's parse in a worker thread does"),
             ("--off-reads-config", "the off client reads the server's configuration before "
                                    "its first level, as the on client does (its requests and "
                                    "the parse), and scrapes nothing")):
