@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import cleanslate.engines  # noqa: F401  (registers the engines' metric names, as bench does)
 from cleanslate.bench import (
     BenchConfig,
     BenchResult,
