@@ -489,3 +489,6 @@ def test_targets_carry_their_snapshots_boot_time_and_compare_times_since_boot() 
     assert not same_process(moved, target.create_time)  # without boot times: 1 s apart
     other = proc(ROOTPID, SUP, ROOTPID, SUP, "python", at=T0 + 0.4 + 1.5)
     assert not same_process(other, target.create_time, target.boot_time, boot + 1.0)
+    # another boot an hour later, a process at the same time since its boot: not the target
+    rebooted = proc(ROOTPID, SUP, ROOTPID, SUP, "python", at=T0 + 0.4 + 3600.0)
+    assert not same_process(rebooted, target.create_time, target.boot_time, boot + 3600.0)

@@ -108,6 +108,11 @@ def test_a_clock_adjustment_between_snapshot_and_signal_is_not_a_reused_pid(
                         boot_time=shifted)
         state = asyncio.run(send_signal(LocalExecutor(sys.executable), [reused], "0"))
         assert state["reused"] == [pid] and not state["sent"], (shifted, state)
+    # a target read in another boot (btime an hour apart) at the same time since boot: refused
+    other_boot = Target(pid, round(BOOT - 3600.0 + since_boot, 2), "python3", "", ROOT,
+                        boot_time=BOOT - 3600.0)
+    state = asyncio.run(send_signal(LocalExecutor(sys.executable), [other_boot], "0"))
+    assert state["reused"] == [pid] and not state["sent"], state
     # without the boot time, the script reads btime itself: a second off is another process
     unshifted = Target(pid, round(BOOT - 1.0 + since_boot, 2), "python3", "", ROOT)
     state = asyncio.run(send_signal(LocalExecutor(sys.executable), [unshifted], "0"))

@@ -53,14 +53,22 @@ def identity(pid: int, boot: float, ticks: int) -> tuple[float, str] | None:
     return round(boot + int(fields[19]) / ticks, 2), fields[0]
 
 
+#: How far ``btime`` may have moved since the target's boot time was read and still be the
+#: same boot (a clock adjustment moves it by a second; a reboot by the old boot's uptime).
+BOOT_SHIFT_S = 2.0
+
+
 def matches(target: dict[str, Any], create_time: float, boot: float) -> bool:
     """Does a process that started at ``create_time`` (against ``boot``) have the target's
-    start time? Compared as time since boot when the target says which boot time it used."""
+    start time? Compared as time since boot when the target says which boot time it used, and
+    only within the same boot (a process of a later boot at the same uptime is another one)."""
     expected = target.get("create_time")
     if expected is None:
         return True
     given = target.get("boot")
     if isinstance(given, (int, float)) and not isinstance(given, bool):
+        if abs(boot - float(given)) > BOOT_SHIFT_S:
+            return False
         return abs((create_time - boot) - (float(expected) - float(given))) <= 0.02
     return abs(create_time - float(expected)) <= 0.02
 

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 
 from cleanslate.engines import find_signature, match_engine
 from cleanslate.probe.snapshot import ProcessInfo, Snapshot, is_kernel_thread
+from cleanslate.teardown import _signal_script
 from cleanslate.teardown._records import Protected, ScopeSpec, Selected, Target
 from cleanslate.teardown._tree import RecordedTree
 from cleanslate.verdict.rules import excluded_pids
@@ -258,14 +259,21 @@ def scope_and_protected(snapshot: Snapshot, spec: ScopeSpec, *,
 #: ticks (10 ms at 100 Hz) and kept to 0.01 s.
 SAME_START_S = 0.02
 
+#: How far two snapshots' ``btime`` may differ and still be one boot (the signal script's
+#: :data:`~cleanslate.teardown._signal_script.BOOT_SHIFT_S`).
+BOOT_SHIFT_S = _signal_script.BOOT_SHIFT_S
+
 
 def same_process(proc: ProcessInfo, create_time: float, boot: float | None = None,
                  proc_boot: float | None = None) -> bool:
     """Whether ``proc`` is the process that started at ``create_time`` (:data:`SAME_START_S`
     apart at most). With ``boot`` (the boot time ``create_time`` was computed against) and
     ``proc_boot`` (``proc``'s snapshot's), the times since boot are compared: ``btime`` moves by
-    a whole second when the clock is adjusted between two snapshots."""
+    a whole second when the clock is adjusted between two snapshots; boot times further apart
+    than :data:`BOOT_SHIFT_S` are two boots, and a process of the later one is another."""
     if boot is not None and proc_boot is not None:
+        if abs(proc_boot - boot) > BOOT_SHIFT_S:
+            return False
         return abs((proc.create_time - proc_boot) - (create_time - boot)) <= SAME_START_S
     return abs(proc.create_time - create_time) <= SAME_START_S
 
