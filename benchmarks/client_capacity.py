@@ -68,9 +68,8 @@ observe = ObserveOptions(enabled=sys.argv[6:7] != ["off"], metrics=sys.argv[6:7]
 config = BenchConfig(url=url, model="m", endpoint="chat", workload=parse_workload(workload),
                      loads=(ClosedLoop(concurrency=conc),), num_prompts=n, observe=observe)
 harness = Harness()
-if sys.argv[10:11] == ["thread"]:  # an idle second thread, as the observer's parse starts one
+if sys.argv[10:11] == ["thread"]:  # an idle second thread, as the observer's parse leaves one
     import threading
-    asyncio.run(asyncio.to_thread(lambda: None))  # the executor's worker, left waiting
     idle = threading.Event()
     threading.Thread(target=idle.wait, daemon=True).start()
 if sys.argv[8:9] and sys.argv[8] != "-":  # parse this metrics file first, as the read does

@@ -109,9 +109,10 @@ def main() -> int:
         print("race_prior.py: --cvs and --ratios are comma-separated numbers", file=sys.stderr)
         return 2
     if args.races < 1 or args.max_pairs < 2 or any(c <= 0 for c in cvs) \
-            or any(r <= 0 for r in ratios):
-        print("race_prior.py: --races at least 1, --max-pairs at least 2, positive --cvs and "
-              "--ratios", file=sys.stderr)
+            or any(r < 1 for r in ratios):
+        print("race_prior.py: --races at least 1, --max-pairs at least 2, positive --cvs, "
+              "--ratios at least 1 (the challenger as fast as the incumbent or faster: what is "
+              "wrong is named for that)", file=sys.stderr)
         return 2
     started = time.monotonic()
     rows = [cell(ratio, cv, prior, args.races, args.max_pairs)
