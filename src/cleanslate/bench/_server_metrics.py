@@ -242,18 +242,28 @@ def _counter_increase(samples: Sequence[MetricSample], key: str) -> tuple[float 
     return (total if seen_twice else None), resets
 
 
+#: A steady window at least this many scrape periods long should hold a scrape: when none
+#: answered inside it, the gauges are not known (the samples before and after it are not the
+#: level's: vLLM's API server, starved on 2 loaded cores, answered a scrape as the level
+#: started and the next after it ended, both "running 0", while it ran 2 with 7 waiting).
+WINDOW_PERIODS = 2.0
+
+
 def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
-              window: tuple[float, float] | None = None,
+              window: tuple[float, float] | None = None, interval_s: float | None = None,
               unreadable: str | None = None, note: str | None = None) -> ServerMetrics:
     """The summary of ``samples`` (in time order; the baseline before the level, the final
     scrape after it).
 
     Gauges are taken from the readable samples inside ``window`` = ``(t0, t1)``
     (``perf_counter`` seconds, both ends included: the level's steady window); when none falls
-    inside it (a level shorter than the scrape period), from every readable sample, and
-    ``gauge_window`` says ``level``. Counters are increases over all the samples: what the
-    level did from its baseline to its final scrape. No readable sample at all makes the
-    summary unreadable, with the last scrape error as the reason.
+    inside it and the window is shorter than :data:`WINDOW_PERIODS` scrape periods
+    ``interval_s`` (a level shorter than the period; always without ``interval_s``), from
+    every readable sample, and ``gauge_window`` says ``level``; a longer window that no scrape
+    answered in leaves the summary unreadable, saying so (its counters kept). Counters are
+    increases over all the samples: what the level did from its baseline to its final
+    scrape. No readable sample at all makes the summary unreadable, with the last scrape
+    error as the reason.
     """
     good_all = [s for s in samples if s.error is None]
     failed = len(samples) - len(good_all)
@@ -272,6 +282,13 @@ def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
         inside = [s for s in good_all if t0 <= s.t <= t1]
         if inside:
             good, gauge_window = inside, "steady"
+        elif interval_s is not None and t1 - t0 >= WINDOW_PERIODS * interval_s:
+            errors = [s.error for s in samples if s.error]
+            unreadable = (
+                f"no scrape answered inside the level's steady window ({t1 - t0:.1f} s, a "
+                f"scrape every {interval_s:g} s): {len(good_all)} answered before or after "
+                "it" + (f", {failed} failed (last: {errors[-1]})" if errors else "")
+                + "; running and waiting during the level are not known")
     gauges: dict[str, GaugeStats | None] = {}
     per_rank: dict[str, dict[str, GaugeStats]] = {}
     for key in GAUGES:
@@ -289,11 +306,17 @@ def summarize(samples: Sequence[MetricSample], *, flavour: str | None, url: str,
         counters[key], n = _counter_increase(good_all, key)
         resets += n
     hits, queries = counters["prefix_hits"], counters["prefix_queries"]
-    if hits is not None and queries:
-        hit_rate: float | None = min(1.0, hits / queries)
-    else:
-        rate = gauges["prefix_hit_rate"]
-        hit_rate = rate.mean if rate else None
+    counted = min(1.0, hits / queries) if hits is not None and queries else None
+    rate = gauges["prefix_hit_rate"]
+    hit_rate = counted if counted is not None else rate.mean if rate else None
+    if unreadable is not None:  # the window unobserved: the level's counters, no gauges
+        return ServerMetrics(
+            flavour=flavour, url=url, samples=len(good_all), window_samples=0,
+            failed_scrapes=failed, skipped_values=skipped,
+            preemptions=counters["preemptions"], prefix_cache_hit_rate=counted,
+            generation_tokens=counters["generation_tokens"],
+            prompt_tokens=counters["prompt_tokens"], counter_resets=resets,
+            unreadable=unreadable)
     return ServerMetrics(
         flavour=flavour, url=url, samples=len(good_all), window_samples=len(good),
         gauge_window=gauge_window, failed_scrapes=failed,
@@ -549,7 +572,7 @@ class MetricsObserver:
         """The summary over ``window`` of the samples so far, and the samples."""
         flavour = self._chosen.flavour if self._chosen else None
         summary = summarize(self._samples, flavour=flavour, url=self.url, window=window,
-                            note=self._note)
+                            interval_s=self.interval_s, note=self._note)
         return MetricsObservation(summary, tuple(self._samples))
 
 
