@@ -57,6 +57,7 @@ PEERS = {"aiperf": "aiperf==0.13.0", "guidellm": "guidellm==0.8.1"}
 # server's configuration is read) and waits for "go" (the together mode's start barrier)
 OURS = r"""
 import asyncio, os, sys
+CHILD = sys.argv.pop() if sys.argv[-1].startswith("\nimport") else ""
 from pathlib import Path
 import cleanslate.engines  # registers the engines' metric names, as cleanslate bench does
 from cleanslate.bench import (BenchConfig, ClosedLoop, Harness, ObserveOptions,
@@ -75,17 +76,58 @@ if sys.argv[10:11] == ["thread"]:  # an idle second thread, as the observer's pa
 if sys.argv[8:9] and sys.argv[8] != "-":  # parse this metrics file first, as the read does
     from cleanslate.bench._server_config import parse_cache_config
     parse_cache_config(Path(sys.argv[8]).read_text())
+if sys.argv[13:14] == ["inline"]:  # the observer parses its scrapes in the event loop
+    import types
+    from cleanslate.bench import _server_metrics
+    async def inline(function, *args, **kwargs):
+        return function(*args, **kwargs)
+    _server_metrics.asyncio = types.SimpleNamespace(
+        **{k: getattr(asyncio, k) for k in dir(asyncio) if not k.startswith("__")})
+    _server_metrics.asyncio.to_thread = inline
+scraper = None
+if sys.argv[12:13] == ["child"]:  # the engine-metrics observer in a child process of its own
+    import subprocess
+    scraper = subprocess.Popen([sys.executable, "-c", CHILD, url, sys.argv[9]])
 if sys.argv[7:8]:  # a start barrier: say "ready" as the level starts, wait for "go"
     import time
     barrier, ready = Path(sys.argv[7]), []
-    def at_start(progress):
+    def wait_go():
         if not ready:
             ready.append(1)
             (barrier / f"ready-{os.getpid()}").touch()
             while not (barrier / "go").exists():
                 time.sleep(0.001)
-    harness = Harness(on_progress=at_start)
-Path(out).write_text(asyncio.run(run_benchmark(config, harness)).model_dump_json())
+    if sys.argv[11:12] == ["level"]:  # at the level's clock, after its observers started
+        import contextlib
+        from cleanslate.bench import _runner
+        held = _runner.collector_held
+        @contextlib.contextmanager
+        def at_level():
+            wait_go()
+            with held():
+                yield
+        _runner.collector_held = at_level
+    else:  # as the level is announced, before its observers start
+        harness = Harness(on_progress=lambda progress: wait_go())
+try:
+    Path(out).write_text(asyncio.run(run_benchmark(config, harness)).model_dump_json())
+finally:
+    if scraper is not None:
+        scraper.kill()
+        scraper.wait()
+"""
+
+# The engine-metrics observer alone, scraping every interval until killed (``--on-child``).
+CHILD = r"""
+import asyncio, sys
+import cleanslate.engines
+from cleanslate.bench._metric_names import registered_maps
+from cleanslate.bench._server_metrics import MetricsObserver
+async def main():
+    observer = MetricsObserver(sys.argv[1], registered_maps(None), interval_s=float(sys.argv[2]))
+    await observer.start()
+    await asyncio.sleep(3600)
+asyncio.run(main())
 """
 
 BARE = r"""
@@ -292,11 +334,13 @@ def measure_together(runs: dict[str, list[str]], servers: dict[str, Server],
         (barrier / "go").touch()
     handles = {name: psutil.Process(proc.pid) for name, proc in procs.items()}
     readings: list[tuple[float, dict[str, float], dict[str, float]]] = []
+    switches: list[dict[str, tuple[int, int, int]]] = []
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
         cpu = {name: tree_cpu(handles[name]) for name in names}
         tokens = {name: servers[name].stats()["tokens"] - base[name] for name in names}
         readings.append((time.monotonic(), tokens, cpu))
+        switches.append({name: task_switches(handles[name].pid) for name in names})
         time.sleep(0.1)
     errors: dict[str, bytes] = {}
     for name, proc in procs.items():
@@ -315,6 +359,8 @@ def measure_together(runs: dict[str, list[str]], servers: dict[str, Server],
         raise RuntimeError(f"no common window of 3 readings ({len(common)}): the clients did "
                            "not overlap; more --requests")
     first, last = common[0], common[-1]
+    at = {id(r): i for i, r in enumerate(readings)}
+    sw0, sw1 = switches[at[id(first)]], switches[at[id(last)]]
     out: dict[str, dict[str, float]] = {}
     for name in names:
         level = json.loads(outputs[name].read_text())["levels"][0]
@@ -322,8 +368,26 @@ def measure_together(runs: dict[str, list[str]], servers: dict[str, Server],
         out[name] = {"tokens": made, "window_s": last[0] - first[0],
                      "tok_s": made / (last[0] - first[0]),
                      "cpu_s": last[2][name] - first[2][name],
-                     "level_tok_s": level["output_throughput"]}
+                     "level_tok_s": level["output_throughput"],
+                     # the main thread's context switches and the process's minor faults
+                     "voluntary": sw1[name][0] - sw0[name][0],
+                     "involuntary": sw1[name][1] - sw0[name][1],
+                     "minor_faults": sw1[name][2] - sw0[name][2]}
     return out
+
+
+def task_switches(pid: int) -> tuple[int, int, int]:
+    """``(voluntary, involuntary)`` context switches of ``pid``'s main thread and the
+    process's minor page faults; zeros once it has exited."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0, 0, 0
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    minflt = int(stat.rsplit(")", 1)[1].split()[7])
+    return (int(fields.get("voluntary_ctxt_switches", "0")),
+            int(fields.get("nonvoluntary_ctxt_switches", "0")), minflt)
 
 
 def client_argvs(
@@ -552,7 +616,7 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
             barrier.mkdir()
             # --control: the "on" client observes nothing either (the method's own bias)
             flags = {"off": "config" if args.off_reads_config else "off",
-                     "on": "off" if args.control else "on"}
+                     "on": "off" if args.control else "config" if args.on_child else "on"}
             if args.prime_off:  # the off client's server answers the configuration read too
                 prime(servers["off"].url)
             try:
@@ -562,7 +626,10 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
                            str(barrier),
                            str(args.metrics_file) if mode == "off" and args.off_parses
                            else "-", str(args.observe_interval),
-                           "thread" if mode == "off" and args.off_thread else "-"]
+                           "thread" if mode == "off" and args.off_thread else "-",
+                           "level" if args.barrier_at_level else "announce",
+                           "child" if mode == "on" and args.on_child else "-",
+                           "inline" if mode == "on" and args.on_inline else "-", CHILD]
                     for mode in ("off", "on")}, servers, outputs, args.client_cpu, args.timeout,
                     barrier)
             finally:
@@ -579,10 +646,16 @@ def observe_side_by_side(args: argparse.Namespace, work: Path,
                               "level_tok_s": round(fig["level_tok_s"]),
                               "scrapes": seen.get("samples", 0),
                               "failed_scrapes": seen.get("failed_scrapes", 0),
-                              "flavour": seen.get("flavour")}
+                              "flavour": seen.get("flavour"),
+                              **{k: fig[k] for k in ("voluntary", "involuntary",
+                                                     "minor_faults")}}
             report(f"pair {i + 1} together: off {pair['off']['tok_s_per_core']:,} on "
                    f"{pair['on']['tok_s_per_core']:,} tok/s per busy core "
-                   f"(tok/s {pair['off']['tok_s']:,} / {pair['on']['tok_s']:,})")
+                   f"(tok/s {pair['off']['tok_s']:,} / {pair['on']['tok_s']:,}; context "
+                   "switches voluntary/involuntary, minor faults: off "
+                   f"{pair['off']['voluntary']}/{pair['off']['involuntary']}, "
+                   f"{pair['off']['minor_faults']}; on {pair['on']['voluntary']}/"
+                   f"{pair['on']['involuntary']}, {pair['on']['minor_faults']})")
         for mode in () if args.together else ("off", "on") if i % 2 == 0 else ("on", "off"):
             server = start_server(server_cpus, metrics=args.metrics_file)
             out = work / f"observe-{mode}-{i}.json"
@@ -674,7 +747,16 @@ def main() -> None:
                              "level, as the on client's parse in a worker thread does"),
             ("--off-reads-config", "the off client reads the server's configuration before "
                                    "its first level, as the on client does (its requests and "
-                                   "the parse), and scrapes nothing")):
+                                   "the parse), and scrapes nothing"),
+            ("--on-child", "the on client reads the server's configuration but scrapes "
+                           "nothing itself: a child process of its own scrapes the server's "
+                           "metrics every interval (the scrapes' cost out of the client's "
+                           "process, still in its CPU)"),
+            ("--on-inline", "the on client's observer parses each scrape in its event loop, "
+                            "not in a worker thread"),
+            ("--barrier-at-level", "the start barrier where the level's clock starts, after "
+                                   "its observers have started (their baseline scrape), not "
+                                   "as the level is announced before them")):
         ap.add_argument(flag, action="store_true", help=f"with --together: {what}")
     ap.add_argument("--observe-interval", type=float, default=0.25,
                     help="with --together: the observers' sampling period (seconds)")
