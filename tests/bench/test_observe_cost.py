@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import cleanslate.engines  # noqa: F401  (registers the engines' metric names, as bench does)
 from cleanslate.bench import (
@@ -64,3 +65,43 @@ def test_the_observers_read_a_real_vllm_answer_and_leave_the_level_as_it_is() ->
     # never faster than the interval: the baseline, one scrape per interval of the level at
     # most, and the final scrape (its config read asks /metrics once more)
     assert gets_on["/metrics"] <= level_on.duration / INTERVAL_S + 4, (gets_on, level_on.duration)
+
+
+def test_a_real_sized_answer_is_parsed_on_the_loop_and_a_long_one_in_a_thread(
+        monkeypatch: Any) -> None:
+    """A parse in a worker thread takes the interpreter's lock from the loop that reads the
+    streams (the on client measured 0.92-0.95 of the off one): vLLM's 52 KB answer is parsed
+    on the loop; one over ``INLINE_PARSE_CHARS`` (many ranks, or hostile) in the thread, and
+    both read the same."""
+    from cleanslate.bench import MetricsObserver
+    from cleanslate.bench._server_metrics import INLINE_PARSE_CHARS
+    from cleanslate.engines import engine_class
+
+    vllm = engine_class("vllm").metric_map
+    assert vllm is not None
+    threaded: list[int] = []
+    to_thread = asyncio.to_thread
+
+    async def spy(function: Any, *args: Any, **kwargs: Any) -> Any:
+        threaded.append(len(args[0]))
+        return await to_thread(function, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", spy)
+    capture = CAPTURE.read_bytes()
+    padded = capture + b"# padding\n" * (INLINE_PARSE_CHARS // 10 + 1)
+
+    async def scrape(body: bytes) -> Any:
+        server = await start_fake_server(FakeOptions(metrics=body))
+        try:
+            observer = MetricsObserver(server.url, (vllm,))
+            await observer.start(loop=False)
+            return (await observer.stop()).summary
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    short = asyncio.run(scrape(capture))
+    assert threaded == [] and short.unreadable is None and short.samples == 2
+    long = asyncio.run(scrape(padded))
+    assert len(threaded) == 2 and min(threaded) > INLINE_PARSE_CHARS, threaded
+    assert long.unreadable is None and long.running == short.running
