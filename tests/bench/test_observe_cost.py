@@ -71,10 +71,10 @@ def test_a_real_sized_answer_is_parsed_on_the_loop_and_a_long_one_in_a_thread(
         monkeypatch: Any) -> None:
     """A parse in a worker thread takes the interpreter's lock from the loop that reads the
     streams (the on client measured 0.92-0.95 of the off one): vLLM's 52 KB answer is parsed
-    on the loop; one over ``INLINE_PARSE_CHARS`` (many ranks, or hostile) in the thread, and
-    both read the same."""
+    on the loop; one over ``INLINE_PARSE_CHARS``, or whose lines read are over
+    ``INLINE_READ_CHARS`` (many ranks, or hostile), in the thread, and all read the same."""
     from cleanslate.bench import MetricsObserver
-    from cleanslate.bench._server_metrics import INLINE_PARSE_CHARS
+    from cleanslate.bench._server_metrics import INLINE_PARSE_CHARS, INLINE_READ_CHARS
     from cleanslate.engines import engine_class
 
     vllm = engine_class("vllm").metric_map
@@ -105,3 +105,12 @@ def test_a_real_sized_answer_is_parsed_on_the_loop_and_a_long_one_in_a_thread(
     long = asyncio.run(scrape(padded))
     assert len(threaded) == 2 and min(threaded) > INLINE_PARSE_CHARS, threaded
     assert long.unreadable is None and long.running == short.running
+    # within the size, but with more lines read than INLINE_READ_CHARS (a hostile answer of
+    # many series): their parse goes to the thread too
+    threaded.clear()
+    many = "".join(f'vllm:num_requests_waiting{{engine="{i}"}} 1\n'
+                   for i in range(INLINE_READ_CHARS // 30)).encode() + capture
+    assert len(many) <= INLINE_PARSE_CHARS
+    wide = asyncio.run(scrape(many))
+    assert len(threaded) == 2 and min(threaded) > INLINE_READ_CHARS, threaded
+    assert wide.unreadable is None and wide.running == short.running
